@@ -1,0 +1,37 @@
+"""The stack's settings, read once from the Lambda environment (template.yaml sets every one)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Settings:
+    region: str = "us-east-1"
+    jobs_table: str = "lustrain-jobs"
+    tokens_table: str = "lustrain-task-tokens"
+    artifacts_bucket: str = "lustrain-artifacts"
+    archive_prefix: str = "archive/"
+    code_prefix: str = "code/"
+    sagemaker_role_arn: str = "arn:aws:iam::123456789012:role/lustrain-sagemaker"
+    notify_topic_arn: str = ""
+    stack_name: str = "lustrain"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        defaults = cls()
+        return cls(
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or defaults.region,
+            jobs_table=env.get("JOBS_TABLE", defaults.jobs_table),
+            tokens_table=env.get("TOKENS_TABLE", defaults.tokens_table),
+            artifacts_bucket=env.get("ARTIFACTS_BUCKET", defaults.artifacts_bucket),
+            archive_prefix=env.get("ARCHIVE_PREFIX", defaults.archive_prefix),
+            code_prefix=env.get("CODE_PREFIX", defaults.code_prefix),
+            sagemaker_role_arn=env.get("SAGEMAKER_ROLE_ARN", defaults.sagemaker_role_arn),
+            notify_topic_arn=env.get("NOTIFY_TOPIC_ARN", defaults.notify_topic_arn),
+            stack_name=env.get("STACK_NAME", defaults.stack_name),
+            extra={k: v for k, v in env.items() if k.startswith("LUSTRAIN_")},
+        )

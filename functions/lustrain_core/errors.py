@@ -1,0 +1,129 @@
+"""Every error a run can end with. The class names are the ErrorEquals of the state machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class LustrainError(Exception):
+    """Base of every error lustrain raises on purpose; `details` travels in the error's cause."""
+
+    retryable = False
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": self.message, **self.details}
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with one field of a job spec: where, what was given, what is allowed."""
+
+    path: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        shown = repr(self.value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        where = self.path or "(spec)"
+        return (
+            f"{where}: {self.message} (got {shown})"
+            if self.value is not _MISSING
+            else f"{where}: {self.message}"
+        )
+
+
+_MISSING: Any = object()
+MISSING = _MISSING
+
+
+class SpecInvalid(LustrainError):
+    """The job spec cannot run: every problem found, each naming its field."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        self.errors = errors
+        lines = "\n".join(f"  - {e}" for e in errors)
+        noun = "problem" if len(errors) == 1 else "problems"
+        super().__init__(
+            f"invalid job spec, {len(errors)} {noun}:\n{lines}",
+            fields=[{"path": e.path, "message": e.message} for e in errors],
+        )
+
+    @classmethod
+    def one(cls, path: str, value: Any, message: str) -> SpecInvalid:
+        return cls([FieldError(path, value, message)])
+
+
+class SpecForbidden(LustrainError):
+    """The spec is valid but steps outside what this stack allows (a rule of the stack's parameters)."""
+
+
+class QuotaExceeded(LustrainError):
+    """More instances requested than the account's SageMaker quota leaves free."""
+
+
+class NetworkInvalid(LustrainError):
+    """An existing subnet or security group given in the spec cannot carry the run."""
+
+
+class FileSystemFailed(LustrainError):
+    """FSx reported FAILED or MISCONFIGURED, or the file system to reuse cannot serve the run."""
+
+
+class CapacityError(LustrainError):
+    """SageMaker could not provision the requested instances (InsufficientCapacity)."""
+
+
+class MountFailed(LustrainError):
+    """The training job could not mount the Lustre file system."""
+
+
+class TrainingFailed(LustrainError):
+    """The training job ran and failed (the algorithm's error, or an internal one)."""
+
+
+class TrainingStopped(LustrainError):
+    """The training job was stopped: by hand, or when it reached its maximum runtime."""
+
+
+class AwsThrottled(LustrainError):
+    """AWS asked us to slow down; Step Functions retries this with backoff."""
+
+    retryable = True
+
+
+class AwsUnavailable(LustrainError):
+    """A transient AWS service error (5xx); Step Functions retries this with backoff."""
+
+    retryable = True
+
+
+class TeardownIncomplete(LustrainError):
+    """Some resources of the run could not be deleted yet; teardown is retried, then reported."""
+
+
+#: Every error class the state machine may name, by name.
+ALL_ERRORS: dict[str, type[LustrainError]] = {
+    cls.__name__: cls
+    for cls in (
+        SpecInvalid,
+        SpecForbidden,
+        QuotaExceeded,
+        NetworkInvalid,
+        FileSystemFailed,
+        CapacityError,
+        MountFailed,
+        TrainingFailed,
+        TrainingStopped,
+        AwsThrottled,
+        AwsUnavailable,
+        TeardownIncomplete,
+    )
+}

@@ -1,0 +1,477 @@
+"""The planner: will this run fit, and what will it cost? Pure Python, no AWS calls.
+
+Every rule here is one the field guide checks by hand before launch: IPs per instance against the subnet, Lustre
+capacity against the data and its throughput against the GPUs' appetite, output against local NVMe, the cost
+against the budget. Problems are collected and raised together as one SpecInvalid, each naming its field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lustrain_core.errors import FieldError, SpecInvalid
+from lustrain_core.prices import InstanceType, PriceTable
+from lustrain_core.spec import PERSISTENT_THROUGHPUTS, JobSpec
+
+#: addresses AWS reserves in every subnet (network, router, DNS, future, broadcast)
+AWS_RESERVED_IPS = 5
+SCRATCH_MB_S_PER_TIB = 200
+#: LZ4 on text, code, tokens and tabular data: AWS quotes up to ~50% savings; plan on less
+LZ4_RATIO = 1.5
+#: formats that are compressed already: LZ4 gains nothing on them
+INCOMPRESSIBLE = frozenset(
+    [
+        ".jpg",
+        ".jpeg",
+        ".png",
+        ".gif",
+        ".webp",
+        ".heic",
+        ".avif",
+        ".mp3",
+        ".aac",
+        ".ogg",
+        ".opus",
+        ".flac",
+        ".m4a",
+        ".mp4",
+        ".mkv",
+        ".webm",
+        ".mov",
+        ".avi",
+        ".gz",
+        ".tgz",
+        ".bz2",
+        ".xz",
+        ".zst",
+        ".zip",
+        ".7z",
+        ".rar",
+        ".lz4",
+        ".br",
+        ".parquet",
+        ".tfrecord",
+        ".npz",
+    ]
+)
+#: free space kept on the file system beyond the data (Lustre slows down when nearly full)
+FS_FREE_FRACTION = 0.10
+STATE_TRANSITIONS_PER_RUN = 30
+LAMBDA_INVOCATIONS_PER_RUN = 15
+#: runs longer than this are better off on a file system that survives a file-server failure
+PERSISTENT_AFTER_HOURS = 72
+
+
+def quota_name(instance_type: str) -> str:
+    """The Service Quotas name of the training-job instance quota (the L- code differs between sources)."""
+    return f"{instance_type} for training job usage"
+
+
+def valid_capacities(upto_gib: float) -> list[int]:
+    """SCRATCH_2 / PERSISTENT_2 capacities: 1200, 2400, then multiples of 2400 GiB."""
+    caps = [1200, 2400]
+    while caps[-1] < upto_gib:
+        caps.append(caps[-1] + 2400)
+    return caps
+
+
+def smallest_capacity(at_least_gib: float) -> int:
+    return next(c for c in valid_capacities(at_least_gib) if c >= at_least_gib)
+
+
+def usable_ips(prefix_length: int) -> int:
+    return int(2 ** (32 - prefix_length) - AWS_RESERVED_IPS)
+
+
+def lustre_ips(storage_gib: int) -> int:
+    """ENIs a Lustre file system takes: about one per file server (one per 1.2 TiB step) plus the metadata server."""
+    return storage_gib // 1200 + 1
+
+
+@dataclass
+class NetworkPlan:
+    ips_per_instance: int
+    ips_for_instances: int
+    ips_for_filesystem: int
+    ips_headroom: int
+    ips_needed: int
+    subnet_prefix_length: int | None
+    usable_ips: int | None
+    vpc_cidr: str | None
+    subnet_cidr: str | None
+    reuse_subnet_id: str | None
+
+
+@dataclass
+class FilesystemPlan:
+    deployment_type: str
+    storage_gib: int | None
+    throughput_per_tib: int | None
+    per_unit_storage_throughput: int | None
+    throughput_mb_s: float | None
+    demand_mb_s: float
+    data_gib: float | None
+    stored_gib: float | None
+    compression: str
+    reuse_file_system_id: str | None
+    reason: str
+
+
+@dataclass
+class CostPlan:
+    compute_usd: float
+    filesystem_usd: float
+    control_plane_usd: float
+    total_usd: float
+    hourly_usd: float
+    prices_as_of: str
+    assumptions: list[str]
+
+
+@dataclass
+class Plan:
+    network: NetworkPlan
+    filesystem: FilesystemPlan
+    output: dict[str, Any]
+    quota: dict[str, Any]
+    cost: CostPlan
+    recommendation: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan(
+    spec: JobSpec,
+    *,
+    data_gib: float | None = None,
+    extension_bytes: dict[str, int] | None = None,
+    prices: PriceTable | None = None,
+) -> Plan:
+    """Plan a run. `data_gib` (measured from S3) wins over the spec's hint; `extension_bytes` is a sample of the
+    data's bytes per file extension, used to judge how well it compresses."""
+    prices = prices or PriceTable()
+    errors: list[FieldError] = []
+    warnings: list[str] = []
+
+    itype = prices.instance_types.get(spec.compute.instance_type)
+    if itype is None:
+        raise SpecInvalid.one(
+            "compute.instance_type",
+            spec.compute.instance_type,
+            f"unknown to the planner; known: {', '.join(sorted(prices.instance_types))} (add it with --prices)",
+        )
+
+    fs = _plan_filesystem(spec, itype, data_gib, extension_bytes, prices, errors, warnings)
+    net = _plan_network(spec, itype, fs, errors)
+    output = _plan_output(spec, itype, errors)
+    cost = _plan_cost(spec, itype, fs, prices)
+    recommendation = _recommend(spec, fs, prices)
+    if (
+        recommendation["deployment_type"] != spec.filesystem.deployment_type
+        and not spec.filesystem.file_system_id
+    ):
+        warnings.append(recommendation["why"])
+    if spec.filesystem.keep:
+        monthly = _fs_monthly_usd(fs, prices)
+        warnings.append(
+            f"filesystem.keep is true: the file system stays after the run and bills about ${monthly:,.0f} a month"
+        )
+    if spec.budget.max_usd is not None and cost.total_usd > spec.budget.max_usd:
+        errors.append(
+            FieldError(
+                "budget.max_usd",
+                spec.budget.max_usd,
+                f"the run is estimated at ${cost.total_usd:,.2f} (compute ${cost.compute_usd:,.2f} + file system "
+                f"${cost.filesystem_usd:,.2f}); raise the budget or lower compute.instance_count or "
+                "compute.max_runtime_hours",
+            )
+        )
+    if errors:
+        raise SpecInvalid(errors)
+    quota = {
+        "instance_type": spec.compute.instance_type,
+        "instances_requested": spec.compute.instance_count,
+        "quota_name": quota_name(spec.compute.instance_type),
+    }
+    return Plan(net, fs, output, quota, cost, recommendation, warnings)
+
+
+def _plan_filesystem(
+    spec: JobSpec,
+    itype: InstanceType,
+    data_gib: float | None,
+    extension_bytes: dict[str, int] | None,
+    prices: PriceTable,
+    errors: list[FieldError],
+    warnings: list[str],
+) -> FilesystemPlan:
+    f = spec.filesystem
+    kind = "SCRATCH_2" if f.deployment_type == "scratch" else "PERSISTENT_2"
+    devices = max(itype.gpus, 1)
+    demand = spec.compute.instance_count * devices * spec.data.ingest_mb_s_per_gpu
+    if f.file_system_id:
+        return FilesystemPlan(
+            kind,
+            None,
+            None,
+            None,
+            None,
+            demand,
+            data_gib or spec.data.size_gib,
+            None,
+            f.compression.upper(),
+            f.file_system_id,
+            f"reusing {f.file_system_id}: capacity and throughput are that file system's",
+        )
+
+    data = data_gib if data_gib is not None else spec.data.size_gib
+    if data is None:
+        warnings.append(
+            "data.size_gib is not set: the data is measured in S3 when the run starts and sized then"
+        )
+    ratio = _compression_ratio(f.compression, extension_bytes)
+    stored = (data or 0.0) / ratio
+    output_on_fs = spec.output.expected_size_gib if spec.output.to_filesystem else 0.0
+    need_gib = (stored + output_on_fs) * (1 + FS_FREE_FRACTION)
+
+    tiers = [SCRATCH_MB_S_PER_TIB] if kind == "SCRATCH_2" else list(PERSISTENT_THROUGHPUTS)
+    if f.throughput_per_tib != "auto":
+        if f.throughput_per_tib not in PERSISTENT_THROUGHPUTS:
+            errors.append(
+                FieldError(
+                    "filesystem.throughput_per_tib",
+                    f.throughput_per_tib,
+                    f"PERSISTENT_2 takes 125, 250, 500 or 1000 MB/s per TiB; nearest: "
+                    f"{_neighbours(f.throughput_per_tib, list(PERSISTENT_THROUGHPUTS))}",
+                )
+            )
+            tiers = list(PERSISTENT_THROUGHPUTS)
+        else:
+            tiers = [f.throughput_per_tib]
+
+    if f.storage_gib != "auto":
+        valid = valid_capacities(f.storage_gib)
+        if f.storage_gib not in valid:
+            errors.append(
+                FieldError(
+                    "filesystem.storage_gib",
+                    f.storage_gib,
+                    f"{kind} capacity must be 1200, 2400 or a multiple of 2400 GiB; nearest valid: "
+                    f"{_neighbours(f.storage_gib, [*valid, valid[-1] + 2400])}",
+                )
+            )
+            capacity = smallest_capacity(f.storage_gib)
+        else:
+            capacity = f.storage_gib
+        if capacity < need_gib:
+            errors.append(
+                FieldError(
+                    "filesystem.storage_gib",
+                    f.storage_gib,
+                    f"too small: the data needs {need_gib:,.0f} GiB ({stored:,.0f} GiB stored after "
+                    f"{f.compression} compression, plus output and {FS_FREE_FRACTION:.0%} free); "
+                    f"the smallest that fits is {smallest_capacity(need_gib)}",
+                )
+            )
+        per_tib = min(tiers, key=lambda t: (capacity * t / 1024 < demand, prices.fsx_gb_month_usd[(kind, t)]))
+        throughput = capacity * per_tib / 1024
+        if throughput < demand:
+            warnings.append(
+                f"file system throughput {throughput:,.0f} MB/s is below the GPUs' demand of {demand:,.0f} MB/s: "
+                "GPUs will wait on data (raise filesystem.storage_gib or throughput_per_tib)"
+            )
+        reason = f"{capacity} GiB as given at {per_tib} MB/s per TiB"
+    else:
+        options = []
+        for t in tiers:
+            cap = smallest_capacity(max(need_gib, demand * 1024 / t))
+            options.append((cap * prices.fsx_gb_month_usd[(kind, t)], cap, t))
+        _, capacity, per_tib = min(options)
+        throughput = capacity * per_tib / 1024
+        for_throughput = demand * 1024 / per_tib
+        if max(need_gib, for_throughput) <= 1200:
+            by = "the smallest capacity FSx offers"
+        else:
+            by = "throughput" if for_throughput > need_gib else "the data"
+        reason = (
+            f"cheapest {kind} that holds {need_gib:,.0f} GiB and serves {demand:,.0f} MB/s: "
+            f"{capacity} GiB at {per_tib} MB/s/TiB = {throughput:,.0f} MB/s, sized by {by}"
+        )
+    return FilesystemPlan(
+        deployment_type=kind,
+        storage_gib=capacity,
+        throughput_per_tib=per_tib,
+        per_unit_storage_throughput=per_tib if kind == "PERSISTENT_2" else None,
+        throughput_mb_s=round(throughput, 1),
+        demand_mb_s=round(demand, 1),
+        data_gib=data,
+        stored_gib=round(stored, 1) if data is not None else None,
+        compression=f.compression.upper(),
+        reuse_file_system_id=None,
+        reason=reason,
+    )
+
+
+def _compression_ratio(compression: str, extension_bytes: dict[str, int] | None) -> float:
+    if compression == "none":
+        return 1.0
+    if not extension_bytes:
+        return LZ4_RATIO
+    total = sum(extension_bytes.values()) or 1
+    incompressible = sum(b for ext, b in extension_bytes.items() if ext.lower() in INCOMPRESSIBLE)
+    # stored bytes = compressible/LZ4_RATIO + incompressible; the ratio is data over stored
+    stored = (total - incompressible) / LZ4_RATIO + incompressible
+    return total / stored
+
+
+def _plan_network(
+    spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, errors: list[FieldError]
+) -> NetworkPlan:
+    n = spec.network
+    for_instances = spec.compute.instance_count * itype.ips
+    for_fs = lustre_ips(fs.storage_gib) if fs.storage_gib and not fs.reuse_file_system_id else 0
+    headroom = max(5, math.ceil(0.1 * (for_instances + for_fs)))
+    needed = for_instances + for_fs + headroom
+    if n.subnet_id:
+        return NetworkPlan(
+            itype.ips, for_instances, for_fs, headroom, needed, None, None, None, None, n.subnet_id
+        )
+
+    vpc = ipaddress.IPv4Network(n.vpc_cidr)
+    fits = [p for p in range(28, vpc.prefixlen - 1, -1) if usable_ips(p) >= needed]
+    best = fits[0] if fits else None
+    if n.subnet_prefix_length == "auto":
+        prefix = best
+        if prefix is None:
+            errors.append(
+                FieldError(
+                    "network.vpc_cidr",
+                    n.vpc_cidr,
+                    f"too small: the run needs {needed} IPs and a /{vpc.prefixlen} holds "
+                    f"{usable_ips(vpc.prefixlen)} usable; use a larger block, e.g. /{_prefix_for(needed)} or wider",
+                )
+            )
+    else:
+        prefix = n.subnet_prefix_length
+        if prefix < vpc.prefixlen:
+            errors.append(
+                FieldError(
+                    "network.subnet_prefix_length",
+                    prefix,
+                    f"a /{prefix} subnet does not fit inside network.vpc_cidr {n.vpc_cidr}",
+                )
+            )
+            prefix = None
+        elif usable_ips(prefix) < needed:
+            errors.append(
+                FieldError(
+                    "network.subnet_prefix_length",
+                    prefix,
+                    f"a /{prefix} has {usable_ips(prefix)} usable addresses; this run needs {needed} "
+                    f"({spec.compute.instance_count} x {itype.ips} for instances + {for_fs} for Lustre + "
+                    f"{headroom} headroom): use /{_prefix_for(needed)} or a lower prefix length (or auto)",
+                )
+            )
+    subnet = str(next(vpc.subnets(new_prefix=prefix))) if prefix is not None else None
+    return NetworkPlan(
+        itype.ips,
+        for_instances,
+        for_fs,
+        headroom,
+        needed,
+        prefix,
+        usable_ips(prefix) if prefix is not None else None,
+        n.vpc_cidr,
+        subnet,
+        None,
+    )
+
+
+def _prefix_for(needed: int) -> int:
+    return next(p for p in range(28, 0, -1) if usable_ips(p) >= needed)
+
+
+def _plan_output(spec: JobSpec, itype: InstanceType, errors: list[FieldError]) -> dict[str, Any]:
+    o = spec.output
+    if o.expected_size_gib > itype.usable_output_gib and not o.to_filesystem:
+        errors.append(
+            FieldError(
+                "output.expected_size_gib",
+                o.expected_size_gib,
+                f"above the {itype.usable_output_gib:,.0f} GiB of local storage usable for output on "
+                f"{spec.compute.instance_type}: set output.to_filesystem: true to write results to Lustre "
+                "and export them to S3",
+            )
+        )
+    return {
+        "s3_uri": o.s3_uri,
+        "expected_size_gib": o.expected_size_gib,
+        "local_usable_gib": round(itype.usable_output_gib, 1),
+        "to_filesystem": o.to_filesystem,
+        "checkpoints_s3_uri": spec.checkpoint_s3_uri,
+    }
+
+
+def _fs_monthly_usd(fs: FilesystemPlan, prices: PriceTable) -> float:
+    if fs.storage_gib is None or fs.throughput_per_tib is None:
+        return 0.0
+    gb = fs.storage_gib * 2**30 / 1e9
+    return gb * prices.fsx_gb_month_usd[(fs.deployment_type, fs.throughput_per_tib)]
+
+
+def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: PriceTable) -> CostPlan:
+    c = spec.compute
+    hours = c.max_runtime_hours
+    fraction = prices.spot_price_fraction if c.spot else 1.0
+    compute = c.instance_count * itype.hourly_usd * hours * fraction
+    # the file system lives about as long as the training job, plus its creation and teardown (~1 h)
+    filesystem = _fs_monthly_usd(fs, prices) * (hours + 1) / prices.hours_per_month
+    control = (
+        STATE_TRANSITIONS_PER_RUN * prices.sfn_per_transition_usd
+        + LAMBDA_INVOCATIONS_PER_RUN * prices.lambda_per_request_usd
+    )
+    assumptions = [
+        f"{c.instance_count} x {c.instance_type} at ${itype.hourly_usd}/h for the full max_runtime_hours ({hours} h)",
+        f"file system for {hours + 1:g} h",
+    ]
+    if c.spot:
+        assumptions.append(f"managed spot at {prices.spot_price_fraction:.0%} of on-demand (varies)")
+    total = compute + filesystem + control
+    return CostPlan(
+        compute_usd=round(compute, 2),
+        filesystem_usd=round(filesystem, 2),
+        control_plane_usd=round(control, 4),
+        total_usd=round(total, 2),
+        hourly_usd=round(c.instance_count * itype.hourly_usd * fraction + filesystem / (hours + 1), 2),
+        prices_as_of=prices.as_of,
+        assumptions=assumptions,
+    )
+
+
+def _recommend(spec: JobSpec, fs: FilesystemPlan, prices: PriceTable) -> dict[str, Any]:
+    hours = spec.compute.max_runtime_hours
+    if spec.filesystem.keep or hours > PERSISTENT_AFTER_HOURS:
+        choice = "persistent"
+        why = (
+            f"persistent recommended: a {hours:g} h run{' kept afterwards' if spec.filesystem.keep else ''} should "
+            "survive a file-server failure (PERSISTENT_2 replicates; SCRATCH_2 loses its data and must be rebuilt)"
+        )
+    else:
+        choice = "scratch"
+        why = (
+            f"scratch recommended: a {hours:g} h run can rebuild its file system from S3 after a failure, "
+            "and SCRATCH_2 costs less"
+        )
+    return {"deployment_type": choice, "why": why}
+
+
+def _neighbours(value: int, valid: list[int]) -> str:
+    below = [v for v in valid if v < value]
+    above = [v for v in valid if v > value]
+    parts = ([str(below[-1])] if below else []) + ([str(above[0])] if above else [])
+    return " or ".join(parts)

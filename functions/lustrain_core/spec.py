@@ -1,0 +1,322 @@
+"""The job spec v1: the public interface of lustrain. Field names are fixed; extend, never rename."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lustrain_core.errors import MISSING, FieldError, SpecInvalid
+
+MAX_SPEC_BYTES = 1024 * 1024
+MAX_YAML_ALIASES = 64
+MAX_RUNTIME_HOURS = 28 * 24  # SageMaker's MaxRuntimeInSeconds ceiling: 28 days
+
+NAME_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$"
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](?:/.*)?$"
+ECR_URI_PATTERN = (
+    r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(?:\.cn)?/[a-z0-9._/-]+(?::[\w.-]+|@sha256:[0-9a-f]{64})$"
+)
+
+S3Uri = Annotated[str, Field(pattern=S3_URI_PATTERN, description="s3://bucket/prefix/")]
+PERSISTENT_THROUGHPUTS = (125, 250, 500, 1000)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Compute(_Section):
+    instance_type: str = Field("ml.p4d.24xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    instance_count: int = Field(2, ge=1, le=1000)
+    spot: bool = False
+    max_runtime_hours: float = Field(24, gt=0, le=MAX_RUNTIME_HOURS)
+    max_wait_hours: float | None = Field(None, gt=0, le=MAX_RUNTIME_HOURS)
+
+    @model_validator(mode="after")
+    def _wait_needs_spot(self) -> Compute:
+        if self.max_wait_hours is not None:
+            if not self.spot:
+                raise ValueError("max_wait_hours is for spot training only: set spot: true or remove it")
+            if self.max_wait_hours < self.max_runtime_hours:
+                raise ValueError(
+                    f"max_wait_hours ({self.max_wait_hours}) must be >= max_runtime_hours "
+                    f"({self.max_runtime_hours})"
+                )
+        return self
+
+
+class Image(_Section):
+    framework_version: str | None = Field("2.8", pattern=r"^\d+\.\d+(?:\.\d+)?$")
+    uri: str | None = Field(None, pattern=ECR_URI_PATTERN)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _uri_replaces_default_version(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("uri") and "framework_version" not in data:
+            return {**data, "framework_version": None}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Image:
+        if (self.framework_version is None) == (self.uri is None):
+            raise ValueError("give exactly one of framework_version (a SageMaker PyTorch image) or uri (ECR)")
+        return self
+
+
+class Code(_Section):
+    source: str = "trainer/"
+    entry_point: str = Field("train.py", pattern=r"^[\w./-]+\.py$")
+    hyperparameters: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    distribution: Literal["torchrun", "none"] = "torchrun"
+    environment: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("entry_point")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        if v.startswith("/") or ".." in v.split("/"):
+            raise ValueError("entry_point must be a path inside code.source, like train.py")
+        return v
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _hp_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if not re.fullmatch(r"[A-Za-z_][\w-]{0,255}", key) or key.startswith("sagemaker_"):
+                raise ValueError(f"hyperparameter name {key!r}: letters, digits, _ and -, not sagemaker_*")
+        return v
+
+
+class Data(_Section):
+    s3_uri: S3Uri
+    size_gib: float | None = Field(None, gt=0)
+    ingest_mb_s_per_gpu: float = Field(100, gt=0, le=100_000)
+
+
+class Filesystem(_Section):
+    deployment_type: Literal["scratch", "persistent"] = "scratch"
+    storage_gib: Literal["auto"] | int = "auto"
+    throughput_per_tib: Literal["auto"] | int = "auto"
+    compression: Literal["lz4", "none"] = "lz4"
+    mount_path: str = Field("/data", pattern=r"^/[\w./-]*$")
+    keep: bool = False
+    file_system_id: str | None = Field(None, pattern=r"^fs-[0-9a-f]{8,21}$")
+
+    @model_validator(mode="after")
+    def _throughput_is_persistent(self) -> Filesystem:
+        if self.throughput_per_tib != "auto" and self.deployment_type != "persistent":
+            raise ValueError(
+                "throughput_per_tib applies to persistent file systems only "
+                "(scratch has a fixed 200 MB/s per TiB): remove it or set deployment_type: persistent"
+            )
+        return self
+
+
+class Network(_Section):
+    vpc_cidr: str = "10.80.0.0/16"
+    subnet_prefix_length: Literal["auto"] | int = "auto"
+    availability_zone: str = Field("auto", pattern=r"^(auto|[a-z]{2}(-[a-z]+)+-\d[a-z])$")
+    subnet_id: str | None = Field(None, pattern=r"^subnet-[0-9a-f]{8,17}$")
+    security_group_ids: list[Annotated[str, Field(pattern=r"^sg-[0-9a-f]{8,17}$")]] = Field(
+        default_factory=list, max_length=5
+    )
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(v, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"an IPv4 CIDR block like 10.80.0.0/16 ({exc})") from None
+        if not 16 <= net.prefixlen <= 28:
+            raise ValueError("a VPC block must be /16 to /28")
+        if not net.is_private:
+            raise ValueError("use a private range (10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16)")
+        return v
+
+    @field_validator("subnet_prefix_length")
+    @classmethod
+    def _prefix(cls, v: Any) -> Any:
+        if v != "auto" and not 16 <= v <= 28:
+            raise ValueError("auto, or a prefix length from 16 to 28")
+        return v
+
+    @model_validator(mode="after")
+    def _reuse_needs_groups(self) -> Network:
+        if self.subnet_id and not self.security_group_ids:
+            raise ValueError("subnet_id needs security_group_ids: the groups the job and Lustre use there")
+        if self.security_group_ids and not self.subnet_id:
+            raise ValueError("security_group_ids are used only with subnet_id (an existing network)")
+        return self
+
+
+class Output(_Section):
+    s3_uri: S3Uri
+    expected_size_gib: float = Field(10, ge=0)
+    to_filesystem: bool = False
+
+
+class Checkpoints(_Section):
+    s3_uri: S3Uri | None = None
+
+
+class Budget(_Section):
+    max_usd: float | None = Field(None, gt=0)
+
+
+class JobSpec(_Section):
+    """A training run: what to train, on what, reading which data, writing where."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="[a-z0-9-], 1..40 chars; prefixes every AWS name")
+    compute: Compute = Field(default_factory=Compute)
+    image: Image = Field(default_factory=Image)
+    code: Code = Field(default_factory=Code)
+    data: Data
+    filesystem: Filesystem = Field(default_factory=Filesystem)
+    network: Network = Field(default_factory=Network)
+    output: Output
+    checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    budget: Budget = Field(default_factory=Budget)
+    tags: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=256)]] = (
+        Field(default_factory=dict, max_length=40)
+    )
+
+    @property
+    def checkpoint_s3_uri(self) -> str:
+        """Where checkpoints go: the spec's, else <output>/checkpoints/."""
+        return self.checkpoints.s3_uri or self.output.s3_uri.rstrip("/") + "/checkpoints/"
+
+    @field_validator("tags")
+    @classmethod
+    def _no_aws_tags(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if key.lower().startswith("aws:") or key.startswith("lustrain:"):
+                raise ValueError(f"tag key {key!r}: the aws: and lustrain: prefixes are reserved")
+        return v
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses alias bombs (billion laughs) before they expand."""
+
+    aliases_seen = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases_seen += 1
+            if self.aliases_seen > MAX_YAML_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} YAML aliases: refused (alias bomb?)")
+        return super().compose_node(parent, index)
+
+
+def parse_document(text: str | bytes, source: str = "spec") -> dict[str, Any]:
+    """YAML or JSON text -> a mapping, refusing what is too big or not a mapping."""
+    size = len(text.encode() if isinstance(text, str) else text)
+    if size > MAX_SPEC_BYTES:
+        raise SpecInvalid.one("", MISSING, f"{source} is {size} bytes; a job spec may be at most 1 MiB")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecInvalid.one("", MISSING, f"{source} is not UTF-8 text") from None
+    try:
+        if text.lstrip().startswith("{"):
+            doc = json.loads(text)
+        else:
+            doc = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except (yaml.YAMLError, json.JSONDecodeError, RecursionError) as exc:
+        raise SpecInvalid.one("", MISSING, f"{source} is not valid YAML or JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise SpecInvalid.one("", MISSING, f"{source} must be a mapping of fields, got {type(doc).__name__}")
+    return doc
+
+
+def load_spec(text: str | bytes, source: str = "spec") -> JobSpec:
+    """Parse and validate a spec document; every problem is reported in one SpecInvalid."""
+    return validate_spec(parse_document(text, source))
+
+
+def load_spec_file(path: str | Path) -> JobSpec:
+    path = Path(path)
+    if path.stat().st_size > MAX_SPEC_BYTES:
+        raise SpecInvalid.one(
+            "", MISSING, f"{path} is {path.stat().st_size} bytes; a job spec may be at most 1 MiB"
+        )
+    return load_spec(path.read_bytes(), source=str(path))
+
+
+def validate_spec(doc: dict[str, Any]) -> JobSpec:
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecInvalid(_merge_alternatives([_field_error(err) for err in exc.errors()])) from None
+
+
+def _merge_alternatives(errors: list[FieldError]) -> list[FieldError]:
+    """A field typed `"auto" | int` fails once per branch: say it once, with both alternatives."""
+    merged: dict[str, FieldError] = {}
+    for e in errors:
+        seen = merged.get(e.path)
+        if seen is None:
+            merged[e.path] = e
+        else:
+            merged[e.path] = FieldError(
+                e.path, e.value, f"{seen.message}; or {e.message[0].lower()}{e.message[1:]}"
+            )
+    return list(merged.values())
+
+
+def _field_error(err: Any) -> FieldError:
+    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-after", "function-before"))]
+    # pydantic names union branches in the location ("int", "literal['auto']"): the user never wrote them
+    loc = [p for p in loc if not (p.startswith("literal[") or p in {"int", "str", "float", "bool", "none"})]
+    path = ".".join(loc)
+    value = err.get("input", MISSING)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return FieldError(path, value, f"unknown field; allowed here: {', '.join(_allowed_at(loc[:-1]))}")
+    if kind == "missing":
+        return FieldError(path, MISSING, "required field is missing")
+    message = err["msg"].removeprefix("Value error, ")
+    if kind == "string_pattern_mismatch":
+        message = _PATTERN_HELP.get(loc[-1] if loc else "", message)
+    return FieldError(path, value, message)
+
+
+_PATTERN_HELP = {
+    "name": "1..40 characters of a-z, 0-9 and -, starting and ending with a letter or digit",
+    "s3_uri": "an S3 URI like s3://bucket/prefix/",
+    "instance_type": "a SageMaker instance type like ml.p4d.24xlarge",
+    "framework_version": "a PyTorch version like 2.8",
+    "uri": "an ECR image URI like 123456789012.dkr.ecr.us-east-1.amazonaws.com/repo:tag",
+    "file_system_id": "an FSx file system id like fs-0123456789abcdef0",
+    "subnet_id": "a subnet id like subnet-0123456789abcdef0",
+    "mount_path": "an absolute path inside the file system, like /data",
+    "availability_zone": "auto, or an availability zone like us-east-1a",
+    "entry_point": "a .py file inside code.source, like train.py",
+}
+
+
+def _allowed_at(loc: list[str]) -> list[str]:
+    model: Any = JobSpec
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the spec, for editors (yaml-language-server)."""
+    schema = JobSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "lustrain job spec v1"
+    return schema

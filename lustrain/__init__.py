@@ -1,0 +1,1 @@
+"""lustrain's CLI and local twin (not deployed to Lambda)."""

@@ -1,0 +1,89 @@
+"""`lustrain validate | plan | schema`: what a user types, what they read, and the exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lustrain.cli import main
+
+DESIGN_PLAN_KEYS = [
+    ("network", "ips_needed"),
+    ("network", "subnet_prefix_length"),
+    ("network", "usable_ips"),
+    ("filesystem", "deployment_type"),
+    ("filesystem", "storage_gib"),
+    ("filesystem", "throughput_mb_s"),
+    ("filesystem", "demand_mb_s"),
+    ("cost", "total_usd"),
+]
+
+
+def test_plan_json_of_the_50_p4d_example_shows_300_ips_and_a_slash_23(capsys):
+    assert main(["plan", "examples/p4d-50x-persistent.yaml", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for section, key in DESIGN_PLAN_KEYS:
+        assert key in out[section], f"{section}.{key} missing"
+    assert isinstance(out["warnings"], list)
+    assert out["network"]["ips_needed"] >= 300
+    assert out["network"]["subnet_prefix_length"] == 23
+    assert out["filesystem"]["deployment_type"] == "PERSISTENT_2"
+
+
+def test_plan_prints_a_readable_table(capsys):
+    assert main(["plan", "examples/p4d-2x-scratch.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "IPs needed" in out and "SCRATCH_2" in out and "$" in out
+
+
+def test_an_invalid_spec_exits_2_naming_field_value_and_allowed(tmp_path, capsys):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(
+        "name: gpt\ncompute: {instance_count: 0}\ndata: {s3_uri: s3://bkt/d/}\noutput: {s3_uri: s3://bkt/o/}\n"
+    )
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "compute.instance_count" in err and "got 0" in err and "greater than or equal to 1" in err
+
+
+def test_a_plan_rule_broken_exits_2(tmp_path, capsys):
+    spec = tmp_path / "budget.yaml"
+    spec.write_text(
+        "name: gpt\ndata: {s3_uri: s3://bkt/d/, size_gib: 1}\noutput: {s3_uri: s3://bkt/o/}\nbudget: {max_usd: 1}\n"
+    )
+    assert main(["plan", str(spec)]) == 2
+    assert "budget.max_usd" in capsys.readouterr().err
+
+
+def test_validate_ok_and_missing_file(capsys):
+    assert main(["validate", "examples/tiny.yaml"]) == 0
+    assert "valid job spec 'tiny'" in capsys.readouterr().out
+    assert main(["validate", "examples/nope.yaml"]) == 2
+
+
+def test_usage_errors_exit_2():
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == 2
+
+
+def test_schema_is_json_schema_for_editors(tmp_path):
+    out = tmp_path / "schema.json"
+    assert main(["schema", "-o", str(out)]) == 0
+    schema = json.loads(out.read_text())
+    assert schema["title"] == "lustrain job spec v1"
+    assert "compute" in schema["properties"]
+
+
+def test_the_console_script_is_installed():
+    done = subprocess.run(
+        [sys.executable, "-m", "lustrain.cli", "plan", "examples/tiny.yaml", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["network"]["ips_needed"] > 0
