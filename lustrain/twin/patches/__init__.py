@@ -1,0 +1,52 @@
+"""Patches that close moto 5.2.5's gaps for the twin; `install()` applies them all, once.
+
+They replace methods on moto's backend and response classes, which both `mock_aws` and moto's server mode
+(ThreadedMotoServer in this process) use, so one install serves both. Each patch reaches into moto's
+internals, which is why moto is pinned exactly and `install()` refuses any other version.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import threading
+
+import moto
+
+from lustrain.twin.patches import eventbridge, fsx, lambda_invoke, service_quotas, stepfunctions, throttling
+
+MOTO_VERSION = "5.2.5"
+
+_lock = threading.Lock()
+_installed = False
+
+
+class MotoVersionMismatch(RuntimeError):
+    """The installed moto is not the version whose internals the twin's patches were written against."""
+
+
+def check_moto_version(found: str | None = None) -> None:
+    found = moto.__version__ if found is None else found
+    if found != MOTO_VERSION:
+        raise MotoVersionMismatch(
+            f"the twin patches moto {MOTO_VERSION}'s internals; upgrade them together "
+            f"(installed moto is {found}; pin moto=={MOTO_VERSION} or port lustrain/twin/patches)"
+        )
+
+
+def install() -> None:
+    """Apply every patch (idempotent); sagemaker.py's too when that module is present."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        check_moto_version()
+        lambda_invoke.install()
+        throttling.install()
+        service_quotas.install()
+        fsx.install()
+        eventbridge.install()
+        stepfunctions.install()
+        if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:
+            importlib.import_module(f"{__name__}.sagemaker").install()
+        _installed = True

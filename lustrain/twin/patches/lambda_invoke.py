@@ -1,0 +1,284 @@
+"""Lambda Invoke without Docker: the function's handler runs in this process.
+
+moto 5.2.5 runs a function in a Docker container from `LambdaFunction._invoke_lambda(event)`, which returns
+`(payload, errored, logs)`. The patch imports the module named by the function's Handler
+("handlers.register_job.handler" -> module handlers.register_job, attribute handler) and calls it with the
+event and a Lambda context object, under the function's environment.
+
+How Step Functions sees a failed invocation (read in moto/stepfunctions/parser, LocalStack's interpreter):
+moto answers the errored Invoke with the X-Amz-Function-Error header; the engine's Lambda client sees
+`FunctionError` in the response and raises LambdaFunctionErrorException carrying the payload
+(lambda_eval_utils.py). `StateTaskServiceLambda._from_error` (arn:aws:states:::lambda:invoke, with or without
+.waitForTaskToken) and `StateTaskLambda._from_error` (a bare function ARN) parse the payload as JSON and use its
+`errorType` as the error name (a CustomErrorName, which is what Retry/Catch ErrorEquals match) and the payload
+string as the Cause; a payload without errorType becomes the error "Exception". AWS behaves the same way, so
+an exception class name is the ErrorEquals of the ASL, here as there.
+
+Payloads follow AWS's Python runtime: `{"errorMessage", "errorType", "requestId", "stackTrace"}` for a raised
+exception, `Runtime.ImportModuleError` / `Runtime.HandlerNotFound` / `Runtime.MarshalError` for a handler that
+cannot be loaded or whose result is not JSON, and FunctionError "Unhandled" (moto says "Handled").
+
+Timeout: AWS stops a function at its Timeout and answers Invoke with FunctionError "Unhandled" and the payload
+`{"errorType": "Sandbox.Timedout", "errorMessage": "RequestId: <id> Error: Task timed out after N.00 seconds"}`
+(the current runtimes, python3.12 included; older ones sent no errorType, which Step Functions then reported
+as Lambda.Unknown, as its documentation still says). Step Functions therefore sees the error
+"Sandbox.Timedout", which Retry/Catch can name, and which States.ALL and States.TaskFailed also match. The twin
+answers the same way when the handler runs past the function's Timeout. A Python thread cannot be killed: the
+handler keeps running in the background, outside the environment lock, until it returns on its own.
+
+The process has one environment, so invocations are serialised by a lock while the function's Environment
+Variables (plus AWS_REGION, AWS_DEFAULT_REGION, AWS_LAMBDA_FUNCTION_NAME, ...) are applied; they are restored
+afterwards. An invocation made from inside a handler in this process (mock_aws: the nested call runs in the
+handler's own thread) re-enters without the lock. In moto's server mode a nested *synchronous* invoke arrives
+on another server thread and would wait for the lock forever; it fails after LOCK_WAIT_S instead. In server
+mode the handler's boto3 calls go to the server: AWS_ENDPOINT_URL is set to http://localhost:$MOTO_PORT unless
+the process or the function already sets it. Handler output goes to the process's stdout, not CloudWatch; the
+function's log group gets the START/END/REPORT lines and any error.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import decimal
+import functools
+import importlib
+import json
+import os
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from moto import settings as moto_settings
+from moto.awslambda.models import LambdaFunction
+from moto.core.models import botocore_stubber
+
+from lustrain.twin import faults
+
+#: How long an invocation waits for another one to release the process environment.
+LOCK_WAIT_S = 900.0
+
+_PATCHED = "_lustrain_twin_in_process"
+_env_lock = threading.Lock()
+_inside_invocation: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "lustrain_twin_inside_invocation", default=False
+)
+
+
+@dataclass
+class LambdaContext:
+    """The attributes of AWS's Python runtime context that handlers and Powertools read."""
+
+    function_name: str
+    function_version: str
+    invoked_function_arn: str
+    memory_limit_in_mb: int
+    aws_request_id: str
+    log_group_name: str
+    log_stream_name: str
+    timeout_s: float
+    _started: float = field(default_factory=time.monotonic)
+    identity: Any = None
+    client_context: Any = None
+
+    def get_remaining_time_in_millis(self) -> int:
+        left = self.timeout_s - (time.monotonic() - self._started)
+        return max(0, int(left * 1000))
+
+
+@dataclass
+class _Outcome:
+    payload: str = ""
+    errored: bool = False
+    error_line: str = ""
+
+
+def _decimal_as_number(value: Any) -> Any:
+    # AWS's runtime marshaller writes Decimal (what DynamoDB returns) as a JSON number.
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _error(error_type: str, message: str, request_id: str, stack: list[str] | None = None) -> _Outcome:
+    body = {
+        "errorMessage": message,
+        "errorType": error_type,
+        "requestId": request_id,
+        "stackTrace": stack or [],
+    }
+    return _Outcome(json.dumps(body), True, f"[ERROR] {error_type}: {message}")
+
+
+def _load_handler(handler: str, request_id: str) -> Callable[[Any, LambdaContext], Any] | _Outcome:
+    module_name, _, attribute = handler.rpartition(".")
+    if not module_name:
+        return _error(
+            "Runtime.MalformedHandlerName",
+            f"Bad handler '{handler}': not enough values to unpack (expected 2, got 1)",
+            request_id,
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        return _error(
+            "Runtime.ImportModuleError", f"Unable to import module '{module_name}': {exc}", request_id
+        )
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        return _error(
+            "Runtime.HandlerNotFound", f"Handler '{attribute}' missing on module '{module_name}'", request_id
+        )
+    return function  # type: ignore[no-any-return]
+
+
+def _call(function: Callable[[Any, LambdaContext], Any], event: Any, context: LambdaContext) -> _Outcome:
+    try:
+        result = function(event, context)
+    except Exception as exc:
+        stack = traceback.format_list(traceback.extract_tb(exc.__traceback__))
+        return _error(type(exc).__name__, str(exc), context.aws_request_id, stack)
+    try:
+        return _Outcome(json.dumps(result, default=_decimal_as_number))
+    except (TypeError, ValueError) as exc:
+        return _error("Runtime.MarshalError", f"Unable to marshal response: {exc}", context.aws_request_id)
+
+
+def _environment(fn: LambdaFunction) -> dict[str, str]:
+    env = {
+        "AWS_REGION": fn.region,
+        "AWS_DEFAULT_REGION": fn.region,
+        "AWS_LAMBDA_FUNCTION_NAME": fn.function_name,
+        "AWS_LAMBDA_FUNCTION_VERSION": str(fn.version),
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(fn.memory_size),
+        "AWS_LAMBDA_LOG_GROUP_NAME": fn.logs_group_name,
+        "_HANDLER": fn.handler,
+    }
+    if not botocore_stubber.enabled and "AWS_ENDPOINT_URL" not in os.environ:
+        # Server mode: nothing intercepts boto3 in this process, so its calls must reach the server.
+        env["AWS_ENDPOINT_URL"] = f"http://localhost:{moto_settings.moto_server_port()}"
+    env.update({key: str(value) for key, value in (fn.environment_vars or {}).items()})
+    return env
+
+
+@contextmanager
+def _applied(env: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def _serialised(function_name: str) -> Iterator[None]:
+    if _inside_invocation.get():
+        yield
+        return
+    if not _env_lock.acquire(timeout=LOCK_WAIT_S):
+        raise RuntimeError(
+            f"the twin could not run Lambda function {function_name!r}: another in-process invocation held the "
+            f"process environment for {LOCK_WAIT_S:.0f} s (a synchronous invoke from inside a handler "
+            "deadlocks in moto's server mode; invoke asynchronously or through EventBridge)"
+        )
+    try:
+        yield
+    finally:
+        _env_lock.release()
+
+
+def _step_of(handler: str) -> str:
+    return handler.rpartition(".")[0].rpartition(".")[2]
+
+
+def _event_object(event: Any) -> Any:
+    # moto passes the parsed JSON body, or the string "{}" when the body was empty.
+    if isinstance(event, str | bytes):
+        try:
+            return json.loads(event)
+        except ValueError:
+            return event
+    return {} if event is None else event
+
+
+def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
+    timeout_s = float(fn.timeout)
+    context = LambdaContext(
+        function_name=fn.function_name,
+        function_version=str(fn.version),
+        invoked_function_arn=fn.function_arn,
+        memory_limit_in_mb=int(fn.memory_size),
+        aws_request_id=request_id,
+        log_group_name=fn.logs_group_name,
+        log_stream_name=f"{time.strftime('%Y/%m/%d')}/[{fn.version}]{request_id.replace('-', '')}",
+        timeout_s=timeout_s,
+    )
+    box: list[_Outcome] = []
+    handler = str(fn.handler)
+
+    def invocation() -> None:
+        _inside_invocation.set(True)
+        with faults.running_step(_step_of(handler)):
+            loaded = _load_handler(handler, request_id)
+            box.append(loaded if isinstance(loaded, _Outcome) else _call(loaded, event, context))
+
+    with _serialised(fn.function_name), _applied(_environment(fn)):
+        worker = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(invocation,),
+            name=f"lambda:{fn.function_name}:{request_id[:8]}",
+            daemon=True,
+        )
+        worker.start()
+        worker.join(timeout_s)
+    if box:
+        return box[0]
+    message = f"RequestId: {request_id} Error: Task timed out after {timeout_s:.2f} seconds"
+    return _Outcome(json.dumps({"errorType": "Sandbox.Timedout", "errorMessage": message}), True, message)
+
+
+def invoke_in_process(self: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
+    """Replacement for LambdaFunction._invoke_lambda: run the handler here, answer as AWS does."""
+    request_id = str(uuid.uuid4())
+    started = time.monotonic()
+    outcome = _run(self, _event_object(event), request_id)
+    duration_ms = (time.monotonic() - started) * 1000
+    lines = [f"START RequestId: {request_id} Version: {self.version}"]
+    if outcome.error_line:
+        lines.append(outcome.error_line)
+    lines += [
+        f"END RequestId: {request_id}",
+        f"REPORT RequestId: {request_id}\tDuration: {duration_ms:.2f} ms\tMemory Size: {self.memory_size} MB",
+    ]
+    logs = "\n".join(lines)
+    self.logs_backend.ensure_log_group(self.logs_group_name)
+    self.save_logs(logs)
+    return outcome.payload, outcome.errored, logs
+
+
+def install() -> None:
+    if getattr(LambdaFunction._invoke_lambda, _PATCHED, False):
+        return
+    setattr(invoke_in_process, _PATCHED, True)
+    LambdaFunction._invoke_lambda = invoke_in_process  # type: ignore[method-assign]
+
+    original_invoke = LambdaFunction.invoke
+
+    @functools.wraps(original_invoke)
+    def invoke(self: LambdaFunction, body: str, request_headers: Any, response_headers: Any) -> str | bytes:
+        result = original_invoke(self, body, request_headers, response_headers)
+        # An exception the handler does not catch is "Unhandled" on AWS's Python runtime.
+        if response_headers.get("x-amz-function-error") == "Handled":
+            response_headers["x-amz-function-error"] = "Unhandled"
+        return result
+
+    LambdaFunction.invoke = invoke  # type: ignore[method-assign]

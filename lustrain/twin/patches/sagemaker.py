@@ -1,0 +1,280 @@
+"""The twin's SageMaker training jobs: validated as AWS validates them, lived by the simulator, stoppable.
+
+moto 5.2.5 stores a training job as Completed the moment it is created, drops part of the request (Environment,
+RetryStrategy), invents a MetricDefinition, emits no event and has no StopTrainingJob. `install()` replaces
+three of moto's SageMaker response methods and adds one:
+
+- CreateTrainingJob checks, with AWS's error codes and messages, what hurts users when it slips through: the
+  name (pattern, and unique forever: a finished job's name cannot be reused), the account's Service Quota for
+  the instance type (InProgress and Stopping jobs hold instances) -> ResourceLimitExceeded, VolumeKmsKeyId on
+  an instance type with local NVMe storage, and managed spot without MaxWaitTimeInSeconds >= MaxRuntimeInSeconds
+  or without a CheckpointConfig. The full request is kept, and the job is handed to lustrain.twin.simulator,
+  whose thread starts after CreateTrainingJob, and the Lambda invocation that called it, have returned.
+- DescribeTrainingJob returns the request as stored and the simulator's progress; ListTrainingJobs (moto's own)
+  filters on the live status.
+- StopTrainingJob: InProgress -> Stopping -> Stopped; the trainer gets SIGTERM and the grace period.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import moto
+from moto.core.responses import ActionResult, EmptyResult
+from moto.sagemaker.exceptions import SagemakerClientError, ValidationError
+from moto.sagemaker.models import FakeTrainingJob, SageMakerModelBackend
+from moto.sagemaker.responses import SageMakerResponse
+
+from lustrain.twin import faults, simulator
+from lustrain.twin.simulator import SimulatedJob
+
+_PATCHED = "_lustrain_twin_sagemaker"
+_STATE = "_lustrain_twin_training"
+
+NAME_PATTERN = "[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"
+_NAME_RE = re.compile(NAME_PATTERN)
+NAME_MAX = 63
+
+#: Instance families whose storage is local NVMe (encrypted by the instance, no EBS volume to give a KMS key):
+#: every family with a "d" (p4d, p4de, g4dn, p3dn, c5d, ...), as the SageMaker Python SDK decides it, and the
+#: NVMe families without one.
+_NVME_FAMILIES = ("g5", "g6", "g6e", "p5", "p5e", "p5en", "trn1", "trn1n", "trn2")
+
+#: Jobs in these statuses hold their instances against the quota.
+_HOLDING = frozenset({"InProgress", "Stopping"})
+
+
+class ResourceLimitExceeded(SagemakerClientError):
+    code = "ResourceLimitExceeded"
+
+
+@dataclass
+class _TrainingState:
+    """What the twin adds to one account and region's SageMaker backend."""
+
+    jobs: dict[str, SimulatedJob] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _state(backend: SageMakerModelBackend) -> _TrainingState:
+    state: _TrainingState = backend.__dict__.setdefault(_STATE, _TrainingState())
+    return state
+
+
+# --- validation ---------------------------------------------------------------------------------------------
+
+
+def _check_name(name: str) -> None:
+    problems = []
+    if len(name) > NAME_MAX:
+        problems.append(
+            f"Value '{name}' at 'trainingJobName' failed to satisfy constraint: "
+            f"Member must have length less than or equal to {NAME_MAX}"
+        )
+    if not _NAME_RE.fullmatch(name):
+        problems.append(
+            f"Value '{name}' at 'trainingJobName' failed to satisfy constraint: "
+            f"Member must satisfy regular expression pattern: {NAME_PATTERN}"
+        )
+    if problems:
+        noun = "error" if len(problems) == 1 else "errors"
+        raise ValidationError(f"{len(problems)} validation {noun} detected: {'; '.join(problems)}")
+
+
+def has_local_nvme(instance_type: str) -> bool:
+    """Whether an ml.* instance type's storage is local NVMe (so it takes no VolumeKmsKeyId)."""
+    family = instance_type.removeprefix("ml.").split(".")[0]
+    return "d" in family or family in _NVME_FAMILIES
+
+
+def _check_volume_key(resources: dict[str, Any]) -> None:
+    instance_type = str(resources.get("InstanceType", ""))
+    if resources.get("VolumeKmsKeyId") and has_local_nvme(instance_type):
+        raise ValidationError(
+            f"Instance type {instance_type} has local storage, which is encrypted by a hardware module on the "
+            "instance. You can't request a VolumeKmsKeyId when using an instance type with local storage: "
+            "remove ResourceConfig.VolumeKmsKeyId."
+        )
+
+
+def _check_spot(request: dict[str, Any]) -> None:
+    stopping = request.get("StoppingCondition") or {}
+    max_wait = stopping.get("MaxWaitTimeInSeconds")
+    max_runtime = stopping.get("MaxRuntimeInSeconds", 86400)
+    if not request.get("EnableManagedSpotTraining"):
+        if max_wait is not None:
+            raise ValidationError(
+                "Invalid MaxWaitTimeInSeconds. It is only supported when EnableManagedSpotTraining is set to true"
+            )
+        return
+    if max_wait is None or int(max_wait) < int(max_runtime):
+        raise ValidationError(
+            "Invalid MaxWaitTimeInSeconds. It must be present and be greater than or equal to "
+            f"MaxRuntimeInSeconds ({max_runtime}) when EnableManagedSpotTraining is set to true "
+            f"(got {max_wait})"
+        )
+    if not (request.get("CheckpointConfig") or {}).get("S3Uri"):
+        # Stricter than AWS, which only recommends it: a spot interruption without checkpoints restarts the
+        # job from step 0 and bills the lost work again, which is the harm this project exists to prevent.
+        raise ValidationError(
+            "CheckpointConfig.S3Uri is required when EnableManagedSpotTraining is set to true: after a spot "
+            "interruption the job resumes from the checkpoints SageMaker copies back from it"
+        )
+
+
+def _quota_value(account: str, region: str, instance_type: str, spot: bool) -> tuple[str, float] | None:
+    """The applied quota (name, value) for the instance type, from the twin's Service Quotas; None if unknown."""
+    from moto.servicequotas.models import servicequotas_backends
+
+    from lustrain.twin.patches import service_quotas
+
+    name = service_quotas.quota_name(instance_type, spot)
+    for quota in service_quotas.CATALOG["sagemaker"]:
+        if quota.name == name:
+            applied = servicequotas_backends[account][region].get_service_quota("sagemaker", quota.code)
+            return name, float(applied["Value"])
+    return None
+
+
+def _check_quota(backend: SageMakerModelBackend, request: dict[str, Any]) -> None:
+    resources = request.get("ResourceConfig") or {}
+    instance_type = str(resources.get("InstanceType", ""))
+    requested = int(resources.get("InstanceCount", 1))
+    spot = bool(request.get("EnableManagedSpotTraining"))
+    quota = _quota_value(backend.account_id, backend.region_name, instance_type, spot)
+    if quota is None:
+        return
+    name, limit = quota
+    in_use = sum(
+        job.instance_count
+        for job in _state(backend).jobs.values()
+        if job.status in _HOLDING
+        and job.instance_type == instance_type
+        and bool(job.request.get("EnableManagedSpotTraining")) == spot
+    )
+    if in_use + requested > limit:
+        raise ResourceLimitExceeded(
+            f"The account-level service limit '{name}' is {_count(limit)} Instances, with current utilization "
+            f"of {in_use} Instances and a request delta of {requested} Instances. Please use AWS Service "
+            "Quotas to request an increase for this quota. If AWS Service Quotas is not available, contact "
+            "AWS support to request an increase for this quota."
+        )
+
+
+def _count(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _check_unique(backend: SageMakerModelBackend, name: str) -> None:
+    if name in _state(backend).jobs or name in backend.training_jobs:
+        arn = FakeTrainingJob.arn_formatter(name, backend.account_id, backend.region_name)
+        raise ValidationError(
+            "Training job names must be unique within an AWS account and region, and a training job with "
+            f"this name already exists ({arn})"
+        )
+
+
+# --- the patched API ------------------------------------------------------------------------------------------
+
+
+def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult:
+    request = copy.deepcopy(dict(self.params))
+    request.pop("Action", None)
+    request.pop("Version", None)
+    name = str(request.get("TrainingJobName", ""))
+    _check_name(name)
+    _check_volume_key(request.get("ResourceConfig") or {})
+    _check_spot(request)
+    backend = self.sagemaker_backend
+    state = _state(backend)
+    with state.lock:  # two concurrent creates must not both fit in the last free instances
+        _check_unique(backend, name)
+        _check_quota(backend, request)
+        result = original(self)
+        fake = backend.training_jobs[name]
+        job = SimulatedJob(
+            request=request, arn=fake.arn, account=backend.account_id, region=backend.region_name
+        )
+        if faults.current_step() is not None:
+            # Called from a handler run in-process (mock_aws): the job's first event waits for it to return.
+            job.created_by = threading.current_thread()
+        state.jobs[name] = job
+        _sync(fake, job)
+    simulator.launch(job)
+    return result  # type: ignore[no-any-return]
+
+
+def _describe_training_job(original: Any, self: SageMakerResponse) -> ActionResult:
+    job = _state(self.sagemaker_backend).jobs.get(str(self._get_param("TrainingJobName")))
+    if job is None:
+        return original(self)  # type: ignore[no-any-return]
+    return ActionResult(job.describe())
+
+
+def stop_training_job(self: SageMakerResponse) -> EmptyResult:
+    backend = self.sagemaker_backend
+    name = str(self._get_param("TrainingJobName"))
+    job = _state(backend).jobs.get(name)
+    if job is None:
+        arn = FakeTrainingJob.arn_formatter(name, backend.account_id, backend.region_name)
+        raise ValidationError(f"Could not find training job '{arn}'.")
+    if not job.request_stop():
+        raise ValidationError(f"The request was rejected because the training job is in status {job.status}.")
+    _sync(backend.training_jobs[name], job)
+    return EmptyResult()
+
+
+def _list_training_jobs(original: Any, self: SageMakerModelBackend, *args: Any, **kwargs: Any) -> Any:
+    state = _state(self)
+    for name, job in state.jobs.items():
+        if name in self.training_jobs:
+            _sync(self.training_jobs[name], job)
+    return original(self, *args, **kwargs)
+
+
+def _sync(fake: FakeTrainingJob, job: SimulatedJob) -> None:
+    """Copy the live status onto moto's record, which moto's own ListTrainingJobs filters and shows."""
+    described = job.describe()
+    fake.training_job_status = described["TrainingJobStatus"]
+    fake.secondary_status = described["SecondaryStatus"]
+    fake.last_modified_time = described["LastModifiedTime"]
+    # None until the job ends: moto set an end time at creation, which ListTrainingJobs would show.
+    fake.training_end_time = described.get("TrainingEndTime")  # type: ignore[assignment]
+
+
+def _wrap(cls: type, name: str, replacement: Any) -> None:
+    original = getattr(cls, name)
+
+    @functools.wraps(original)
+    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return replacement(original, self, *args, **kwargs)
+
+    setattr(cls, name, patched)
+
+
+def install() -> None:
+    """Patch moto's SageMaker (once per process). Fails loudly on another moto: the patch reads its internals."""
+    from lustrain.twin.patches import check_moto_version
+
+    if getattr(SageMakerResponse, _PATCHED, False):
+        return
+    check_moto_version()
+    for cls, method in (
+        (SageMakerResponse, "create_training_job"),
+        (SageMakerResponse, "describe_training_job"),
+        (SageMakerModelBackend, "list_training_jobs"),
+    ):
+        if not hasattr(cls, method):
+            raise RuntimeError(
+                f"moto {moto.__version__}: {cls.__name__}.{method} is gone; the twin cannot patch it"
+            )
+    _wrap(SageMakerResponse, "create_training_job", _create_training_job)
+    _wrap(SageMakerResponse, "describe_training_job", _describe_training_job)
+    _wrap(SageMakerModelBackend, "list_training_jobs", _list_training_jobs)
+    SageMakerResponse.stop_training_job = stop_training_job  # type: ignore[attr-defined]
+    setattr(SageMakerResponse, _PATCHED, True)

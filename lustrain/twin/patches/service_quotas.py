@@ -1,0 +1,296 @@
+"""Service Quotas for SageMaker: ListServiceQuotas, GetServiceQuota, GetAWSDefaultServiceQuota on the twin.
+
+moto 5.2.5 knows ServiceCode vpc only, and neither ListServiceQuotas nor GetAWSDefaultServiceQuota. The twin
+adds ServiceCode "sagemaker" with quotas named as AWS names them ("ml.p4d.24xlarge for training job usage",
+"... for spot training job usage") for the instance types below. Their QuotaCodes are the twin's own
+(stable, derived from the name): public sources disagree on the real L- codes, which is why callers look a
+quota up by QuotaName.
+
+Values: the account's applied value is what `set_quota` set, else the default below (the twin's defaults, in
+the spirit of a new account: no large GPU instances until an increase is granted). The `quota` fault
+(faults.py, at check_quota) makes every SageMaker quota read 0 while it is armed.
+
+Pages: ListServiceQuotas and ListAWSDefaultServiceQuotas page with NextToken/MaxResults (1..100) as AWS does;
+without MaxResults a page holds DEFAULT_PAGE_SIZE quotas. AWS lists hundreds of SageMaker quotas, so a caller
+that ignores NextToken misses most of them there; the small default page makes it miss them here too.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from moto.core.exceptions import JsonRESTError
+from moto.core.models import DEFAULT_ACCOUNT_ID
+from moto.servicequotas.exceptions import NoSuchResource
+from moto.servicequotas.models import ServiceQuotasBackend, servicequotas_backends
+from moto.servicequotas.resources.default_quotas.vpc import VPC_DEFAULT_QUOTAS
+from moto.servicequotas.responses import ServiceQuotasResponse
+
+from lustrain.twin import faults
+
+DEFAULT_PAGE_SIZE = 10
+_PATCHED = "_lustrain_twin_quotas"
+_APPLIED = "lustrain_applied_quotas"
+
+#: Instance type -> the twin's default quota for training jobs (on-demand and spot alike).
+TRAINING_INSTANCE_DEFAULTS: dict[str, float] = {
+    "ml.m5.large": 20.0,
+    "ml.m5.xlarge": 20.0,
+    "ml.m5.2xlarge": 20.0,
+    "ml.m5.4xlarge": 10.0,
+    "ml.c5.xlarge": 20.0,
+    "ml.c5.2xlarge": 20.0,
+    "ml.c5.4xlarge": 10.0,
+    "ml.g4dn.xlarge": 2.0,
+    "ml.g5.xlarge": 2.0,
+    "ml.g5.2xlarge": 2.0,
+    "ml.g5.12xlarge": 0.0,
+    "ml.g5.48xlarge": 0.0,
+    "ml.p3.2xlarge": 1.0,
+    "ml.p3.8xlarge": 0.0,
+    "ml.p3.16xlarge": 0.0,
+    "ml.p3dn.24xlarge": 0.0,
+    "ml.p4d.24xlarge": 0.0,
+    "ml.p4de.24xlarge": 0.0,
+    "ml.p5.48xlarge": 0.0,
+    "ml.trn1.32xlarge": 0.0,
+}
+
+_USAGES = ("training job", "spot training job")
+_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+
+
+class InvalidPaginationToken(JsonRESTError):
+    def __init__(self) -> None:
+        super().__init__(
+            "InvalidPaginationTokenException", "Invalid input was provided: the NextToken is not valid."
+        )
+
+
+class IllegalArgument(JsonRESTError):
+    def __init__(self, message: str) -> None:
+        super().__init__("IllegalArgumentException", message)
+
+
+class NoSuchQuota(JsonRESTError):
+    def __init__(self, service_code: str, quota_code: str) -> None:
+        super().__init__(
+            "NoSuchResourceException",
+            f"The request failed because the specified quota '{quota_code}' does not exist for service "
+            f"'{service_code}'.",
+        )
+
+
+@dataclass(frozen=True)
+class Quota:
+    service_code: str
+    service_name: str
+    code: str
+    name: str
+    default: float
+    adjustable: bool = True
+
+    def to_dict(self, region: str, account_id: str, value: float) -> dict[str, Any]:
+        return {
+            "ServiceCode": self.service_code,
+            "ServiceName": self.service_name,
+            "QuotaArn": f"arn:aws:servicequotas:{region}:{account_id}:{self.service_code}/{self.code}",
+            "QuotaCode": self.code,
+            "QuotaName": self.name,
+            "Value": value,
+            "Unit": "None",
+            "Adjustable": self.adjustable,
+            "GlobalQuota": False,
+            "QuotaAppliedAtLevel": "ACCOUNT",
+        }
+
+
+def quota_name(instance_type: str, spot: bool = False) -> str:
+    return f"{instance_type} for {_USAGES[1] if spot else _USAGES[0]} usage"
+
+
+def _code_for(name: str) -> str:
+    return "L-" + hashlib.sha256(name.encode()).hexdigest()[:8].upper()
+
+
+def _training_quotas(instance_type: str, default: float) -> list[Quota]:
+    return [
+        Quota(
+            "sagemaker",
+            "Amazon SageMaker",
+            _code_for(quota_name(instance_type, spot)),
+            quota_name(instance_type, spot),
+            default,
+        )
+        for spot in (False, True)
+    ]
+
+
+def _sagemaker_quotas() -> list[Quota]:
+    quotas = [q for kind, value in TRAINING_INSTANCE_DEFAULTS.items() for q in _training_quotas(kind, value)]
+    return sorted(quotas, key=lambda q: q.name)
+
+
+def _vpc_quotas() -> list[Quota]:
+    moto_quotas: list[dict[str, Any]] = VPC_DEFAULT_QUOTAS
+    return [
+        Quota(
+            "vpc", q["ServiceName"], q["QuotaCode"], q["QuotaName"], float(q["Value"]), bool(q["Adjustable"])
+        )
+        for q in moto_quotas
+    ]
+
+
+CATALOG: dict[str, list[Quota]] = {"sagemaker": _sagemaker_quotas(), "vpc": _vpc_quotas()}
+
+
+def _service(service_code: str) -> list[Quota]:
+    if service_code not in CATALOG:
+        raise NoSuchResource()
+    return CATALOG[service_code]
+
+
+def _quota(service_code: str, quota_code: str) -> Quota:
+    for quota in _service(service_code):
+        if quota.code == quota_code:
+            return quota
+    raise NoSuchQuota(service_code, quota_code)
+
+
+def _applied(backend: ServiceQuotasBackend) -> dict[str, float]:
+    applied: dict[str, float] = backend.__dict__.setdefault(_APPLIED, {})
+    return applied
+
+
+def _value(backend: ServiceQuotasBackend, quota: Quota, applied: bool) -> float:
+    if quota.service_code == "sagemaker" and faults.active("check_quota", "quota"):
+        return 0.0
+    if applied:
+        return _applied(backend).get(quota.code, quota.default)
+    return quota.default
+
+
+def _page(items: list[dict[str, Any]], next_token: str | None, max_results: int | None) -> dict[str, Any]:
+    if max_results is not None and not 1 <= int(max_results) <= 100:
+        raise IllegalArgument(f"MaxResults must be between 1 and 100, got {max_results}.")
+    size = int(max_results or DEFAULT_PAGE_SIZE)
+    start = 0
+    if next_token:
+        try:
+            start = int(base64.urlsafe_b64decode(next_token.encode()).decode())
+        except (ValueError, binascii.Error) as exc:
+            raise InvalidPaginationToken() from exc
+        if not 0 <= start < len(items):
+            raise InvalidPaginationToken()
+    page: dict[str, Any] = {"Quotas": items[start : start + size]}
+    if start + size < len(items):
+        page["NextToken"] = base64.urlsafe_b64encode(str(start + size).encode()).decode()
+    return page
+
+
+# Backend methods (bound to moto's ServiceQuotasBackend).
+
+
+def list_service_quotas(
+    self: ServiceQuotasBackend,
+    service_code: str,
+    next_token: str | None = None,
+    max_results: int | None = None,
+) -> dict[str, Any]:
+    quotas = [
+        q.to_dict(self.region_name, self.account_id, _value(self, q, True)) for q in _service(service_code)
+    ]
+    return _page(quotas, next_token, max_results)
+
+
+def list_aws_default_service_quotas(
+    self: ServiceQuotasBackend,
+    service_code: str,
+    next_token: str | None = None,
+    max_results: int | None = None,
+) -> dict[str, Any]:
+    quotas = [q.to_dict(self.region_name, "", _value(self, q, False)) for q in _service(service_code)]
+    return _page(quotas, next_token, max_results)
+
+
+def get_service_quota(self: ServiceQuotasBackend, service_code: str, quota_code: str) -> dict[str, Any]:
+    quota = _quota(service_code, quota_code)
+    return quota.to_dict(self.region_name, self.account_id, _value(self, quota, True))
+
+
+def get_aws_default_service_quota(
+    self: ServiceQuotasBackend, service_code: str, quota_code: str
+) -> dict[str, Any]:
+    quota = _quota(service_code, quota_code)
+    return quota.to_dict(self.region_name, "", _value(self, quota, False))
+
+
+# Response methods (bound to moto's ServiceQuotasResponse): JSON in, JSON out.
+
+
+def _params(response: ServiceQuotasResponse) -> dict[str, Any]:
+    params: dict[str, Any] = json.loads(response.body or "{}")
+    return params
+
+
+def _list_response(method: str) -> Any:
+    def respond(self: ServiceQuotasResponse) -> str:
+        params = _params(self)
+        page = getattr(self.backend, method)(
+            str(params.get("ServiceCode")), params.get("NextToken"), params.get("MaxResults")
+        )
+        return json.dumps(page)
+
+    respond.__name__ = method
+    return respond
+
+
+def _get_response(method: str) -> Any:
+    def respond(self: ServiceQuotasResponse) -> str:
+        params = _params(self)
+        quota = getattr(self.backend, method)(str(params.get("ServiceCode")), str(params.get("QuotaCode")))
+        return json.dumps({"Quota": quota})
+
+    respond.__name__ = method
+    return respond
+
+
+def set_quota(
+    instance_type: str,
+    value: float,
+    region: str = "us-east-1",
+    account_id: str = DEFAULT_ACCOUNT_ID,
+    spot: bool = False,
+) -> str:
+    """Apply a SageMaker training quota for `instance_type` in one account and region; returns its QuotaCode.
+
+    An instance type the twin does not list yet (AWS has quotas for every one) joins the list, default 0.
+    """
+    if not _INSTANCE_TYPE.match(instance_type):
+        raise ValueError(f"instance_type must look like ml.p4d.24xlarge (got {instance_type!r})")
+    if value < 0:
+        raise ValueError(f"a quota value cannot be negative (got {value})")
+    sagemaker = CATALOG["sagemaker"]
+    if not any(q.name == quota_name(instance_type) for q in sagemaker):
+        sagemaker[:] = sorted([*sagemaker, *_training_quotas(instance_type, 0.0)], key=lambda q: q.name)
+    code = _code_for(quota_name(instance_type, spot))
+    _applied(servicequotas_backends[account_id][region])[code] = float(value)
+    return code
+
+
+def install() -> None:
+    if getattr(ServiceQuotasBackend, _PATCHED, False):
+        return
+    for lister in (list_service_quotas, list_aws_default_service_quotas):
+        setattr(ServiceQuotasBackend, lister.__name__, lister)
+        setattr(ServiceQuotasResponse, lister.__name__, _list_response(lister.__name__))
+    for getter in (get_service_quota, get_aws_default_service_quota):
+        setattr(ServiceQuotasBackend, getter.__name__, getter)
+        setattr(ServiceQuotasResponse, getter.__name__, _get_response(getter.__name__))
+    setattr(ServiceQuotasBackend, _PATCHED, True)

@@ -1,0 +1,197 @@
+"""EventBridge delivers to Lambda and Step Functions targets; S3 emits AWS's "Object Created" events."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from twinfakes import handlers
+from twinhelpers import ACCOUNT, REGION, client, make_function, make_state_machine, wait_execution
+
+from lustrain.twin.patches import eventbridge
+
+pytestmark = pytest.mark.usefixtures("moto_twin")
+
+TRAINING_EVENT = "SageMaker Training Job State Change"
+
+
+def rule_to(target_arn: str, pattern: dict[str, Any], name: str = "to-target", **target: Any) -> None:
+    events = client("events")
+    events.put_rule(Name=name, EventPattern=json.dumps(pattern))
+    events.put_targets(Rule=name, Targets=[{"Id": "target", "Arn": target_arn, **target}])
+
+
+def put_training_event(status: str) -> None:
+    entries = client("events").put_events(
+        Entries=[
+            {
+                "Source": "aws.sagemaker",
+                "DetailType": TRAINING_EVENT,
+                "Detail": json.dumps({"TrainingJobName": "gpt-small-1", "TrainingJobStatus": status}),
+            }
+        ]
+    )
+    assert entries["FailedEntryCount"] == 0
+
+
+def test_put_events_invokes_a_lambda_target_asynchronously_with_the_aws_event() -> None:
+    function_arn = make_function("on-training-event", "twinfakes.handlers.record")
+    rule_to(function_arn, {"source": ["aws.sagemaker"], "detail-type": [TRAINING_EVENT]})
+
+    put_training_event("Completed")
+    log = eventbridge.drain(timeout=10)
+
+    assert len(handlers.received) == 1
+    event = handlers.received[0]
+    assert event["source"] == "aws.sagemaker"
+    assert event["detail-type"] == TRAINING_EVENT
+    assert event["detail"] == {"TrainingJobName": "gpt-small-1", "TrainingJobStatus": "Completed"}
+    assert event["account"] == ACCOUNT
+    assert event["region"] == REGION
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", event["time"])
+    assert [(d.rule, d.target_arn, d.status) for d in log] == [("to-target", function_arn, "delivered")]
+
+
+def test_only_events_matching_the_pattern_are_delivered() -> None:
+    function_arn = make_function("on-training-event", "twinfakes.handlers.record")
+    rule_to(
+        function_arn,
+        {"source": ["aws.sagemaker"], "detail": {"TrainingJobStatus": ["Completed", "Failed", "Stopped"]}},
+    )
+
+    put_training_event("InProgress")
+    put_training_event("Failed")
+    eventbridge.drain(timeout=10)
+
+    assert [e["detail"]["TrainingJobStatus"] for e in handlers.received] == ["Failed"]
+
+
+def test_a_disabled_rule_delivers_nothing() -> None:
+    function_arn = make_function("on-training-event", "twinfakes.handlers.record")
+    rule_to(function_arn, {"source": ["aws.sagemaker"]})
+    client("events").disable_rule(Name="to-target")
+
+    put_training_event("Completed")
+
+    assert eventbridge.drain(timeout=10) == []
+    assert handlers.received == []
+
+
+def test_emit_delivers_like_an_aws_service_and_input_path_selects_the_payload() -> None:
+    function_arn = make_function("on-training-event", "twinfakes.handlers.record")
+    rule_to(function_arn, {"source": ["aws.sagemaker"]}, InputPath="$.detail")
+
+    event_id = eventbridge.emit(
+        "aws.sagemaker",
+        TRAINING_EVENT,
+        {"TrainingJobName": "gpt-small-1", "TrainingJobStatus": "Stopped"},
+        region=REGION,
+        account=ACCOUNT,
+        resources=["arn:aws:sagemaker:us-east-1:123456789012:training-job/gpt-small-1"],
+    )
+    log = eventbridge.drain(timeout=10)
+
+    assert handlers.received == [{"TrainingJobName": "gpt-small-1", "TrainingJobStatus": "Stopped"}]
+    assert log[0].event_id == event_id
+
+
+def test_a_step_functions_target_starts_an_execution_with_the_event() -> None:
+    machine = make_state_machine(
+        "on-event", {"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}}
+    )
+    rule_to(machine, {"source": ["aws.sagemaker"]})
+
+    put_training_event("Completed")
+    log = eventbridge.drain(timeout=10)
+
+    assert [d.status for d in log] == ["delivered"]
+    execution = wait_execution(log[0].result)
+    assert execution["status"] == "SUCCEEDED"
+    assert json.loads(execution["input"])["detail"]["TrainingJobStatus"] == "Completed"
+
+
+def test_a_failing_lambda_target_is_logged_as_failed() -> None:
+    function_arn = make_function("fails", "twinfakes.handlers.fail")
+    rule_to(function_arn, {"source": ["aws.sagemaker"]})
+
+    put_training_event("Completed")
+    log = eventbridge.drain(timeout=10)
+
+    assert [d.status for d in log] == ["failed"]
+    assert "QuotaExceeded" in log[0].error
+
+
+def test_drain_raises_naming_what_is_still_in_flight() -> None:
+    function_arn = make_function("slow", "twinfakes.handlers.slow", timeout=5)
+    rule_to(function_arn, {"source": ["aws.sagemaker"]}, Input=json.dumps({"seconds": 1}))
+
+    put_training_event("Completed")
+
+    with pytest.raises(TimeoutError, match=f"{TRAINING_EVENT} -> {function_arn}"):
+        eventbridge.drain(timeout=0.05)
+    assert [d.status for d in eventbridge.drain(timeout=10)] == ["delivered"]
+
+
+def make_bucket(name: str, versioned: bool = False) -> None:
+    s3 = client("s3")
+    s3.create_bucket(Bucket=name)
+    if versioned:
+        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    s3.put_bucket_notification_configuration(
+        Bucket=name, NotificationConfiguration={"EventBridgeConfiguration": {}}
+    )
+
+
+def test_s3_put_object_emits_aws_object_created_event() -> None:
+    function_arn = make_function("register-job", "twinfakes.handlers.record")
+    rule_to(
+        function_arn,
+        {
+            "source": ["aws.s3"],
+            "detail-type": ["Object Created"],
+            "detail": {"bucket": {"name": ["jobs"]}, "object": {"key": [{"prefix": "specs/"}]}},
+        },
+    )
+    make_bucket("jobs")
+
+    put = client("s3").put_object(Bucket="jobs", Key="specs/gpt-small.yaml", Body=b"name: gpt-small\n")
+    client("s3").put_object(Bucket="jobs", Key="elsewhere/readme.txt", Body=b"not a spec")
+    eventbridge.drain(timeout=10)
+
+    assert len(handlers.received) == 1
+    event = handlers.received[0]
+    assert event["source"] == "aws.s3"
+    assert event["detail-type"] == "Object Created"
+    assert event["resources"] == ["arn:aws:s3:::jobs"]
+    detail = event["detail"]
+    assert detail["bucket"] == {"name": "jobs"}
+    assert detail["object"]["key"] == "specs/gpt-small.yaml"
+    assert detail["object"]["size"] == len(b"name: gpt-small\n")
+    assert detail["object"]["etag"] == put["ETag"].strip('"')
+    assert re.fullmatch(r"[0-9A-F]+", detail["object"]["sequencer"])
+    assert "version-id" not in detail["object"]
+    assert detail["reason"] == "PutObject"
+    assert detail["requester"] == ACCOUNT
+
+
+def test_s3_event_of_a_versioned_bucket_names_the_version() -> None:
+    function_arn = make_function("register-job", "twinfakes.handlers.record")
+    rule_to(function_arn, {"source": ["aws.s3"], "detail-type": ["Object Created"]})
+    make_bucket("versioned-jobs", versioned=True)
+
+    put = client("s3").put_object(Bucket="versioned-jobs", Key="specs/a.yaml", Body=b"x")
+    eventbridge.drain(timeout=10)
+
+    assert handlers.received[0]["detail"]["object"]["version-id"] == put["VersionId"]
+
+
+def test_a_bucket_without_eventbridge_emits_nothing() -> None:
+    function_arn = make_function("register-job", "twinfakes.handlers.record")
+    rule_to(function_arn, {"source": ["aws.s3"]})
+    client("s3").create_bucket(Bucket="quiet")
+
+    client("s3").put_object(Bucket="quiet", Key="specs/a.yaml", Body=b"x")
+
+    assert eventbridge.drain(timeout=10) == []

@@ -1,0 +1,1 @@
+"""Tiny Lambda handlers the twin's tests run in-process (stand-ins for functions/handlers)."""

@@ -1,0 +1,110 @@
+"""Small boto3 helpers shared by the twin's tests."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from functools import cache
+from typing import Any
+
+import boto3
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+
+# One session for every test: boto3 loads a service's model once per session, which is most of a
+# client's cost; moto intercepts the clients of any session, whichever mock_aws is active.
+_SESSION = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
+
+
+@cache
+def client(service: str) -> Any:
+    return _SESSION.client(service)  # type: ignore[call-overload]
+
+
+def role_arn(name: str = "twin-test-role", iam: Any = None) -> str:
+    iam = iam or client("iam")
+    trust = {
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}
+        ]
+    }
+    try:
+        return str(iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"])
+    except iam.exceptions.EntityAlreadyExistsException:
+        return str(iam.get_role(RoleName=name)["Role"]["Arn"])
+
+
+def make_function(
+    name: str,
+    handler: str,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: int = 3,
+    lambda_client: Any = None,
+    iam: Any = None,
+) -> str:
+    """A Lambda function whose Handler names a module in twinfakes/ (its code zip is never read)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("unused.py", "")
+    created = (lambda_client or client("lambda")).create_function(
+        FunctionName=name,
+        Runtime="python3.12",
+        Role=role_arn(iam=iam),
+        Handler=handler,
+        Code={"ZipFile": buffer.getvalue()},
+        Timeout=timeout,
+        MemorySize=256,
+        Environment={"Variables": env or {}},
+    )
+    return str(created["FunctionArn"])
+
+
+def make_state_machine(name: str, definition: dict[str, Any], sfn: Any = None) -> str:
+    created = (sfn or client("stepfunctions")).create_state_machine(
+        name=name, definition=json.dumps(definition), roleArn=f"arn:aws:iam::{ACCOUNT}:role/twin-test-sfn"
+    )
+    return str(created["stateMachineArn"])
+
+
+def lambda_task(function_arn: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": {"FunctionName": function_arn, "Payload.$": "$"},
+        "OutputPath": "$.Payload",
+        **extra,
+    }
+
+
+def run_execution(
+    state_machine_arn: str, payload: Any, sfn: Any = None, timeout: float = 30
+) -> dict[str, Any]:
+    """Start an execution and wait for its end; returns DescribeExecution's answer."""
+    sfn = sfn or client("stepfunctions")
+    execution_arn = sfn.start_execution(stateMachineArn=state_machine_arn, input=json.dumps(payload))[
+        "executionArn"
+    ]
+    return wait_execution(execution_arn, sfn, timeout)
+
+
+def wait_execution(execution_arn: str, sfn: Any = None, timeout: float = 30) -> dict[str, Any]:
+    sfn = sfn or client("stepfunctions")
+    deadline = time.monotonic() + timeout
+    while True:
+        described: dict[str, Any] = sfn.describe_execution(executionArn=execution_arn)
+        if described["status"] != "RUNNING":
+            return described
+        if time.monotonic() > deadline:
+            raise AssertionError(f"execution {execution_arn} still RUNNING after {timeout} s")
+        time.sleep(0.05)
+
+
+def history(execution_arn: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = client("stepfunctions").get_execution_history(executionArn=execution_arn)[
+        "events"
+    ]
+    return events
