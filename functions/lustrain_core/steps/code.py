@@ -1,0 +1,208 @@
+"""upload_code: pack the training code into SageMaker's sourcedir.tar.gz, stored once per content.
+
+code.source is an S3 prefix (the CLI uploads a local directory there first). Every object under it goes into
+the bundle at its path relative to the prefix. The tar is deterministic (sorted names, fixed mtimes, owners and
+modes, a gzip header without time or name), so the same files always give the same bytes and the same sha256.
+The bundle is stored at s3://<artifacts bucket>/<CODE_PREFIX><spec name>/<sha256>/sourcedir.tar.gz, and not
+uploaded again when that key exists: a retry, or a rerun of unchanged code, costs one HeadObject.
+
+A metric_definitions.json at the bundle's root ([{"Name", "Regex"}], the trainer ships one) is validated against
+SageMaker's limits and returned for start_training's AlgorithmSpecification.MetricDefinitions.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import re
+import tarfile
+from collections.abc import Iterable
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core.config import Settings
+from lustrain_core.errors import MISSING, FieldError, SpecInvalid
+from lustrain_core.steps import Job
+from lustrain_core.steps.job import split_s3_uri
+
+BUNDLE_NAME = "sourcedir.tar.gz"
+METRIC_DEFINITIONS_FILE = "metric_definitions.json"
+#: The bundle is built in the Lambda's memory: code, not data or weights, belongs in it.
+MAX_BUNDLE_SOURCE_BYTES = 256 * 2**20
+MAX_BUNDLE_FILES = 10_000
+#: SageMaker's MetricDefinitionList: at most 40, Name 1..255 chars, Regex 1..500 chars.
+MAX_METRICS = 40
+MAX_METRIC_NAME = 255
+MAX_METRIC_REGEX = 500
+_SHOWN_PY_FILES = 20
+
+
+def build_bundle(files: Iterable[tuple[str, bytes]]) -> bytes:
+    """A tar.gz of (path, bytes) pairs whose bytes depend on nothing but the paths and contents."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, body in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            info.mtime = 0
+            info.mode = 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(body))
+    packed = io.BytesIO()
+    # GzipFile writes the current time and a file name into the header unless told not to
+    with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0) as gz:
+        gz.write(raw.getvalue())
+    return packed.getvalue()
+
+
+def read_source(s3: Any, source: str) -> list[tuple[str, bytes]]:
+    """Every object under the code.source prefix, as (path relative to the prefix, bytes)."""
+    bucket, prefix = split_s3_uri(source, "code.source")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    keys: list[tuple[str, int]] = []
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            keys += [(obj["Key"], int(obj.get("Size", 0))) for obj in page.get("Contents", [])]
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in {"NoSuchBucket", "AccessDenied"}:
+            raise SpecInvalid.one("code.source", source, f"cannot be listed by the stack ({code})") from None
+        raise
+    keys = [(key, size) for key, size in keys if not key.endswith("/")]
+    if not keys:
+        raise SpecInvalid.one(
+            "code.source", source, "no objects under this prefix: upload the code or fix the URI"
+        )
+    total = sum(size for _, size in keys)
+    if len(keys) > MAX_BUNDLE_FILES or total > MAX_BUNDLE_SOURCE_BYTES:
+        raise SpecInvalid.one(
+            "code.source",
+            source,
+            f"{len(keys):,} files, {total / 2**20:,.1f} MiB: the code bundle may hold at most "
+            f"{MAX_BUNDLE_FILES:,} files and {MAX_BUNDLE_SOURCE_BYTES // 2**20} MiB (keep data and weights "
+            "out of it: data comes through Lustre, checkpoints through checkpoints.s3_uri)",
+        )
+    names = [key[len(prefix) :] for key, _ in keys]
+    unsafe = [name for name in names if name.startswith("/") or ".." in name.split("/")]
+    if unsafe:
+        raise SpecInvalid.one(
+            "code.source", source, f"object names that would unpack outside the code directory: {unsafe[:5]}"
+        )
+    return [
+        (name, s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        for name, (key, _) in zip(names, keys, strict=True)
+    ]
+
+
+def check_entry_point(names: list[str], entry_point: str, source: str) -> None:
+    if entry_point in names:
+        return
+    py_files = sorted(name for name in names if name.endswith(".py"))
+    shown = ", ".join(py_files[:_SHOWN_PY_FILES]) + (" ..." if len(py_files) > _SHOWN_PY_FILES else "")
+    raise SpecInvalid.one(
+        "code.entry_point",
+        entry_point,
+        f"not in the code under {source}; .py files there: {shown or 'none'}",
+    )
+
+
+def parse_metric_definitions(body: bytes) -> list[dict[str, str]]:
+    """metric_definitions.json, checked against SageMaker's limits; every problem named in one SpecInvalid."""
+    where = METRIC_DEFINITIONS_FILE
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecInvalid.one("code.source", MISSING, f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(doc, list):
+        raise SpecInvalid.one(
+            "code.source", MISSING, f'{where} must be a JSON list of {{"Name", "Regex"}} objects'
+        )
+    if len(doc) > MAX_METRICS:
+        raise SpecInvalid.one(
+            "code.source",
+            MISSING,
+            f"{where} has {len(doc)} definitions; SageMaker takes at most {MAX_METRICS}",
+        )
+    errors: list[FieldError] = []
+    for i, item in enumerate(doc):
+        if not isinstance(item, dict) or set(item) != {"Name", "Regex"}:
+            errors.append(
+                FieldError("code.source", item, f'{where}[{i}]: an object with exactly "Name" and "Regex"')
+            )
+            continue
+        name, regex = item["Name"], item["Regex"]
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_METRIC_NAME:
+            errors.append(
+                FieldError(
+                    "code.source", name, f"{where}[{i}].Name: a string of 1..{MAX_METRIC_NAME} characters"
+                )
+            )
+        if not isinstance(regex, str) or not 1 <= len(regex) <= MAX_METRIC_REGEX:
+            errors.append(
+                FieldError(
+                    "code.source", regex, f"{where}[{i}].Regex: a string of 1..{MAX_METRIC_REGEX} characters"
+                )
+            )
+            continue
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            errors.append(
+                FieldError("code.source", regex, f"{where}[{i}].Regex: not a regular expression ({exc})")
+            )
+    if errors:
+        raise SpecInvalid(errors)
+    return [{"Name": item["Name"], "Regex": item["Regex"]} for item in doc]
+
+
+def bundle_key(settings: Settings, spec_name: str, sha256: str) -> str:
+    return f"{settings.code_prefix}{spec_name}/{sha256}/{BUNDLE_NAME}"
+
+
+def _exists(s3: Any, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
+            return False
+        raise
+    return True
+
+
+def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> dict[str, Any]:
+    """Bundle code.source and store it by content; returns $.code."""
+    spec = Job.from_document(document).spec
+    files = read_source(s3, spec.code.source)
+    names = [name for name, _ in files]
+    check_entry_point(names, spec.code.entry_point, spec.code.source)
+    metrics_body = dict(files).get(METRIC_DEFINITIONS_FILE)
+    metric_definitions = parse_metric_definitions(metrics_body) if metrics_body is not None else []
+
+    bundle = build_bundle(files)
+    sha256 = hashlib.sha256(bundle).hexdigest()
+    bucket, key = settings.artifacts_bucket, bundle_key(settings, spec.name, sha256)
+    uploaded = not _exists(s3, bucket, key)
+    if uploaded:
+        s3.put_object(
+            Bucket=bucket,
+            Key=key,
+            Body=bundle,
+            ContentType="application/gzip",
+            ChecksumAlgorithm="SHA256",
+            Metadata={"sha256": sha256, "source": spec.code.source},
+        )
+    return {
+        "submit_directory": f"s3://{bucket}/{key}",
+        "bucket": bucket,
+        "key": key,
+        "sha256": sha256,
+        "uploaded": uploaded,
+        "files": len(files),
+        "bytes": len(bundle),
+        "metric_definitions": metric_definitions,
+    }

@@ -1,0 +1,241 @@
+"""on_training_event: SageMaker's "Training Job State Change" events, answered to the waiting state machine.
+
+EventBridge delivers every training job's changes in the account; only jobs start_training started (their name
+is in the tokens table) are answered, the rest are ignored. Per status:
+
+    InProgress, Stopping   SendTaskHeartbeat; the secondary status is noted in the tokens item
+    Completed              archive (steps/archive.py), then SendTaskSuccess with the archive and the metrics
+    Failed                 SendTaskFailure, error = the class classify_failure picks, cause = FailureReason
+    Stopped                SendTaskFailure, error = TrainingStopped
+
+Events can repeat and arrive out of order. The tokens item's status moves from "waiting" to "callback_sent" in
+one conditional UpdateItem, and only the delivery that made that move calls back; if its SendTask* call then
+fails for a reason worth retrying, the move is undone and the error raised, so the next delivery tries again. An
+execution that already ended (TaskTimedOut, InvalidToken, TaskDoesNotExist) is noted and left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lustrain_core.config import Settings
+from lustrain_core.errors import CapacityError, MountFailed, QuotaExceeded, TrainingFailed, TrainingStopped
+from lustrain_core.steps import records
+from lustrain_core.steps.archive import MANIFEST, archive_training_job
+from lustrain_core.steps.training import CALLBACK_SENT, WAITING, error_code, get_token_item, token_key
+
+DETAIL_TYPE = "SageMaker Training Job State Change"
+#: SendTask* answers meaning the execution is no longer waiting for this token
+GONE_CODES = frozenset({"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"})
+MAX_ERROR_CHARS = 256
+MAX_CAUSE_CHARS = 32768
+
+
+class TrainingModelArtifacts(BaseModel):
+    S3ModelArtifacts: str | None = None
+
+
+class TrainingJobStateChange(BaseModel):
+    """The detail of the event: DescribeTrainingJob's shape, times as epoch milliseconds (strings or numbers)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    TrainingJobName: str = Field(min_length=1, max_length=63)
+    TrainingJobArn: str | None = None
+    TrainingJobStatus: Literal["InProgress", "Completed", "Failed", "Stopping", "Stopped"]
+    SecondaryStatus: str | None = None
+    FailureReason: str | None = None
+    ModelArtifacts: TrainingModelArtifacts | None = None
+    BillableTimeInSeconds: int | None = None
+    CreationTime: datetime | None = None
+    TrainingStartTime: datetime | None = None
+    TrainingEndTime: datetime | None = None
+    LastModifiedTime: datetime | None = None
+
+    @field_validator(
+        "CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime", mode="before"
+    )
+    @classmethod
+    def _epoch_ms(cls, value: Any) -> Any:
+        if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?", value):
+            value = float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return datetime.fromtimestamp(value / 1000, tz=UTC)
+        return value
+
+
+class TrainingJobStateChangeEvent(EventBridgeModel):
+    source: Literal["aws.sagemaker"]
+    detail_type: Literal["SageMaker Training Job State Change"] = Field(alias="detail-type")
+    detail: TrainingJobStateChange
+
+
+# Checked in order; the first match names the error. Texts are SageMaker's FailureReason wordings.
+_FAILURE_CLASSES: tuple[tuple[re.Pattern[str], type[Exception]], ...] = (
+    (
+        re.compile(r"CapacityError|InsufficientCapacity|Unable to provision requested ML compute", re.I),
+        CapacityError,
+    ),
+    (re.compile(r"ResourceLimitExceeded|resource limit", re.I), QuotaExceeded),
+    (
+        re.compile(
+            r"(unable|failed) to mount|mount\.lustre|mount(ing)? (the )?(FSx|Lustre|file ?system)", re.I
+        ),
+        MountFailed,
+    ),
+)
+
+
+def classify_failure(reason: str | None) -> str:
+    """The error class name for a FailureReason: CapacityError, QuotaExceeded, MountFailed, else TrainingFailed."""
+    for pattern, cls in _FAILURE_CLASSES:
+        if reason and pattern.search(reason):
+            return cls.__name__
+    return TrainingFailed.__name__
+
+
+def _claim(ddb: Any, settings: Settings, name: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
+    """Move the tokens item from waiting to callback_sent; the item (with the token to answer) if this call did."""
+    try:
+        answer = ddb.update_item(
+            TableName=settings.tokens_table,
+            Key=token_key(name),
+            UpdateExpression="SET #status = :sent, outcome = :outcome, answered_at = :now",
+            ConditionExpression="#status = :waiting",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={
+                ":sent": {"S": CALLBACK_SENT},
+                ":waiting": {"S": WAITING},
+                ":outcome": records.to_attribute(outcome),
+                ":now": {"S": records.now_iso()},
+            },
+            ReturnValues="ALL_NEW",
+        )
+    except ClientError as exc:
+        if error_code(exc) == "ConditionalCheckFailedException":
+            return None
+        raise
+    return records.from_item(answer["Attributes"])
+
+
+def _release(ddb: Any, settings: Settings, name: str) -> None:
+    ddb.update_item(
+        TableName=settings.tokens_table,
+        Key=token_key(name),
+        UpdateExpression="SET #status = :waiting REMOVE outcome, answered_at",
+        ConditionExpression="#status = :sent",
+        ExpressionAttributeNames={"#status": "status"},
+        ExpressionAttributeValues={":sent": {"S": CALLBACK_SENT}, ":waiting": {"S": WAITING}},
+    )
+
+
+def _call_back(
+    sfn: Any, ddb: Any, settings: Settings, name: str, outcome: dict[str, Any], send: str, **params: Any
+) -> dict[str, Any]:
+    """Claim the one callback of this job and make it; what happened, for the handler's result."""
+    item = _claim(ddb, settings, name, outcome)
+    if item is None:
+        return {"duplicate": True}
+    try:
+        getattr(sfn, send)(taskToken=item["token"], **params)
+    except ClientError as exc:
+        if error_code(exc) in GONE_CODES:
+            return {"callback": "execution_gone", "reason": error_code(exc)}
+        _release(ddb, settings, name)
+        raise
+    return {"callback": send}
+
+
+def _heartbeat(
+    sfn: Any, ddb: Any, settings: Settings, item: dict[str, Any], detail: TrainingJobStateChange
+) -> dict[str, Any]:
+    try:
+        sfn.send_task_heartbeat(taskToken=item["token"])
+    except ClientError as exc:
+        if error_code(exc) in GONE_CODES:
+            return {"heartbeat": "execution_gone", "reason": error_code(exc)}
+        raise
+    try:
+        ddb.update_item(
+            TableName=settings.tokens_table,
+            Key=token_key(detail.TrainingJobName),
+            UpdateExpression="SET secondary_status = :secondary, job_status = :status, updated_at = :now",
+            ConditionExpression="#status = :waiting",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={
+                ":secondary": {"S": detail.SecondaryStatus or ""},
+                ":status": {"S": detail.TrainingJobStatus},
+                ":now": {"S": records.now_iso()},
+                ":waiting": {"S": WAITING},
+            },
+        )
+    except ClientError as exc:
+        if error_code(exc) != "ConditionalCheckFailedException":
+            raise
+    return {"heartbeat": "sent", "secondary_status": detail.SecondaryStatus}
+
+
+def completed_output(
+    description: dict[str, Any], manifest: dict[str, Any], manifest_uri: str
+) -> dict[str, Any]:
+    """The training task's output ($.training) for a completed job."""
+    return {
+        "training_job_name": description["TrainingJobName"],
+        "status": description["TrainingJobStatus"],
+        "archive_s3_uri": manifest["archive_s3_uri"],
+        "manifest_s3_uri": manifest_uri,
+        "model_artifacts": (description.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
+        "metrics": {m["MetricName"]: m["Value"] for m in description.get("FinalMetricDataList", [])},
+        "billable_seconds": description.get("BillableTimeInSeconds"),
+    }
+
+
+def on_training_event(
+    event: TrainingJobStateChangeEvent, *, sfn: Any, ddb: Any, s3: Any, sagemaker: Any, settings: Settings
+) -> dict[str, Any]:
+    """Answer one state change of a training job; returns what was done (for the log)."""
+    detail = event.detail
+    name, status = detail.TrainingJobName, detail.TrainingJobStatus
+    result: dict[str, Any] = {"training_job_name": name, "status": status}
+    item = get_token_item(ddb, settings, name)
+    if item is None:
+        return {**result, "ignored": True, "reason": "not started by this stack's start_training"}
+    result["job_id"] = item.get("job_id")
+    if item.get("status") == CALLBACK_SENT:
+        return {**result, "duplicate": True}
+
+    if status in ("InProgress", "Stopping"):
+        return {**result, **_heartbeat(sfn, ddb, settings, item, detail)}
+
+    if status == "Completed":
+        description = sagemaker.describe_training_job(TrainingJobName=name)
+        manifest = archive_training_job(s3, description, str(item["archive_target"]), str(item["job_id"]))
+        output = completed_output(description, manifest, manifest["archive_s3_uri"] + MANIFEST)
+        done = _call_back(sfn, ddb, settings, name, output, "send_task_success", output=json.dumps(output))
+        return {**result, **done, "output": output}
+
+    if status == "Failed":
+        error = classify_failure(detail.FailureReason)
+        cause = detail.FailureReason or "SageMaker gave no FailureReason"
+    else:
+        error = TrainingStopped.__name__
+        cause = f"training job {name} was stopped ({detail.SecondaryStatus or 'Stopped'})"
+    outcome = {"error": error, "cause": cause}
+    done = _call_back(
+        sfn,
+        ddb,
+        settings,
+        name,
+        outcome,
+        "send_task_failure",
+        error=error[:MAX_ERROR_CHARS],
+        cause=cause[:MAX_CAUSE_CHARS],
+    )
+    return {**result, **done, **outcome}

@@ -1,0 +1,488 @@
+"""create_filesystem / check_filesystem: the Lustre file system of a run, linked to the data in S3.
+
+What mount_path means, for both deployment types
+------------------------------------------------
+The spec says `filesystem.mount_path` is where the S3 prefix appears inside the file system, and the training job
+reads it at DirectoryPath = "/<MountName><mount_path>" (`directory_path`). Two ways exist to link S3:
+
+- a data repository association (DRA): FileSystemPath = mount_path <-> DataRepositoryPath = data.s3_uri. The
+  prefix appears exactly at mount_path. DRAs need Lustre 2.12 or later and work on PERSISTENT_2 and SCRATCH_2
+  alike (every deployment type but SCRATCH_1), so lustrain creates its file systems as Lustre 2.15.
+- ImportPath (the file system's own, older link, SCRATCH_2 and PERSISTENT_1 only): the prefix appears at the
+  file system's root, "/". Importing a parent prefix to push the data down to mount_path would also import
+  every sibling prefix in that bucket, and ExportPath must share ImportPath's bucket.
+
+So: a SCRATCH_2 file system whose mount_path is "/" and which exports nothing is linked with ImportPath =
+data.s3_uri (AutoImportPolicy NEW_CHANGED_DELETED, ImportedFileChunkSize left at its default): the prefix is at
+the root, which is mount_path. Every other file system (PERSISTENT_2, or SCRATCH_2 with the data below the root,
+or any file system that exports output) gets a DRA at mount_path. Either way DirectoryPath =
+"/<MountName><mount_path>" holds and the data is there. A DRA at "/" must be a file system's only one, so
+mount_path "/" cannot be combined with output.to_filesystem (SpecInvalid at filesystem.mount_path).
+
+Output on the file system (output.to_filesystem)
+------------------------------------------------
+The job writes under OUTPUT_ROOT/<job id> (`output_path`), linked by a second DRA to output.s3_uri with
+AutoExport (NEW, CHANGED, DELETED). The job record notes `export_on_teardown`, and teardown runs an
+EXPORT_TO_REPOSITORY task over that path and waits for it before anything is deleted.
+
+The links are created by check_filesystem once the file system is AVAILABLE (FSx refuses a DRA before). The run's
+`lifecycle` is AVAILABLE only when the file system and each link are; meanwhile it reads CREATING, and
+`file_system_lifecycle` and `links` say which part is pending.
+
+Reusing a file system (filesystem.file_system_id) creates none and never records it, so teardown never deletes it:
+it must exist, be a Lustre file system that is AVAILABLE, sit in the job's VPC, and have a DRA or ImportPath that
+covers data.s3_uri at mount_path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core.config import Settings
+from lustrain_core.errors import FileSystemFailed, SpecInvalid
+from lustrain_core.spec import JobSpec
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, records, tag_dict
+
+#: Where a job's output lives on a file system when output.to_filesystem is true (one directory per job).
+OUTPUT_ROOT = "/lustrain-output"
+LUSTRE_VERSION = "2.15"
+FAILED_LIFECYCLES = frozenset({"FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"})
+ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
+
+DEFAULT_POLL = {"initial_seconds": 30, "max_seconds": 300, "max_polls": 120}
+
+
+def directory_path(mount_name: str, mount_path: str) -> str:
+    """SageMaker's FileSystemDataSource DirectoryPath for a path inside a Lustre file system: /<MountName><path>."""
+    inside = mount_path.rstrip("/")
+    return f"/{mount_name}{inside}"
+
+
+def output_path(job_id: str) -> str:
+    return f"{OUTPUT_ROOT}/{job_id}"
+
+
+def _norm(path: str) -> str:
+    return path.rstrip("/") or "/"
+
+
+def _prefix(uri: str) -> str:
+    return uri if uri.endswith("/") else uri + "/"
+
+
+def _overlaps(a: str, b: str) -> bool:
+    a, b = _norm(a), _norm(b)
+    return a == b or a == "/" or b == "/" or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One S3 link of the file system: a DRA at `path`, or the ImportPath (then `path` is "/")."""
+
+    path: str
+    s3_uri: str
+    purpose: str  # "data" | "output"
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    method: str  # "import_path" | "dra"
+    links: tuple[Link, ...]
+    output_path: str | None
+
+    @property
+    def dra_links(self) -> tuple[Link, ...]:
+        return tuple(link for link in self.links if self.method == "dra" or link.purpose == "output")
+
+
+def link_for(spec: JobSpec, job_id: str) -> LinkPlan:
+    """How this spec's file system is linked to S3; SpecInvalid when mount_path cannot hold."""
+    mount = _norm(spec.filesystem.mount_path)
+    if ".." in mount.split("/") or "//" in spec.filesystem.mount_path:
+        raise SpecInvalid.one(
+            "filesystem.mount_path",
+            spec.filesystem.mount_path,
+            "a plain absolute path like /data, without .. or //",
+        )
+    out = output_path(job_id) if spec.output.to_filesystem else None
+    if out is not None:
+        if mount == "/":
+            raise SpecInvalid.one(
+                "filesystem.mount_path",
+                spec.filesystem.mount_path,
+                'a link at "/" must be the file system\'s only one, and output.to_filesystem needs a second '
+                "for the output: use a mount_path like /data",
+            )
+        if _overlaps(mount, OUTPUT_ROOT):
+            raise SpecInvalid.one(
+                "filesystem.mount_path",
+                spec.filesystem.mount_path,
+                f"{OUTPUT_ROOT} is where lustrain writes output on the file system: choose another path",
+            )
+    links = [Link(mount, spec.data.s3_uri, "data")]
+    if out is not None:
+        links.append(Link(out, spec.output.s3_uri, "output"))
+    scratch_at_root = spec.filesystem.deployment_type == "scratch" and mount == "/" and out is None
+    return LinkPlan("import_path" if scratch_at_root else "dra", tuple(links), out)
+
+
+def create_request(job: Job, network: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The CreateFileSystem request of a run's file system, as planned."""
+    planned = job.plan["filesystem"]
+    kind = planned["deployment_type"]
+    links = link_for(job.spec, job.job_id)
+    lustre: dict[str, Any] = {
+        "DeploymentType": kind,
+        "DataCompressionType": "LZ4" if job.spec.filesystem.compression == "lz4" else "NONE",
+    }
+    if kind == "PERSISTENT_2":
+        lustre["PerUnitStorageThroughput"] = int(planned["per_unit_storage_throughput"])
+    request: dict[str, Any] = {
+        "ClientRequestToken": job.job_id,
+        "FileSystemType": "LUSTRE",
+        "StorageCapacity": int(planned["storage_gib"]),
+        "StorageType": "SSD",
+        "SubnetIds": [network["subnet_id"]],
+        "SecurityGroupIds": list(network["security_group_ids"]),
+        "Tags": job.tags(settings.stack_name, "lustre"),
+        "LustreConfiguration": lustre,
+    }
+    if links.method == "import_path":
+        lustre["ImportPath"] = job.spec.data.s3_uri
+        lustre["AutoImportPolicy"] = "NEW_CHANGED_DELETED"
+    else:
+        request["FileSystemTypeVersion"] = LUSTRE_VERSION
+    return request
+
+
+def dra_request(job: Job, file_system_id: str, link: Link, settings: Settings) -> dict[str, Any]:
+    """CreateDataRepositoryAssociation for one link: data is imported (and kept current), output exported."""
+    s3: dict[str, Any] = {"AutoImportPolicy": {"Events": ALL_EVENTS}}
+    if link.purpose == "output":
+        s3 = {"AutoExportPolicy": {"Events": ALL_EVENTS}}
+    token = hashlib.sha256(f"{job.job_id}:{file_system_id}:{link.path}".encode()).hexdigest()[:32]
+    return {
+        "FileSystemId": file_system_id,
+        "FileSystemPath": link.path,
+        "DataRepositoryPath": link.s3_uri,
+        "BatchImportMetaDataOnCreate": link.purpose == "data",
+        "S3": s3,
+        "ClientRequestToken": token,
+        "Tags": job.tags(settings.stack_name, f"link-{link.purpose}"),
+    }
+
+
+def poll_settings(document: dict[str, Any]) -> dict[str, int]:
+    given = document.get("poll") or {}
+    settings = {key: int(given.get(key, default)) for key, default in DEFAULT_POLL.items()}
+    for key, value in settings.items():
+        if value < 1:
+            raise SpecInvalid.one(f"poll.{key}", value, "must be a whole number of at least 1")
+    return settings
+
+
+def next_wait(polls: int, poll: dict[str, int]) -> int:
+    """Seconds to wait before check number `polls + 1`: initial, doubling, capped at max."""
+    doubled: int = poll["initial_seconds"] * 2 ** min(polls, 30)
+    return min(doubled, poll["max_seconds"])
+
+
+# --------------------------------------------------------------------------- AWS reads
+
+
+def describe(fsx: Any, file_system_id: str) -> dict[str, Any] | None:
+    try:
+        found = fsx.describe_file_systems(FileSystemIds=[file_system_id])["FileSystems"]
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "FileSystemNotFound":
+            return None
+        raise
+    return found[0] if found else None
+
+
+def associations(fsx: Any, file_system_id: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"Filters": [{"Name": "file-system-id", "Values": [file_system_id]}]}
+    while True:
+        page = fsx.describe_data_repository_associations(**params)
+        found.extend(page.get("Associations", []))
+        if not page.get("NextToken"):
+            return found
+        params["NextToken"] = page["NextToken"]
+
+
+def find_by_tag(fsx: Any, job_id: str, stack_name: str) -> list[dict[str, Any]]:
+    """The file systems tagged as this job's by this stack (a retried create finds its own)."""
+    found = []
+    for page in fsx.get_paginator("describe_file_systems").paginate():
+        for fs in page.get("FileSystems", []):
+            tags = tag_dict(fs.get("Tags"))
+            if tags.get(TAG_JOB_ID) == job_id and tags.get(TAG_CREATED_BY) == stack_name:
+                found.append(fs)
+    return found
+
+
+def _mount_name(fs: dict[str, Any]) -> str | None:
+    name = fs.get("LustreConfiguration", {}).get("MountName")
+    return str(name) if name else None
+
+
+def _failure(fs: dict[str, Any]) -> str:
+    return str(fs.get("FailureDetails", {}).get("Message") or "FSx gave no details")
+
+
+# --------------------------------------------------------------------------- reuse
+
+
+def data_location(fs: dict[str, Any], dras: list[dict[str, Any]], data_s3_uri: str) -> str | None:
+    """Where data.s3_uri appears inside a file system through its DRAs or ImportPath, or None."""
+    want = _prefix(data_s3_uri)
+    linked = [
+        (d["DataRepositoryPath"], d.get("FileSystemPath", "/"))
+        for d in dras
+        if d.get("Lifecycle") != "DELETING"
+    ]
+    import_path = fs.get("LustreConfiguration", {}).get("DataRepositoryConfiguration", {}).get("ImportPath")
+    if import_path:
+        linked.append((import_path, "/"))
+    for repo, fs_path in linked:
+        if want.startswith(_prefix(repo)):
+            rest = want[len(_prefix(repo)) :].rstrip("/")
+            return _norm(posixpath.join(fs_path, rest)) if rest else _norm(fs_path)
+    return None
+
+
+def validate_reuse(fsx: Any, job: Job, network: dict[str, Any]) -> dict[str, Any]:
+    """The file system named by filesystem.file_system_id, checked to carry this run; FileSystemFailed if not."""
+    fs_id = str(job.spec.filesystem.file_system_id)
+    fs = describe(fsx, fs_id)
+    if fs is None:
+        raise FileSystemFailed(
+            f"filesystem.file_system_id: {fs_id} does not exist in this account and region",
+            file_system_id=fs_id,
+        )
+    if fs.get("FileSystemType") != "LUSTRE":
+        raise FileSystemFailed(
+            f"filesystem.file_system_id: {fs_id} is an FSx for {fs.get('FileSystemType')} file system, not Lustre",
+            file_system_id=fs_id,
+        )
+    if fs.get("Lifecycle") not in {"AVAILABLE", "UPDATING"}:
+        raise FileSystemFailed(
+            f"filesystem.file_system_id: {fs_id} is {fs.get('Lifecycle')}, not AVAILABLE",
+            file_system_id=fs_id,
+            lifecycle=fs.get("Lifecycle"),
+        )
+    if fs.get("VpcId") and network.get("vpc_id") and fs["VpcId"] != network["vpc_id"]:
+        raise FileSystemFailed(
+            f"filesystem.file_system_id: {fs_id} is in {fs['VpcId']} but the job's network is in "
+            f"{network['vpc_id']}: set network.subnet_id (and security_group_ids) to a subnet of {fs['VpcId']}",
+            file_system_id=fs_id,
+        )
+    where = data_location(fs, associations(fsx, fs_id), job.spec.data.s3_uri)
+    if where is None:
+        raise FileSystemFailed(
+            f"filesystem.file_system_id: no data repository association or ImportPath of {fs_id} covers "
+            f"data.s3_uri {job.spec.data.s3_uri}: link it (aws fsx create-data-repository-association "
+            f"--file-system-id {fs_id} --file-system-path {job.spec.filesystem.mount_path} "
+            f"--data-repository-path {job.spec.data.s3_uri}) or reuse another file system",
+            file_system_id=fs_id,
+        )
+    if where != _norm(job.spec.filesystem.mount_path):
+        raise FileSystemFailed(
+            f"filesystem.mount_path: data.s3_uri appears at {where} on {fs_id}, not at "
+            f"{job.spec.filesystem.mount_path}: set filesystem.mount_path: {where}",
+            file_system_id=fs_id,
+        )
+    return fs
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def _result(
+    job: Job,
+    fs: dict[str, Any],
+    *,
+    created: bool,
+    polls: int,
+    wait_seconds: int,
+    links: list[dict[str, Any]],
+    ready: bool,
+) -> dict[str, Any]:
+    mount = _mount_name(fs)
+    out = output_path(job.job_id) if job.spec.output.to_filesystem else None
+    return {
+        "file_system_id": fs["FileSystemId"],
+        "lifecycle": "AVAILABLE"
+        if ready
+        else ("CREATING" if fs.get("Lifecycle") == "AVAILABLE" else fs.get("Lifecycle")),
+        "file_system_lifecycle": fs.get("Lifecycle"),
+        "ready": ready,
+        "dns_name": fs.get("DNSName"),
+        "mount_name": mount,
+        "directory_path": directory_path(mount, job.spec.filesystem.mount_path) if mount else None,
+        "output_path": out,
+        "output_directory_path": directory_path(mount, out) if mount and out else None,
+        "deployment_type": fs.get("LustreConfiguration", {}).get("DeploymentType"),
+        "created": created,
+        "links": links,
+        "polls": polls,
+        "wait_seconds": wait_seconds,
+    }
+
+
+def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+    """Create the run's file system (or validate the one to reuse); returns $.filesystem for the poll loop."""
+    job = Job.from_document(document)
+    network = document["network"]
+    poll = poll_settings(document)
+    links = link_for(job.spec, job.job_id)
+    if job.spec.filesystem.file_system_id:
+        fs = validate_reuse(fsx, job, network)
+        if links.output_path:
+            _note_export(ddb, settings, job, fs["FileSystemId"], links.output_path)
+        ready = links.output_path is None
+        return _result(
+            job, fs, created=False, polls=0, wait_seconds=next_wait(0, poll), links=[], ready=ready
+        )
+
+    existing = find_by_tag(fsx, job.job_id, settings.stack_name)
+    live = [fs for fs in existing if fs.get("Lifecycle") not in {"DELETING"}]
+    if live:
+        fs = live[0]
+    else:
+        fs = fsx.create_file_system(**create_request(job, network, settings))["FileSystem"]
+    records.add_resources(
+        ddb, settings.jobs_table, job.job_id, [{"type": "file_system", "id": fs["FileSystemId"]}]
+    )
+    if links.output_path:
+        _note_export(ddb, settings, job, fs["FileSystemId"], links.output_path)
+    if fs.get("Lifecycle") in FAILED_LIFECYCLES:
+        raise FileSystemFailed(
+            f"file system {fs['FileSystemId']} is {fs['Lifecycle']}: {_failure(fs)}",
+            file_system_id=fs["FileSystemId"],
+            lifecycle=fs["Lifecycle"],
+        )
+    return _result(job, fs, created=True, polls=0, wait_seconds=next_wait(0, poll), links=[], ready=False)
+
+
+def _note_export(ddb: Any, settings: Settings, job: Job, file_system_id: str, path: str) -> None:
+    records.set_fields(
+        ddb,
+        settings.jobs_table,
+        job.job_id,
+        {"export_on_teardown": {"file_system_id": file_system_id, "paths": [path]}},
+    )
+
+
+def ensure_links(
+    fsx: Any, ddb: Any, settings: Settings, job: Job, fs: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Create the DRAs the run needs on an AVAILABLE file system (once) and report each one's lifecycle."""
+    plan = link_for(job.spec, job.job_id)
+    wanted = (
+        plan.dra_links
+        if job.spec.filesystem.file_system_id is None
+        else tuple(link for link in plan.links if link.purpose == "output")
+    )
+    if not wanted:
+        return []
+    fs_id = fs["FileSystemId"]
+    current = {
+        _norm(d.get("FileSystemPath", "/")): d
+        for d in associations(fsx, fs_id)
+        if d.get("Lifecycle") != "DELETING"
+    }
+    states = []
+    for link in wanted:
+        dra = current.get(_norm(link.path))
+        if dra is None:
+            dra = fsx.create_data_repository_association(**dra_request(job, fs_id, link, settings))[
+                "Association"
+            ]
+            records.add_resources(
+                ddb,
+                settings.jobs_table,
+                job.job_id,
+                [{"type": "data_repository_association", "id": dra["AssociationId"]}],
+            )
+        elif _prefix(dra["DataRepositoryPath"]) != _prefix(link.s3_uri):
+            raise FileSystemFailed(
+                f"{fs_id} already links {link.path} to {dra['DataRepositoryPath']}, not {link.s3_uri}",
+                file_system_id=fs_id,
+            )
+        if dra.get("Lifecycle") in FAILED_LIFECYCLES:
+            raise FileSystemFailed(
+                f"the link of {link.path} on {fs_id} to {link.s3_uri} is {dra['Lifecycle']}: "
+                f"{dra.get('FailureDetails', {}).get('Message') or 'FSx gave no details'}",
+                file_system_id=fs_id,
+                association_id=dra["AssociationId"],
+                lifecycle=dra["Lifecycle"],
+            )
+        states.append(
+            {
+                "association_id": dra["AssociationId"],
+                "path": link.path,
+                "s3_uri": link.s3_uri,
+                "purpose": link.purpose,
+                "lifecycle": dra.get("Lifecycle"),
+            }
+        )
+    return states
+
+
+def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+    """One turn of the poll loop: the file system's lifecycle, its links, and how long to wait for the next."""
+    job = Job.from_document(document)
+    previous = document.get("filesystem") or {}
+    fs_id = previous.get("file_system_id")
+    if not fs_id:
+        raise FileSystemFailed("the state document has no file system to check ($.filesystem.file_system_id)")
+    poll = poll_settings(document)
+    polls = int(previous.get("polls", 0)) + 1
+    fs = describe(fsx, fs_id)
+    if fs is None:
+        raise FileSystemFailed(f"file system {fs_id} no longer exists", file_system_id=fs_id)
+    if fs.get("Lifecycle") in FAILED_LIFECYCLES:
+        raise FileSystemFailed(
+            f"file system {fs_id} is {fs['Lifecycle']}: {_failure(fs)}",
+            file_system_id=fs_id,
+            lifecycle=fs["Lifecycle"],
+        )
+    repository = fs.get("LustreConfiguration", {}).get("DataRepositoryConfiguration", {})
+    if repository.get("Lifecycle") in FAILED_LIFECYCLES:
+        raise FileSystemFailed(
+            f"the S3 link (ImportPath {repository.get('ImportPath')}) of {fs_id} is {repository['Lifecycle']}: "
+            f"{repository.get('FailureDetails', {}).get('Message') or 'FSx gave no details'}",
+            file_system_id=fs_id,
+            lifecycle=repository["Lifecycle"],
+        )
+    links: list[dict[str, Any]] = []
+    if fs.get("Lifecycle") == "AVAILABLE":
+        links = ensure_links(fsx, ddb, settings, job, fs)
+    ready = fs.get("Lifecycle") == "AVAILABLE" and all(link["lifecycle"] == "AVAILABLE" for link in links)
+    if not ready and polls >= poll["max_polls"]:
+        pending = [
+            f"{link['path']} {link['lifecycle']}" for link in links if link["lifecycle"] != "AVAILABLE"
+        ]
+        raise FileSystemFailed(
+            f"file system {fs_id} is still not ready after {polls} checks (file system {fs.get('Lifecycle')}"
+            + (f"; links: {', '.join(pending)}" if pending else "")
+            + ")",
+            file_system_id=fs_id,
+            lifecycle=fs.get("Lifecycle"),
+        )
+    return _result(
+        job,
+        fs,
+        created=bool(previous.get("created")),
+        polls=polls,
+        wait_seconds=next_wait(polls, poll),
+        links=links,
+        ready=ready,
+    )

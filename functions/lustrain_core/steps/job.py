@@ -1,0 +1,267 @@
+"""register_job: read the spec, check it against the stack's rules, plan the run, record the job once.
+
+A run starts from one of:
+- an S3 "Object Created" EventBridge event: the spec was dropped into the jobs bucket;
+- {"spec": {...}} or {"spec_s3_uri": "s3://..."}: started from the console or the CLI.
+The state machine passes either as {"execution": <its execution name>, "input": <the execution input>}; the
+unwrapped input with "execution" beside it is taken too (a direct invoke).
+
+The job id is `<spec name>-<8 hex of sha256(source identity)>`; the identity is "s3://bucket/key#version-or-etag"
+for a dropped spec and the execution name for an inline start. The job record is written with a conditional put
+on that id, so S3 delivering the same event twice (it may) starts one run: the second ends as a duplicate. A
+retry of register_job inside the same execution finds its own record and carries on.
+
+Nothing is created before the spec passed every check (SpecInvalid, SpecForbidden).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from aws_lambda_powertools.utilities.parser import parse
+from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lustrain_core import planner
+from lustrain_core.config import Settings
+from lustrain_core.errors import MISSING, SpecInvalid
+from lustrain_core.spec import MAX_SPEC_BYTES, S3_URI_PATTERN, JobSpec, parse_document, validate_spec
+from lustrain_core.steps import filesystem, records
+from lustrain_core.steps.policy import Policy
+
+#: Measuring a prefix lists every object; beyond this many the user must give data.size_gib.
+MAX_MEASURED_OBJECTS = 2_000_000
+#: The spec and plan travel in every state's input (Step Functions passes at most 256 KiB between states).
+MAX_STATE_SPEC_BYTES = 64 * 1024
+
+
+class JobDropEvent(S3EventNotificationEventBridgeModel):
+    """The S3 "Object Created" event of a spec dropped into the jobs bucket, as the state machine passes it."""
+
+    execution: str | None = None
+
+
+class InlineStart(BaseModel):
+    """A run started from the console or the CLI with the spec itself or where it lies in S3."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    spec: dict[str, Any] | None = None
+    spec_s3_uri: str | None = None
+    execution: str | None = None
+
+
+@dataclass(frozen=True)
+class SpecSource:
+    """Where a run's spec came from; `identity` is what makes two starts the same run."""
+
+    kind: str  # "s3-event" | "inline" | "s3-uri"
+    identity: str
+    execution: str | None
+    bucket: str | None = None
+    key: str | None = None
+    version_id: str | None = None
+    etag: str | None = None
+    inline_spec: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        shown = asdict(self)
+        shown.pop("inline_spec")
+        if self.bucket:
+            shown["uri"] = f"s3://{self.bucket}/{self.key}"
+        return {k: v for k, v in shown.items() if v is not None}
+
+
+def parse_start(event: dict[str, Any]) -> SpecSource:
+    """The execution input, whichever way the run was started."""
+    if isinstance(event.get("input"), dict):
+        event = {**event["input"], "execution": event.get("execution")}
+    if "detail-type" in event:
+        try:
+            drop: JobDropEvent = parse(event=event, model=JobDropEvent)
+        except Exception as exc:  # powertools wraps pydantic's ValidationError in its own
+            raise SpecInvalid.one("", MISSING, f"not an S3 Object Created event: {exc}") from None
+        if drop.detail_type != "Object Created":
+            raise SpecInvalid.one(
+                "detail-type", drop.detail_type, "register_job starts a run from an S3 'Object Created' event"
+            )
+        obj = drop.detail.object
+        bucket = drop.detail.bucket.name
+        version = obj.version_id or obj.etag
+        return SpecSource(
+            kind="s3-event",
+            identity=f"s3://{bucket}/{obj.key}#{version}",
+            execution=drop.execution,
+            bucket=bucket,
+            key=obj.key,
+            version_id=obj.version_id,
+            etag=obj.etag,
+        )
+    try:
+        start = InlineStart.model_validate(event)
+    except ValidationError as exc:
+        raise SpecInvalid.one("", MISSING, f"not a run start: {exc.errors()[0]['msg']}") from None
+    if (start.spec is None) == (start.spec_s3_uri is None):
+        raise SpecInvalid.one(
+            "spec",
+            MISSING,
+            'start a run with exactly one of {"spec": {...}} or {"spec_s3_uri": "s3://bucket/key"}',
+        )
+    if not start.execution:
+        raise SpecInvalid.one(
+            "execution", MISSING, "an inline start needs the execution name (the state machine adds it)"
+        )
+    if start.spec is not None:
+        return SpecSource("inline", start.execution, start.execution, inline_spec=start.spec)
+    bucket, key = split_s3_uri(start.spec_s3_uri or "", "spec_s3_uri")
+    if not key or key.endswith("/"):
+        raise SpecInvalid.one("spec_s3_uri", start.spec_s3_uri, "the S3 URI of a spec file, not a prefix")
+    return SpecSource("s3-uri", start.execution, start.execution, bucket=bucket, key=key)
+
+
+def split_s3_uri(uri: str, field: str) -> tuple[str, str]:
+    if not re.fullmatch(S3_URI_PATTERN, uri):
+        raise SpecInvalid.one(field, uri, "an S3 URI like s3://bucket/prefix/")
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def job_id_for(spec_name: str, identity: str) -> str:
+    return f"{spec_name}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
+def read_spec_document(s3: Any, source: SpecSource) -> dict[str, Any]:
+    """The spec document of a start: inline, or the S3 object (that very version, at most 1 MiB)."""
+    if source.inline_spec is not None:
+        return source.inline_spec
+    where = f"s3://{source.bucket}/{source.key}"
+    params: dict[str, Any] = {"Bucket": source.bucket, "Key": source.key}
+    if source.version_id:
+        params["VersionId"] = source.version_id
+    try:
+        obj = s3.get_object(**params)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in {"NoSuchKey", "NoSuchBucket", "NoSuchVersion", "AccessDenied", "403", "404"}:
+            field = "spec_s3_uri" if source.kind == "s3-uri" else ""
+            raise SpecInvalid.one(field, where, f"the spec cannot be read ({code})") from None
+        raise
+    body = obj["Body"].read(MAX_SPEC_BYTES + 1)
+    return parse_document(body, source=where)
+
+
+def check_code_source(spec: JobSpec) -> None:
+    source = spec.code.source
+    if not source.startswith("s3://"):
+        raise SpecInvalid.one(
+            "code.source",
+            source,
+            "a local directory cannot be read by the stack's Lambda functions: start the run with "
+            "`lustrain run SPEC` (the CLI uploads the directory and sets code.source to its s3:// URI), or "
+            "give an s3:// prefix holding the code",
+        )
+    split_s3_uri(source, "code.source")
+
+
+def measure_data(s3: Any, s3_uri: str) -> tuple[float, dict[str, int]]:
+    """GiB under an S3 prefix, and bytes per file extension (the planner judges compression by them)."""
+    bucket, prefix = split_s3_uri(s3_uri, "data.s3_uri")
+    total = 0
+    objects = 0
+    by_extension: dict[str, int] = {}
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                if obj["Key"].endswith("/"):
+                    continue
+                objects += 1
+                size = int(obj.get("Size", 0))
+                total += size
+                ext = PurePosixPath(obj["Key"]).suffix.lower()
+                by_extension[ext] = by_extension.get(ext, 0) + size
+            if objects > MAX_MEASURED_OBJECTS:
+                raise SpecInvalid.one(
+                    "data.size_gib",
+                    MISSING,
+                    f"more than {MAX_MEASURED_OBJECTS:,} objects under {s3_uri}: measuring them would outlast "
+                    "the step; set data.size_gib",
+                )
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in {"NoSuchBucket", "AccessDenied"}:
+            raise SpecInvalid.one(
+                "data.s3_uri",
+                s3_uri,
+                f"cannot be listed by the stack ({code}); check the bucket and its policy",
+            ) from None
+        raise
+    if objects == 0:
+        raise SpecInvalid.one(
+            "data.s3_uri", s3_uri, "no objects under this prefix: upload the data or fix the URI"
+        )
+    return total / 2**30, by_extension
+
+
+def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+    """Validate, plan and record a run; returns $.job ({duplicate: true, ...} for a repeated start)."""
+    spec = validate_spec(read_spec_document(s3, source))
+    check_code_source(spec)
+    filesystem.link_for(spec, job_id_for(spec.name, source.identity))
+    policy = Policy.from_env(settings.extra)
+    policy.check_spec(spec)
+
+    data_gib: float | None = None
+    extension_bytes: dict[str, int] | None = None
+    if spec.data.size_gib is None:
+        data_gib, extension_bytes = measure_data(s3, spec.data.s3_uri)
+    plan = planner.plan(spec, data_gib=data_gib, extension_bytes=extension_bytes).to_dict()
+    policy.check_plan(plan)
+
+    normalised = spec.model_dump(mode="json")
+    size = len(json.dumps(normalised)) + len(json.dumps(plan))
+    if size > MAX_STATE_SPEC_BYTES:
+        raise SpecInvalid.one(
+            "",
+            MISSING,
+            f"the spec and its plan are {size:,} bytes as JSON; at most {MAX_STATE_SPEC_BYTES:,} travel between "
+            "the run's states (shrink code.hyperparameters or code.environment)",
+        )
+
+    job_id = job_id_for(spec.name, source.identity)
+    started_at = records.now_iso()
+    record = {
+        "job_id": job_id,
+        "source": source.to_dict(),
+        "execution": source.execution or "",
+        "spec": normalised,
+        "plan": plan,
+        "status": "RUNNING",
+        "created_at": started_at,
+        "resources": [],
+    }
+    if not records.put_new(ddb, settings.jobs_table, record):
+        existing = records.get(ddb, settings.jobs_table, job_id) or {}
+        same_execution = bool(source.execution) and existing.get("execution") == source.execution
+        if not same_execution:
+            return {
+                "job_id": job_id,
+                "duplicate": True,
+                "source": existing.get("source", source.to_dict()),
+                "started_at": existing.get("created_at"),
+                "duplicate_of": existing.get("execution") or None,
+            }
+        started_at = existing.get("created_at", started_at)
+    return {
+        "job_id": job_id,
+        "duplicate": False,
+        "spec": normalised,
+        "plan": plan,
+        "source": source.to_dict(),
+        "started_at": started_at,
+    }

@@ -1,0 +1,371 @@
+"""create_network: the private network a run's instances and its Lustre file system share.
+
+A new network is one VPC (plan.network.vpc_cidr) with one private subnet of the planned size
+(plan.network.subnet_cidr) in one availability zone, a route table with an S3 gateway endpoint (SageMaker reads
+the code and writes the model through it; without a route to S3 the job fails "Artifact upload failed"), and a
+security group that the instances and the file system share:
+- all traffic in from itself and out to itself: EFA (the p4d's 400 Gbps between instances) needs both; its
+  OS-bypass traffic is not matched by CIDR rules, so the default 0.0.0.0/0 egress is removed as useless;
+- TCP 988 and 1018-1023 in from itself: Lustre (FSx checks these ports when the file system is created).
+Each piece is tagged with the job id, found by that tag before it is created (a retried step reuses what it
+made), and appended to the job record for teardown.
+
+With network.subnet_id given nothing is created: the subnet, its route to S3 and the given security groups are
+checked, and NetworkInvalid names everything missing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from lustrain_core.config import Settings
+from lustrain_core.errors import NetworkInvalid, SpecInvalid
+from lustrain_core.prices import INSTANCE_TYPES
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, records
+
+LUSTRE_PORT_RANGES = ((988, 988), (1018, 1023))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule a run needs in its security groups, between members of those groups."""
+
+    direction: str  # "ingress" | "egress"
+    protocol: str  # "-1" (all) | "tcp"
+    from_port: int | None
+    to_port: int | None
+    why: str
+
+    def describe(self) -> str:
+        what = (
+            "all traffic"
+            if self.protocol == "-1"
+            else f"TCP {self.from_port}" + (f"-{self.to_port}" if self.to_port != self.from_port else "")
+        )
+        way = "inbound" if self.direction == "ingress" else "outbound"
+        towards = "from" if self.direction == "ingress" else "to"
+        return f"{way} {what} {towards} the group itself ({self.why})"
+
+
+EFA_RULES = (
+    Rule("ingress", "-1", None, None, "EFA"),
+    Rule("egress", "-1", None, None, "EFA"),
+)
+LUSTRE_RULES = tuple(Rule("ingress", "tcp", lo, hi, "Lustre") for lo, hi in LUSTRE_PORT_RANGES)
+
+
+def required_rules(instance_type: str) -> tuple[Rule, ...]:
+    """Lustre's ports always; EFA's all-traffic rules when the instance type talks EFA (unknown types: assume so)."""
+    known = INSTANCE_TYPES.get(instance_type)
+    efa = known.efa if known is not None else True
+    return (EFA_RULES if efa else ()) + LUSTRE_RULES
+
+
+def _covers(permission: dict[str, Any], rule: Rule) -> bool:
+    protocol = str(permission.get("IpProtocol"))
+    if protocol == "-1":
+        return True
+    if rule.protocol == "-1" or protocol not in {"tcp", "6"}:
+        return False
+    lo, hi = permission.get("FromPort"), permission.get("ToPort")
+    return lo is not None and hi is not None and lo <= (rule.from_port or 0) and (rule.to_port or 0) <= hi
+
+
+def _from_members(
+    permission: dict[str, Any], group_ids: set[str], subnet_cidr: str | None, rule: Rule
+) -> bool:
+    if any(pair.get("GroupId") in group_ids for pair in permission.get("UserIdGroupPairs", [])):
+        return True
+    if rule.protocol == "-1" or subnet_cidr is None:
+        return False  # EFA's rules must name the group: CIDR ranges do not match its traffic
+    subnet = ipaddress.ip_network(subnet_cidr)
+    return any(
+        subnet.subnet_of(ipaddress.ip_network(r["CidrIp"]))  # type: ignore[arg-type]
+        for r in permission.get("IpRanges", [])
+        if r.get("CidrIp")
+    )
+
+
+def missing_rules(
+    groups: list[dict[str, Any]], rules: tuple[Rule, ...], subnet_cidr: str | None
+) -> list[Rule]:
+    """The rules no group grants between the groups' members (every instance and the file system carry all)."""
+    ids = {g["GroupId"] for g in groups}
+    missing = []
+    for rule in rules:
+        key = "IpPermissions" if rule.direction == "ingress" else "IpPermissionsEgress"
+        if not any(
+            _covers(p, rule) and _from_members(p, ids, subnet_cidr, rule)
+            for g in groups
+            for p in g.get(key, [])
+        ):
+            missing.append(rule)
+    return missing
+
+
+# --------------------------------------------------------------------------- AWS helpers
+
+
+def _tag_filters(job_id: str, stack_name: str) -> list[dict[str, Any]]:
+    return [
+        {"Name": f"tag:{TAG_JOB_ID}", "Values": [job_id]},
+        {"Name": f"tag:{TAG_CREATED_BY}", "Values": [stack_name]},
+    ]
+
+
+def _spec(job: Job, settings: Settings, what: str, resource_type: str) -> list[dict[str, Any]]:
+    return [{"ResourceType": resource_type, "Tags": job.tags(settings.stack_name, what)}]
+
+
+def choose_zone(ec2: Any, wanted: str) -> str:
+    answer = ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
+    zones = sorted(
+        str(z["ZoneName"])
+        for z in answer["AvailabilityZones"]
+        if z.get("ZoneType", "availability-zone") == "availability-zone"
+    )
+    if wanted == "auto":
+        if not zones:
+            raise NetworkInvalid("no availability zone of this region is available")
+        return zones[0]
+    if wanted not in zones:
+        raise SpecInvalid.one(
+            "network.availability_zone",
+            wanted,
+            f"not an available zone of this region; available: {', '.join(zones)}",
+        )
+    return wanted
+
+
+def _ensure_rules(ec2: Any, group_id: str) -> None:
+    """Give the job's group exactly its self-referencing rules; add only what is missing (a retry adds nothing)."""
+    group = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]
+    self_pair = [{"GroupId": group_id}]
+    ingress = [{"IpProtocol": "-1", "UserIdGroupPairs": self_pair}] + [
+        {"IpProtocol": "tcp", "FromPort": lo, "ToPort": hi, "UserIdGroupPairs": self_pair}
+        for lo, hi in LUSTRE_PORT_RANGES
+    ]
+    egress = [{"IpProtocol": "-1", "UserIdGroupPairs": self_pair}]
+
+    def present(wanted: dict[str, Any], have: list[dict[str, Any]]) -> bool:
+        return any(
+            p.get("IpProtocol") == wanted["IpProtocol"]
+            and p.get("FromPort") == wanted.get("FromPort")
+            and p.get("ToPort") == wanted.get("ToPort")
+            and any(pair.get("GroupId") == group_id for pair in p.get("UserIdGroupPairs", []))
+            for p in have
+        )
+
+    new_in = [p for p in ingress if not present(p, group.get("IpPermissions", []))]
+    if new_in:
+        ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=new_in)
+    new_out = [p for p in egress if not present(p, group.get("IpPermissionsEgress", []))]
+    if new_out:
+        ec2.authorize_security_group_egress(GroupId=group_id, IpPermissions=new_out)
+    open_egress = [
+        p
+        for p in group.get("IpPermissionsEgress", [])
+        if p.get("IpProtocol") == "-1" and any(r.get("CidrIp") == "0.0.0.0/0" for r in p.get("IpRanges", []))
+    ]
+    if open_egress:
+        ec2.revoke_security_group_egress(
+            GroupId=group_id, IpPermissions=[{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
+        )
+
+
+def _live(items: list[dict[str, Any]], state_key: str = "State") -> list[dict[str, Any]]:
+    return [
+        i
+        for i in items
+        if str(i.get(state_key, "available")).lower() not in {"deleted", "deleting", "failed"}
+    ]
+
+
+def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict[str, Any]:
+    net = job.plan["network"]
+    filters = _tag_filters(job.job_id, settings.stack_name)
+    created: list[dict[str, str]] = []
+
+    def remember(kind: str, resource_id: str) -> None:
+        created.append({"type": kind, "id": resource_id})
+        # recorded at once: if a later call fails, teardown still knows this one
+        records.add_resources(ddb, settings.jobs_table, job.job_id, [{"type": kind, "id": resource_id}])
+
+    vpcs = ec2.describe_vpcs(Filters=filters)["Vpcs"]
+    if vpcs:
+        vpc_id = vpcs[0]["VpcId"]
+    else:
+        vpc_id = ec2.create_vpc(
+            CidrBlock=net["vpc_cidr"], TagSpecifications=_spec(job, settings, "vpc", "vpc")
+        )["Vpc"]["VpcId"]
+    remember("vpc", vpc_id)
+
+    subnets = ec2.describe_subnets(Filters=filters)["Subnets"]
+    if subnets:
+        subnet = subnets[0]
+    else:
+        zone = choose_zone(ec2, job.spec.network.availability_zone)
+        subnet = ec2.create_subnet(
+            VpcId=vpc_id,
+            CidrBlock=net["subnet_cidr"],
+            AvailabilityZone=zone,
+            TagSpecifications=_spec(job, settings, "private", "subnet"),
+        )["Subnet"]
+    remember("subnet", subnet["SubnetId"])
+
+    tables = ec2.describe_route_tables(Filters=filters)["RouteTables"]
+    if tables:
+        table = tables[0]
+    else:
+        table = ec2.create_route_table(
+            VpcId=vpc_id, TagSpecifications=_spec(job, settings, "private", "route-table")
+        )["RouteTable"]
+    remember("route_table", table["RouteTableId"])
+    if not any(a.get("SubnetId") == subnet["SubnetId"] for a in table.get("Associations", [])):
+        ec2.associate_route_table(RouteTableId=table["RouteTableId"], SubnetId=subnet["SubnetId"])
+
+    endpoints = _live(ec2.describe_vpc_endpoints(Filters=filters)["VpcEndpoints"])
+    if endpoints:
+        endpoint_id = endpoints[0]["VpcEndpointId"]
+    else:
+        endpoint_id = ec2.create_vpc_endpoint(
+            VpcEndpointType="Gateway",
+            VpcId=vpc_id,
+            ServiceName=f"com.amazonaws.{settings.region}.s3",
+            RouteTableIds=[table["RouteTableId"]],
+            ClientToken=f"{job.job_id}-s3",
+            TagSpecifications=_spec(job, settings, "s3", "vpc-endpoint"),
+        )["VpcEndpoint"]["VpcEndpointId"]
+    remember("vpc_endpoint", endpoint_id)
+
+    groups = ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
+    if groups:
+        group_id = groups[0]["GroupId"]
+    else:
+        group_id = ec2.create_security_group(
+            GroupName=f"{job.job_id}-training",
+            Description=f"lustrain {job.job_id}: EFA and Lustre between the job's instances and its file system",
+            VpcId=vpc_id,
+            TagSpecifications=_spec(job, settings, "training", "security-group"),
+        )["GroupId"]
+    remember("security_group", group_id)
+    _ensure_rules(ec2, group_id)
+
+    return {
+        "vpc_id": vpc_id,
+        "subnet_id": subnet["SubnetId"],
+        "security_group_ids": [group_id],
+        "route_table_id": table["RouteTableId"],
+        "endpoint_id": endpoint_id,
+        "availability_zone": subnet["AvailabilityZone"],
+        "created": True,
+        "resources": created,
+    }
+
+
+def _route_table_of(ec2: Any, subnet: dict[str, Any]) -> dict[str, Any] | None:
+    explicit = ec2.describe_route_tables(
+        Filters=[{"Name": "association.subnet-id", "Values": [subnet["SubnetId"]]}]
+    )["RouteTables"]
+    if explicit:
+        return dict(explicit[0])
+    main = ec2.describe_route_tables(
+        Filters=[
+            {"Name": "vpc-id", "Values": [subnet["VpcId"]]},
+            {"Name": "association.main", "Values": ["true"]},
+        ]
+    )["RouteTables"]
+    return dict(main[0]) if main else None
+
+
+def _reaches_s3(ec2: Any, table: dict[str, Any], vpc_id: str, region: str) -> str | None:
+    """The S3 gateway endpoint or NAT gateway the route table reaches S3 through, or None."""
+    table_id = table["RouteTableId"]
+    for endpoint in _live(
+        ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["VpcEndpoints"]
+    ):
+        if (
+            endpoint.get("ServiceName") == f"com.amazonaws.{region}.s3"
+            and str(endpoint.get("VpcEndpointType", "Gateway")).lower() == "gateway"
+            and table_id in endpoint.get("RouteTableIds", [])
+        ):
+            return str(endpoint["VpcEndpointId"])
+    for route in table.get("Routes", []):
+        if route.get("DestinationCidrBlock") == "0.0.0.0/0" and route.get("NatGatewayId"):
+            return str(route["NatGatewayId"])
+    return None
+
+
+def check_existing_network(ec2: Any, job: Job, settings: Settings) -> dict[str, Any]:
+    spec = job.spec.network
+    subnet_id = str(spec.subnet_id)
+    problems: list[str] = []
+    found = ec2.describe_subnets(Filters=[{"Name": "subnet-id", "Values": [subnet_id]}])["Subnets"]
+    if not found:
+        raise NetworkInvalid(
+            f"network.subnet_id: {subnet_id} does not exist in {settings.region}", subnet_id=subnet_id
+        )
+    subnet = found[0]
+    needed = int(job.plan["network"]["ips_needed"])
+    free = int(subnet.get("AvailableIpAddressCount", 0))
+    if free < needed:
+        problems.append(
+            f"network.subnet_id: {subnet_id} has {free} free IP addresses; the run needs {needed} "
+            f"({job.spec.compute.instance_count} x {job.plan['network']['ips_per_instance']} for instances, "
+            "plus the file system and headroom): use a larger subnet"
+        )
+
+    group_ids = list(spec.security_group_ids)
+    groups = ec2.describe_security_groups(Filters=[{"Name": "group-id", "Values": group_ids}])[
+        "SecurityGroups"
+    ]
+    unknown = sorted(set(group_ids) - {g["GroupId"] for g in groups})
+    if unknown:
+        problems.append(f"network.security_group_ids: {', '.join(unknown)} do not exist")
+    elsewhere = sorted(g["GroupId"] for g in groups if g.get("VpcId") != subnet["VpcId"])
+    if elsewhere:
+        problems.append(
+            f"network.security_group_ids: {', '.join(elsewhere)} belong to another VPC than {subnet_id} "
+            f"({subnet['VpcId']})"
+        )
+    if groups:
+        for rule in missing_rules(
+            groups, required_rules(job.spec.compute.instance_type), subnet.get("CidrBlock")
+        ):
+            problems.append(f"network.security_group_ids: no rule allows {rule.describe()}")
+
+    table = _route_table_of(ec2, subnet)
+    via = _reaches_s3(ec2, table, subnet["VpcId"], settings.region) if table else None
+    if via is None:
+        problems.append(
+            f"network.subnet_id: the route table of {subnet_id} "
+            f"({table['RouteTableId'] if table else 'none'}) has no S3 gateway endpoint and no NAT route: "
+            "SageMaker could not reach S3 (add a gateway endpoint for com.amazonaws."
+            f"{settings.region}.s3 to that route table)"
+        )
+    if problems:
+        raise NetworkInvalid(
+            "the existing network cannot carry this run:\n" + "\n".join(f"  - {p}" for p in problems),
+            problems=problems,
+            subnet_id=subnet_id,
+        )
+    return {
+        "vpc_id": subnet["VpcId"],
+        "subnet_id": subnet_id,
+        "security_group_ids": group_ids,
+        "route_table_id": table["RouteTableId"] if table else None,
+        "endpoint_id": via if via and via.startswith("vpce-") else None,
+        "availability_zone": subnet["AvailabilityZone"],
+        "created": False,
+        "resources": [],
+    }
+
+
+def create_network(document: dict[str, Any], *, ec2: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+    """$.network: a new network for the run, or the checked existing one named by network.subnet_id."""
+    job = Job.from_document(document)
+    if job.spec.network.subnet_id:
+        return check_existing_network(ec2, job, settings)
+    return create_new_network(ec2, ddb, job, settings)

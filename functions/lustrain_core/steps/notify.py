@@ -1,0 +1,121 @@
+"""notify: tell people how the run ended, on the stack's SNS topic (NOTIFY_TOPIC_ARN; none set, nothing sent).
+
+The message reads as a short report (email subscribers see it as is) followed by the same facts as JSON for
+programs; the message attributes `outcome` and `job_id` let subscriptions filter without parsing the body.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lustrain_core.config import Settings
+from lustrain_core.prices import INSTANCE_TYPES
+
+#: SNS subjects: printable ASCII, no line breaks, fewer than 100 characters
+MAX_SUBJECT = 99
+
+
+def _cause_text(cause: Any) -> str:
+    """A Catch's Cause is often a Lambda error as JSON ({"errorType", "errorMessage", ...}): show the message."""
+    if isinstance(cause, str):
+        try:
+            parsed = json.loads(cause)
+        except json.JSONDecodeError:
+            return cause
+        if isinstance(parsed, dict) and parsed.get("errorMessage"):
+            return str(parsed["errorMessage"])
+    return str(cause) if cause is not None else ""
+
+
+def _subject(outcome: str, job_id: str) -> str:
+    text = f"lustrain: {job_id} {outcome}"
+    printable = "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in text)
+    return printable[:MAX_SUBJECT]
+
+
+def _billed_compute_usd(spec: dict[str, Any], billable_seconds: Any) -> float | None:
+    """BillableTimeInSeconds x instance count x the on-demand hourly price (spot savings already show in the time)."""
+    compute = spec.get("compute") or {}
+    itype = INSTANCE_TYPES.get(str(compute.get("instance_type")))
+    if itype is None or not isinstance(billable_seconds, int | float):
+        return None
+    return round(billable_seconds * int(compute.get("instance_count", 1)) * itype.hourly_usd / 3600, 2)
+
+
+def summary(document: dict[str, Any]) -> dict[str, Any]:
+    """The facts of a finished run, from its state document."""
+    job = document.get("job") or {}
+    spec = job.get("spec") or {}
+    error = document.get("error") or None
+    training = document.get("training") or {}
+    teardown = document.get("teardown") or {}
+    cost = (job.get("plan") or {}).get("cost") or {}
+    return {
+        "job_id": job.get("job_id") or document.get("execution") or "unknown job",
+        "outcome": "failed" if error else "succeeded",
+        "spec_name": spec.get("name"),
+        "error": error.get("Error") if error else None,
+        "cause": _cause_text(error.get("Cause")) if error else None,
+        "training_job_name": training.get("training_job_name"),
+        "archive_s3_uri": training.get("archive_s3_uri"),
+        "manifest_s3_uri": training.get("manifest_s3_uri"),
+        "metrics": training.get("metrics") or {},
+        "deleted": teardown.get("deleted") or [],
+        "kept": teardown.get("kept") or [],
+        "remaining": teardown.get("remaining") or [],
+        # a teardown that failed leaves its own {Error, Cause} where its report would be
+        "teardown_error": (
+            f"{teardown['Error']}: {_cause_text(teardown.get('Cause'))}" if teardown.get("Error") else None
+        ),
+        "estimated_cost_usd": cost.get("total_usd"),
+        "billed_compute_usd": _billed_compute_usd(spec, training.get("billable_seconds")),
+        "prices_as_of": cost.get("prices_as_of"),
+    }
+
+
+def _resources(entries: list[Any]) -> str:
+    shown = [f"{e.get('type')} {e.get('id')}" if isinstance(e, dict) else str(e) for e in entries]
+    return ", ".join(shown) or "none"
+
+
+def message(facts: dict[str, Any]) -> str:
+    lines = [f"lustrain run {facts['job_id']} {facts['outcome']}."]
+    if facts["error"]:
+        lines.append(f"Error: {facts['error']}: {facts['cause']}")
+    if facts["training_job_name"]:
+        lines.append(f"Training job: {facts['training_job_name']}")
+    if facts["archive_s3_uri"]:
+        lines.append(f"Archive: {facts['archive_s3_uri']} (manifest: {facts['manifest_s3_uri']})")
+    if facts["metrics"]:
+        lines.append("Final metrics: " + ", ".join(f"{k}={v}" for k, v in sorted(facts["metrics"].items())))
+    lines.append(f"Teardown deleted: {_resources(facts['deleted'])}")
+    lines.append(f"Teardown kept: {_resources(facts['kept'])}")
+    if facts["remaining"]:
+        lines.append(f"Still there (delete by hand): {_resources(facts['remaining'])}")
+    if facts["teardown_error"]:
+        lines.append(f"Teardown did not finish: {facts['teardown_error']}")
+    if facts["estimated_cost_usd"] is not None:
+        lines.append(
+            f"Estimated cost before launch: ${facts['estimated_cost_usd']:,.2f} (prices as of {facts['prices_as_of']})"
+        )
+    if facts["billed_compute_usd"] is not None:
+        lines.append(f"Compute billed (list price x billable time): ${facts['billed_compute_usd']:,.2f}")
+    return "\n".join(lines) + "\n\n" + json.dumps(facts, indent=2, sort_keys=True, default=str)
+
+
+def notify(document: dict[str, Any], *, sns: Any, settings: Settings) -> dict[str, Any]:
+    """Publish the run's outcome; returns $.notify ({message_id, outcome}); message_id None when no topic is set."""
+    facts = summary(document)
+    if not settings.notify_topic_arn:
+        return {"message_id": None, "outcome": facts["outcome"], "skipped": "no NOTIFY_TOPIC_ARN"}
+    answer = sns.publish(
+        TopicArn=settings.notify_topic_arn,
+        Subject=_subject(facts["outcome"], facts["job_id"]),
+        Message=message(facts),
+        MessageAttributes={
+            "outcome": {"DataType": "String", "StringValue": facts["outcome"]},
+            "job_id": {"DataType": "String", "StringValue": facts["job_id"]},
+        },
+    )
+    return {"message_id": answer["MessageId"], "outcome": facts["outcome"]}

@@ -1,0 +1,135 @@
+"""The stack's allow-lists: what an administrator lets a job spec do in this account.
+
+Each rule comes from one environment variable of the stack (comma-separated; unset or empty means no limit):
+
+    LUSTRAIN_ALLOWED_DATA_PREFIXES     data.s3_uri must lie under one of these s3:// prefixes
+    LUSTRAIN_ALLOWED_OUTPUT_PREFIXES   output.s3_uri and the checkpoint location likewise
+    LUSTRAIN_ALLOWED_IMAGE_REGISTRIES  image.uri's registry: a host (123456789012.dkr.ecr.us-east-1.amazonaws.com)
+                                       or an account id (123456789012)
+    LUSTRAIN_ALLOWED_INSTANCE_TYPES    compute.instance_type
+    LUSTRAIN_MAX_INSTANCES_PER_RUN     compute.instance_count at most this
+    LUSTRAIN_MAX_BUDGET_USD            the plan's estimated cost at most this
+
+A prefix matches at a path boundary: "s3://data/team" allows s3://data/team/x/ but not s3://data/team-b/.
+The registry rule applies to custom images (image.uri); framework_version images are SageMaker's own Deep
+Learning Containers, resolved per region by start_training, and are not a registry the user picks.
+A spec outside a rule raises SpecForbidden naming the rule, its variable and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lustrain_core.errors import SpecForbidden
+from lustrain_core.spec import JobSpec
+
+DATA_PREFIXES = "LUSTRAIN_ALLOWED_DATA_PREFIXES"
+OUTPUT_PREFIXES = "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES"
+IMAGE_REGISTRIES = "LUSTRAIN_ALLOWED_IMAGE_REGISTRIES"
+INSTANCE_TYPES = "LUSTRAIN_ALLOWED_INSTANCE_TYPES"
+MAX_INSTANCES = "LUSTRAIN_MAX_INSTANCES_PER_RUN"
+MAX_BUDGET = "LUSTRAIN_MAX_BUDGET_USD"
+
+
+def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in env.get(name, "").split(",") if item.strip())
+
+
+def _number(env: Mapping[str, str], name: str, kind: type[int] | type[float]) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        what = "whole number" if kind is int else "number"
+        raise ValueError(f"stack setting {name}={raw!r} is not a {what}: fix the stack's parameter") from None
+    if value <= 0:
+        raise ValueError(f"stack setting {name}={raw!r} must be above 0 (leave it empty for no limit)")
+    return value
+
+
+def _prefix(uri: str) -> str:
+    return uri if uri.endswith("/") else uri + "/"
+
+
+@dataclass(frozen=True)
+class Policy:
+    data_prefixes: tuple[str, ...] = ()
+    output_prefixes: tuple[str, ...] = ()
+    image_registries: tuple[str, ...] = ()
+    instance_types: tuple[str, ...] = ()
+    max_instances: float | None = None
+    max_budget_usd: float | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Policy:
+        for name in (DATA_PREFIXES, OUTPUT_PREFIXES):
+            for prefix in _list(env, name):
+                if not prefix.startswith("s3://"):
+                    raise ValueError(f"stack setting {name}: {prefix!r} is not an s3:// prefix")
+        return cls(
+            data_prefixes=_list(env, DATA_PREFIXES),
+            output_prefixes=_list(env, OUTPUT_PREFIXES),
+            image_registries=_list(env, IMAGE_REGISTRIES),
+            instance_types=_list(env, INSTANCE_TYPES),
+            max_instances=_number(env, MAX_INSTANCES, int),
+            max_budget_usd=_number(env, MAX_BUDGET, float),
+        )
+
+    def check_spec(self, spec: JobSpec) -> None:
+        """The rules a spec alone decides; run before anything is measured or created."""
+        self._under(spec.data.s3_uri, self.data_prefixes, "data.s3_uri", DATA_PREFIXES, "data")
+        self._under(spec.output.s3_uri, self.output_prefixes, "output.s3_uri", OUTPUT_PREFIXES, "output")
+        self._under(
+            spec.checkpoint_s3_uri, self.output_prefixes, "checkpoints.s3_uri", OUTPUT_PREFIXES, "output"
+        )
+        if self.instance_types and spec.compute.instance_type not in self.instance_types:
+            raise SpecForbidden(
+                f"compute.instance_type {spec.compute.instance_type} is not allowed by this stack "
+                f"({INSTANCE_TYPES}): allowed: {', '.join(self.instance_types)}",
+                rule=INSTANCE_TYPES,
+                field="compute.instance_type",
+            )
+        if self.max_instances is not None and spec.compute.instance_count > self.max_instances:
+            raise SpecForbidden(
+                f"compute.instance_count {spec.compute.instance_count} is above this stack's limit of "
+                f"{self.max_instances:g} instances per run ({MAX_INSTANCES})",
+                rule=MAX_INSTANCES,
+                field="compute.instance_count",
+            )
+        if self.image_registries and spec.image.uri is not None:
+            host = spec.image.uri.split("/", 1)[0].lower()
+            account = host.split(".", 1)[0]
+            allowed = {r.lower() for r in self.image_registries}
+            if host not in allowed and account not in allowed:
+                raise SpecForbidden(
+                    f"image.uri registry {host} is not allowed by this stack ({IMAGE_REGISTRIES}): "
+                    f"allowed: {', '.join(self.image_registries)}",
+                    rule=IMAGE_REGISTRIES,
+                    field="image.uri",
+                )
+
+    def check_plan(self, plan: dict[str, Any]) -> None:
+        """The rules that need the plan (its cost estimate); run before the job is recorded."""
+        total = float(plan["cost"]["total_usd"])
+        if self.max_budget_usd is not None and total > self.max_budget_usd:
+            raise SpecForbidden(
+                f"the run is estimated at ${total:,.2f}, above this stack's limit of ${self.max_budget_usd:,.2f} "
+                f"per run ({MAX_BUDGET}): lower compute.instance_count or compute.max_runtime_hours",
+                rule=MAX_BUDGET,
+                field="budget.max_usd",
+                estimate_usd=total,
+            )
+
+    @staticmethod
+    def _under(uri: str, prefixes: tuple[str, ...], field: str, rule: str, what: str) -> None:
+        if prefixes and not any(_prefix(uri).startswith(_prefix(p)) for p in prefixes):
+            raise SpecForbidden(
+                f"{field} {uri} is outside the {what} locations this stack allows ({rule}): "
+                f"use a location under {', '.join(prefixes)}",
+                rule=rule,
+                field=field,
+            )

@@ -1,0 +1,130 @@
+"""check_quota: are there enough instances of the type left in the account's SageMaker quota for this run?
+
+The quota is found by its name ("ml.p4d.24xlarge for training job usage"; spot jobs count against "... for spot
+training job usage"), never by a hard-coded L- code: public sources disagree on the codes. Its value is the
+account's applied quota, or AWS's default where none was ever applied. In use = the instances of that type held
+by InProgress training jobs of the same kind (spot or on-demand). More requested than left raises QuotaExceeded
+with the numbers and the command that asks for more; with LUSTRAIN_REQUEST_QUOTA_INCREASE=true the request is
+filed too, and the error says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core.config import Settings
+from lustrain_core.errors import QuotaExceeded, SpecInvalid
+from lustrain_core.planner import quota_name
+from lustrain_core.steps import Job
+
+SERVICE_CODE = "sagemaker"
+REQUEST_INCREASE = "LUSTRAIN_REQUEST_QUOTA_INCREASE"
+
+
+def quota_name_for(instance_type: str, spot: bool) -> str:
+    return f"{instance_type} for spot training job usage" if spot else quota_name(instance_type)
+
+
+def find_quota(quotas: Any, name: str) -> dict[str, Any] | None:
+    """The quota with this name: the account's list first, then AWS's defaults (an account may list neither)."""
+    for operation in ("list_service_quotas", "list_aws_default_service_quotas"):
+        for page in quotas.get_paginator(operation).paginate(ServiceCode=SERVICE_CODE):
+            for quota in page.get("Quotas", []):
+                if quota.get("QuotaName") == name:
+                    return dict(quota)
+    return None
+
+
+def quota_value(quotas: Any, code: str) -> float:
+    try:
+        return float(quotas.get_service_quota(ServiceCode=SERVICE_CODE, QuotaCode=code)["Quota"]["Value"])
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "NoSuchResourceException":
+            raise
+    return float(
+        quotas.get_aws_default_service_quota(ServiceCode=SERVICE_CODE, QuotaCode=code)["Quota"]["Value"]
+    )
+
+
+def instances_in_use(sagemaker: Any, instance_type: str, spot: bool) -> int:
+    """Instances of the type held by InProgress training jobs that count against the same quota."""
+    used = 0
+    for page in sagemaker.get_paginator("list_training_jobs").paginate(StatusEquals="InProgress"):
+        for summary in page.get("TrainingJobSummaries", []):
+            job = sagemaker.describe_training_job(TrainingJobName=summary["TrainingJobName"])
+            if bool(job.get("EnableManagedSpotTraining")) != spot:
+                continue
+            resources = job.get("ResourceConfig", {})
+            if resources.get("InstanceType") == instance_type:
+                used += int(resources.get("InstanceCount", 0))
+            for group in resources.get("InstanceGroups", []):
+                if group.get("InstanceType") == instance_type:
+                    used += int(group.get("InstanceCount", 0))
+    return used
+
+
+def increase_command(code: str, desired: int, region: str) -> str:
+    return (
+        f"aws service-quotas request-service-quota-increase --service-code {SERVICE_CODE} --quota-code {code} "
+        f"--desired-value {desired} --region {region}"
+    )
+
+
+def _request_increase(quotas: Any, code: str, desired: int) -> str:
+    try:
+        answer = quotas.request_service_quota_increase(
+            ServiceCode=SERVICE_CODE, QuotaCode=code, DesiredValue=float(desired)
+        )
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        if error.get("Code") == "ResourceAlreadyExistsException":
+            return "an increase request for this quota is already open; it was not filed again"
+        return f"filing the increase request failed ({error.get('Code')}: {error.get('Message', '')})"
+    change = answer.get("RequestedQuota", {})
+    return f"an increase to {desired} was requested (request {change.get('Id', '?')}, {change.get('Status', '?')})"
+
+
+def check_quota(
+    document: dict[str, Any], *, quotas: Any, sagemaker: Any, settings: Settings
+) -> dict[str, Any]:
+    """$.quota: the quota, what is in use and what the run asks for; QuotaExceeded when it does not fit."""
+    job = Job.from_document(document)
+    compute = job.spec.compute
+    name = quota_name_for(compute.instance_type, compute.spot)
+    quota = find_quota(quotas, name)
+    if quota is None:
+        raise SpecInvalid.one(
+            "compute.instance_type",
+            compute.instance_type,
+            f"SageMaker in {settings.region} has no quota named {name!r}: the instance type is not offered for "
+            "training here (check the type and the region)",
+        )
+    code = str(quota["QuotaCode"])
+    limit = quota_value(quotas, code)
+    in_use = instances_in_use(sagemaker, compute.instance_type, compute.spot)
+    requested = compute.instance_count
+    available = max(0, math.floor(limit) - in_use)
+    result = {
+        "quota_code": code,
+        "quota_name": name,
+        "limit": limit,
+        "in_use": in_use,
+        "requested": requested,
+        "available": available,
+    }
+    if requested <= available:
+        return result
+    desired = in_use + requested
+    message = (
+        f"{requested} x {compute.instance_type} requested, {in_use} in use by running training jobs, quota "
+        f"{limit:g} ({name}, {code}) in {settings.region}: {available} free. Ask for at least {desired}: "
+        f"{increase_command(code, desired, settings.region)}"
+    )
+    filed = None
+    if settings.extra.get(REQUEST_INCREASE, "").strip().lower() == "true":
+        filed = _request_increase(quotas, code, desired)
+        message += f"; {filed}"
+    raise QuotaExceeded(message, **result, desired=desired, increase_requested=filed)

@@ -1,0 +1,96 @@
+"""The job record in DynamoDB (jobs table, pk job_id): what a run is, and what it created.
+
+    job_id, source, execution, spec, plan, status, created_at, resources: [{type, id}], export_on_teardown,
+    finished_at, error
+
+`resources` is the ledger teardown works from: each create step appends what it created (list_append), so the
+run deletes exactly what it made. Numbers go to DynamoDB as Decimal and come back as int or float.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def to_attribute(value: Any) -> dict[str, Any]:
+    """A JSON-like value as a DynamoDB attribute value (floats through Decimal, as DynamoDB requires)."""
+    as_decimals = json.loads(json.dumps(value), parse_float=Decimal)
+    return _serializer.serialize(as_decimals)  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | set | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def from_item(item: dict[str, Any]) -> dict[str, Any]:
+    return {key: _plain(_deserializer.deserialize(attr)) for key, attr in item.items()}
+
+
+def put_new(ddb: Any, table: str, record: dict[str, Any]) -> bool:
+    """Write a job record unless one with its job_id exists; False when it does (a duplicate)."""
+    try:
+        ddb.put_item(
+            TableName=table,
+            Item={key: to_attribute(value) for key, value in record.items()},
+            ConditionExpression="attribute_not_exists(job_id)",
+        )
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
+
+
+def get(ddb: Any, table: str, job_id: str) -> dict[str, Any] | None:
+    answer = ddb.get_item(TableName=table, Key={"job_id": {"S": job_id}}, ConsistentRead=True)
+    item = answer.get("Item")
+    return from_item(item) if item else None
+
+
+def add_resources(ddb: Any, table: str, job_id: str, resources: list[dict[str, str]]) -> None:
+    """Append created resources to the ledger; ones already there are not added twice (a retried step)."""
+    record = get(ddb, table, job_id) or {}
+    known = {(r.get("type"), r.get("id")) for r in record.get("resources", [])}
+    new = [r for r in resources if (r["type"], r["id"]) not in known]
+    if not new:
+        return
+    ddb.update_item(
+        TableName=table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="SET resources = list_append(if_not_exists(resources, :none), :new)",
+        ExpressionAttributeValues={":none": {"L": []}, ":new": to_attribute(new)},
+        ConditionExpression="attribute_exists(job_id)",
+    )
+
+
+def set_fields(ddb: Any, table: str, job_id: str, fields: dict[str, Any]) -> None:
+    """SET top-level attributes of an existing job record."""
+    names = {f"#f{i}": key for i, key in enumerate(fields)}
+    values = {f":v{i}": to_attribute(value) for i, value in enumerate(fields.values())}
+    ddb.update_item(
+        TableName=table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
+        ExpressionAttributeNames=names,
+        ExpressionAttributeValues=values,
+        ConditionExpression="attribute_exists(job_id)",
+    )

@@ -1,0 +1,477 @@
+"""teardown: delete exactly what this run created, whatever state it stopped in; safe to run again.
+
+What is deleted: the resources in the job record's ledger plus any found by the run's tags (a step that created
+something and failed before recording it). Each one is checked before it is touched: it must carry this job's
+`lustrain:job-id` tag and this stack's `lustrain:created-by` tag, so a foreign or untagged resource is never
+deleted, even if its id somehow reached the ledger. A file system the spec keeps (filesystem.keep) and one the
+run reused (filesystem.file_system_id, never recorded) stay, and so does the network a kept file system lives
+in; the report lists what was kept and why.
+
+Order, as AWS's dependencies dictate:
+1. file systems: when output.to_filesystem, export the output to S3 first (EXPORT_TO_REPOSITORY over the output
+   path) and wait for it; wait for any running data repository task (DeleteFileSystem fails while one runs);
+   delete the file system's associations, then the file system without a final backup, and wait until it is
+   gone (its network interfaces hold the subnet and the security group). An export that failed keeps the file
+   system: deleting it would lose results that never reached S3.
+2. the network: the security group (its self-referencing rules revoked first, as they reference the group),
+   the S3 endpoint, the route table (disassociated first), the subnet, the VPC. DependencyViolation means
+   network interfaces are still draining (SageMaker's take minutes): each is retried until the step's time
+   budget runs out, then TeardownIncomplete lists what remains so that the state machine retries the step.
+The job record ends with status SUCCEEDED or FAILED (from $.error) and the resources still left.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core.config import Settings
+from lustrain_core.errors import TeardownIncomplete
+from lustrain_core.spec import validate_spec
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records, tag_dict
+from lustrain_core.steps import filesystem as fsx_step
+
+NETWORK_ORDER = ("security_group", "vpc_endpoint", "route_table", "subnet", "vpc")
+FS_KINDS = ("file_system", "data_repository_association")
+NOT_FOUND = frozenset(
+    {
+        "InvalidVpcID.NotFound",
+        "InvalidSubnetID.NotFound",
+        "InvalidGroup.NotFound",
+        "InvalidRouteTableID.NotFound",
+        "InvalidVpcEndpointId.NotFound",
+        "InvalidAssociationID.NotFound",
+        "FileSystemNotFound",
+        "DataRepositoryAssociationNotFound",
+    }
+)
+#: Errors that mean "not yet": something still uses the resource, or FSx is busy with it.
+BUSY = frozenset(
+    {"DependencyViolation", "BadRequest", "DataRepositoryTaskExecuting", "IncompatibleParameterError"}
+)
+#: The longest teardown waits in one invocation; the state machine's Retry on TeardownIncomplete waits longer.
+MAX_BUDGET_SECONDS = 600.0
+#: Kept back from the function's remaining time to write the job record and answer before Lambda stops it.
+RESERVE_SECONDS = 30.0
+POLL_SETTING = "LUSTRAIN_TEARDOWN_POLL_SECONDS"
+DEFAULT_INTERVAL_SECONDS = 2.0
+MAX_INTERVAL_SECONDS = 15.0
+RUNNING_TASK = frozenset({"PENDING", "EXECUTING", "CANCELING"})
+SETTLING_FS = frozenset({"CREATING", "UPDATING"})
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+@dataclass
+class Clock:
+    """The step's time budget; `sleep` waits between attempts, doubling up to `max_interval`."""
+
+    budget_seconds: float
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    max_interval: float = 15.0
+    interval: float = 1.0
+    started: float = field(default=-1.0)
+
+    def __post_init__(self) -> None:
+        self.started = self.now()
+
+    @property
+    def left(self) -> float:
+        return self.budget_seconds - (self.now() - self.started)
+
+    def wait(self) -> bool:
+        """Sleep before the next attempt; False when the budget does not allow another."""
+        if self.left <= 0:
+            return False
+        self.sleep(min(self.interval, max(self.left, 0.0)))
+        self.interval = min(self.interval * 2, self.max_interval)
+        return True
+
+
+def clock_for(context: Any, settings: Settings) -> Clock:
+    """The clock of one Lambda invocation: its remaining time less a reserve (at most MAX_BUDGET_SECONDS), and
+    the first pause between attempts from LUSTRAIN_TEARDOWN_POLL_SECONDS (the local twin sets it small)."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    budget = MAX_BUDGET_SECONDS
+    if remaining is not None:
+        budget = max(0.0, min(MAX_BUDGET_SECONDS, float(remaining()) / 1000 - RESERVE_SECONDS))
+    raw = settings.extra.get(POLL_SETTING, "").strip()
+    try:
+        interval = float(raw) if raw else DEFAULT_INTERVAL_SECONDS
+    except ValueError:
+        raise ValueError(f"stack setting {POLL_SETTING}={raw!r} is not a number of seconds") from None
+    return Clock(budget, interval=interval, max_interval=max(interval, MAX_INTERVAL_SECONDS))
+
+
+@dataclass
+class Report:
+    deleted: list[dict[str, str]] = field(default_factory=list)
+    kept: list[dict[str, str]] = field(default_factory=list)
+    already_gone: list[dict[str, str]] = field(default_factory=list)
+    remaining: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "deleted": self.deleted,
+            "kept": self.kept,
+            "already_gone": self.already_gone,
+            "remaining": self.remaining,
+        }
+
+
+class Teardown:
+    def __init__(self, *, ec2: Any, fsx: Any, job_id: str, settings: Settings, clock: Clock) -> None:
+        self.ec2, self.fsx, self.job_id, self.settings, self.clock = ec2, fsx, job_id, settings, clock
+        self.report = Report()
+
+    # ----------------------------------------------------------------- ownership
+
+    def ours(self, tags: list[dict[str, str]] | None) -> bool:
+        found = tag_dict(tags)
+        return found.get(TAG_JOB_ID) == self.job_id and found.get(TAG_CREATED_BY) == self.settings.stack_name
+
+    def discover(self) -> list[dict[str, str]]:
+        """Resources carrying this run's tags (whether or not the ledger has them)."""
+        filters = [
+            {"Name": f"tag:{TAG_JOB_ID}", "Values": [self.job_id]},
+            {"Name": f"tag:{TAG_CREATED_BY}", "Values": [self.settings.stack_name]},
+        ]
+        found = [{"type": "vpc", "id": v["VpcId"]} for v in self.ec2.describe_vpcs(Filters=filters)["Vpcs"]]
+        found += [
+            {"type": "subnet", "id": s["SubnetId"]}
+            for s in self.ec2.describe_subnets(Filters=filters)["Subnets"]
+        ]
+        found += [
+            {"type": "security_group", "id": g["GroupId"]}
+            for g in self.ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
+        ]
+        found += [
+            {"type": "route_table", "id": t["RouteTableId"]}
+            for t in self.ec2.describe_route_tables(Filters=filters)["RouteTables"]
+        ]
+        found += [
+            {"type": "vpc_endpoint", "id": e["VpcEndpointId"]}
+            for e in self.ec2.describe_vpc_endpoints(Filters=filters)["VpcEndpoints"]
+            if str(e.get("State", "")).lower() not in {"deleted", "deleting"}
+        ]
+        found += [
+            {"type": "file_system", "id": fs["FileSystemId"]}
+            for fs in fsx_step.find_by_tag(self.fsx, self.job_id, self.settings.stack_name)
+        ]
+        return found
+
+    def _describe_ec2(self, kind: str, resource_id: str) -> dict[str, Any] | None:
+        calls = {
+            "vpc": ("describe_vpcs", "VpcIds", "Vpcs"),
+            "subnet": ("describe_subnets", "SubnetIds", "Subnets"),
+            "security_group": ("describe_security_groups", "GroupIds", "SecurityGroups"),
+            "route_table": ("describe_route_tables", "RouteTableIds", "RouteTables"),
+            "vpc_endpoint": ("describe_vpc_endpoints", "VpcEndpointIds", "VpcEndpoints"),
+        }
+        operation, ids_key, result_key = calls[kind]
+        try:
+            found = getattr(self.ec2, operation)(**{ids_key: [resource_id]})[result_key]
+        except ClientError as exc:
+            if _code(exc) in NOT_FOUND:
+                return None
+            raise
+        if not found:
+            return None
+        item = dict(found[0])
+        if kind == "vpc_endpoint" and str(item.get("State", "")).lower() == "deleted":
+            return None
+        return item
+
+    # ----------------------------------------------------------------- file systems
+
+    def _tasks(self, fs_id: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"Filters": [{"Name": "file-system-id", "Values": [fs_id]}]}
+        while True:
+            page = self.fsx.describe_data_repository_tasks(**params)
+            found.extend(page.get("DataRepositoryTasks", []))
+            if not page.get("NextToken"):
+                return found
+            params["NextToken"] = page["NextToken"]
+
+    def export(self, fs_id: str, paths: list[str]) -> str | None:
+        """Run this job's export of `paths` to S3 and wait for it; None when done, else why not."""
+        while True:
+            tasks = self._tasks(fs_id)
+            mine = [t for t in tasks if t.get("Type") == "EXPORT_TO_REPOSITORY" and self.ours(t.get("Tags"))]
+            if any(t["Lifecycle"] == "SUCCEEDED" for t in mine):
+                return None
+            failed = [t for t in mine if t["Lifecycle"] in {"FAILED", "CANCELED"}]
+            running = [t for t in tasks if t["Lifecycle"] in RUNNING_TASK]
+            if failed and not running:
+                message = failed[-1].get("FailureDetails", {}).get("Message") or failed[-1]["Lifecycle"]
+                return f"the export of {', '.join(paths)} to S3 did not succeed ({message})"
+            if not running:
+                try:
+                    self.fsx.create_data_repository_task(
+                        Type="EXPORT_TO_REPOSITORY",
+                        FileSystemId=fs_id,
+                        Paths=[p.lstrip("/") for p in paths],
+                        Report={"Enabled": False},
+                        ClientRequestToken=f"{self.job_id}-export"[:63],
+                        Tags=[
+                            {"Key": TAG_JOB_ID, "Value": self.job_id},
+                            {"Key": TAG_CREATED_BY, "Value": self.settings.stack_name},
+                        ],
+                    )
+                except ClientError as exc:
+                    if _code(exc) not in BUSY:
+                        raise
+                continue
+            if not self.clock.wait():
+                return f"the export of {', '.join(paths)} to S3 is still running"
+
+    def delete_file_system(self, fs_id: str, keep: bool, export_paths: list[str]) -> str | None:
+        """Delete one of the run's file systems; None when gone or kept, else what still blocks it."""
+        entry = {"type": "file_system", "id": fs_id}
+        fs = fsx_step.describe(self.fsx, fs_id)
+        if fs is None:
+            self.report.already_gone.append(entry)
+            return None
+        if not self.ours(fs.get("Tags")):
+            self.report.kept.append({**entry, "reason": "not tagged as this job's: never deleted"})
+            return None
+        while fs["Lifecycle"] in SETTLING_FS:
+            if not self.clock.wait():
+                return f"file system {fs_id} is still {fs['Lifecycle']}"
+            fs = fsx_step.describe(self.fsx, fs_id)
+            if fs is None:
+                self.report.already_gone.append(entry)
+                return None
+        if export_paths and fs["Lifecycle"] == "AVAILABLE":
+            problem = self.export(fs_id, export_paths)
+            if problem is not None and "still running" in problem:
+                return problem
+            if problem is not None:
+                self.report.kept.append({**entry, "reason": f"{problem}: kept so the results are not lost"})
+                return None
+        if keep:
+            self.report.kept.append({**entry, "reason": "filesystem.keep is true"})
+            return None
+        while any(t["Lifecycle"] in RUNNING_TASK for t in self._tasks(fs_id)):
+            if not self.clock.wait():
+                return f"file system {fs_id} is still running a data repository task"
+        for dra in fsx_step.associations(self.fsx, fs_id):
+            if dra.get("Lifecycle") != "DELETING":
+                self._delete_association(dra["AssociationId"])
+        deployment = fs.get("LustreConfiguration", {}).get("DeploymentType", "")
+        params: dict[str, Any] = {"FileSystemId": fs_id, "ClientRequestToken": f"{self.job_id}-delete"[:63]}
+        if str(deployment).startswith("PERSISTENT"):
+            params["LustreConfiguration"] = {"SkipFinalBackup": True}
+        while fs is not None and fs["Lifecycle"] != "DELETING":
+            try:
+                self.fsx.delete_file_system(**params)
+                break
+            except ClientError as exc:
+                if _code(exc) in NOT_FOUND:
+                    self.report.already_gone.append(entry)
+                    return None
+                if _code(exc) not in BUSY:
+                    raise
+            if not self.clock.wait():
+                return f"file system {fs_id} cannot be deleted yet"
+            fs = fsx_step.describe(self.fsx, fs_id)
+        self.report.deleted.append(entry)
+        while fsx_step.describe(self.fsx, fs_id) is not None:
+            if not self.clock.wait():
+                return f"file system {fs_id} is still DELETING"
+        return None
+
+    def _delete_association(self, association_id: str) -> None:
+        entry = {"type": "data_repository_association", "id": association_id}
+        try:
+            # the S3 side stays; the files in Lustre go with the file system or stay with a reused one
+            self.fsx.delete_data_repository_association(
+                AssociationId=association_id, DeleteDataInFileSystem=False
+            )
+        except ClientError as exc:
+            if _code(exc) in NOT_FOUND:
+                self.report.already_gone.append(entry)
+                return
+            raise
+        self.report.deleted.append(entry)
+
+    def handled(self, entry: dict[str, str]) -> bool:
+        return any(
+            (r["type"], r["id"]) == (entry["type"], entry["id"])
+            for r in self.report.deleted + self.report.already_gone + self.report.kept
+        )
+
+    def delete_association(self, association_id: str, owned_fs: set[str]) -> None:
+        """A link the run made on a file system it did not create (a reused one gets its output link removed).
+
+        Links on the run's own file systems went with them, or stay with a kept one."""
+        entry = {"type": "data_repository_association", "id": association_id}
+        try:
+            found = self.fsx.describe_data_repository_associations(AssociationIds=[association_id])[
+                "Associations"
+            ]
+        except ClientError as exc:
+            if _code(exc) not in NOT_FOUND:
+                raise
+            found = []
+        if not found or found[0].get("Lifecycle") == "DELETING":
+            self.report.already_gone.append(entry)
+            return
+        if found[0].get("FileSystemId") in owned_fs:
+            self.report.kept.append(
+                {**entry, "reason": f"stays with its file system {found[0]['FileSystemId']}"}
+            )
+            return
+        if not self.ours(found[0].get("Tags")):
+            self.report.kept.append({**entry, "reason": "not tagged as this job's: never deleted"})
+            return
+        self._delete_association(association_id)
+
+    # ----------------------------------------------------------------- network
+
+    def _delete_ec2(self, kind: str, item: dict[str, Any]) -> None:
+        if kind == "security_group":
+            group_id = item["GroupId"]
+            for key, revoke in (
+                ("IpPermissions", self.ec2.revoke_security_group_ingress),
+                ("IpPermissionsEgress", self.ec2.revoke_security_group_egress),
+            ):
+                own = [
+                    {
+                        **{k: v for k, v in p.items() if k in {"IpProtocol", "FromPort", "ToPort"}},
+                        "UserIdGroupPairs": [{"GroupId": group_id}],
+                    }
+                    for p in item.get(key, [])
+                    if any(pair.get("GroupId") == group_id for pair in p.get("UserIdGroupPairs", []))
+                ]
+                if own:
+                    revoke(GroupId=group_id, IpPermissions=own)
+            self.ec2.delete_security_group(GroupId=group_id)
+        elif kind == "vpc_endpoint":
+            answer = self.ec2.delete_vpc_endpoints(VpcEndpointIds=[item["VpcEndpointId"]])
+            failed = answer.get("Unsuccessful", [])
+            if failed:
+                error = failed[0].get("Error", {})
+                raise ClientError(
+                    {"Error": {"Code": error.get("Code", ""), "Message": error.get("Message", "")}},
+                    "DeleteVpcEndpoints",
+                )
+        elif kind == "route_table":
+            for association in item.get("Associations", []):
+                if not association.get("Main") and association.get("RouteTableAssociationId"):
+                    self.ec2.disassociate_route_table(AssociationId=association["RouteTableAssociationId"])
+            self.ec2.delete_route_table(RouteTableId=item["RouteTableId"])
+        elif kind == "subnet":
+            self.ec2.delete_subnet(SubnetId=item["SubnetId"])
+        elif kind == "vpc":
+            self.ec2.delete_vpc(VpcId=item["VpcId"])
+
+    def delete_network(self, resources: list[dict[str, str]]) -> list[str]:
+        """Delete the run's network pieces in dependency order, retrying while interfaces drain; what remains."""
+        pending = sorted(resources, key=lambda r: NETWORK_ORDER.index(r["type"]))
+        while True:
+            blocked: list[tuple[dict[str, str], str]] = []
+            for entry in pending:
+                item = self._describe_ec2(entry["type"], entry["id"])
+                if item is None:
+                    self.report.already_gone.append(entry)
+                    continue
+                if not self.ours(item.get("Tags")):
+                    self.report.kept.append({**entry, "reason": "not tagged as this job's: never deleted"})
+                    continue
+                try:
+                    self._delete_ec2(entry["type"], item)
+                except ClientError as exc:
+                    if _code(exc) in NOT_FOUND:
+                        self.report.already_gone.append(entry)
+                        continue
+                    if _code(exc) not in BUSY:
+                        raise
+                    blocked.append((entry, _code(exc)))
+                    continue
+                self.report.deleted.append(entry)
+            if not blocked:
+                return []
+            pending = [entry for entry, _ in blocked]
+            if not self.clock.wait():
+                return [f"{e['type']} {e['id']} ({code}: still in use)" for e, code in blocked]
+
+
+def _unique(resources: list[dict[str, Any]]) -> list[dict[str, str]]:
+    seen: dict[tuple[str, str], dict[str, str]] = {}
+    for r in resources:
+        seen.setdefault((str(r["type"]), str(r["id"])), {"type": str(r["type"]), "id": str(r["id"])})
+    return list(seen.values())
+
+
+def teardown(
+    document: dict[str, Any], *, ec2: Any, fsx: Any, ddb: Any, settings: Settings, clock: Clock
+) -> dict[str, Any]:
+    """$.teardown: what was deleted, kept and already gone; TeardownIncomplete while something remains."""
+    job = document.get("job") or {}
+    status = "FAILED" if document.get("error") else "SUCCEEDED"
+    job_id = job.get("job_id")
+    if not job_id or job.get("duplicate"):
+        # nothing was registered (an invalid spec) or the run is a duplicate: the original run owns the resources
+        return {**Report().to_dict(), "job_id": job_id, "status": status}
+    record = records.get(ddb, settings.jobs_table, job_id) or {}
+    spec_doc = record.get("spec") or job.get("spec")
+    keep = bool(validate_spec(spec_doc).filesystem.keep) if spec_doc else False
+    export = record.get("export_on_teardown") or {}
+
+    work = Teardown(ec2=ec2, fsx=fsx, job_id=job_id, settings=settings, clock=clock)
+    resources = _unique(list(record.get("resources", [])) + work.discover())
+    problems: list[str] = []
+    for entry in resources:
+        if entry["type"] == "file_system":
+            paths = list(export.get("paths", [])) if export.get("file_system_id") == entry["id"] else []
+            problem = work.delete_file_system(entry["id"], keep, paths)
+            if problem:
+                problems.append(problem)
+    owned_fs = {r["id"] for r in resources if r["type"] == "file_system"}
+    reused_fs = export.get("file_system_id")
+    if reused_fs and reused_fs not in owned_fs and not problems:
+        problem = work.export(reused_fs, list(export.get("paths", [])))
+        if problem:
+            problems.append(problem)
+    if not problems:
+        for entry in resources:
+            if entry["type"] == "data_repository_association" and not work.handled(entry):
+                work.delete_association(entry["id"], owned_fs)
+    network = [r for r in resources if r["type"] in NETWORK_ORDER]
+    kept_fs = [r["id"] for r in work.report.kept if r["type"] == "file_system" and r["id"] in owned_fs]
+    if problems:
+        # the file system still holds interfaces in the subnet and the group: the network must wait for it
+        problems += [f"{r['type']} {r['id']} (waits for the file system)" for r in network]
+    elif kept_fs:
+        # a kept file system lives in this network: deleting its subnet or group would strand it
+        reason = f"the kept file system {', '.join(kept_fs)} lives in it"
+        work.report.kept += [{**r, "reason": reason} for r in network]
+    else:
+        problems += work.delete_network(network)
+
+    gone = {(r["type"], r["id"]) for r in work.report.deleted + work.report.already_gone}
+    left = [r for r in resources if (r["type"], r["id"]) not in gone]
+    kept = {(r["type"], r["id"]) for r in work.report.kept}
+    work.report.remaining = [r for r in left if (r["type"], r["id"]) not in kept]
+    fields: dict[str, Any] = {"resources": left, "status": status, "finished_at": records.now_iso()}
+    if document.get("error"):
+        fields["error"] = document["error"]
+    if record:
+        records.set_fields(ddb, settings.jobs_table, job_id, fields)
+    result = {**work.report.to_dict(), "job_id": job_id, "status": status}
+    if problems:
+        raise TeardownIncomplete(
+            f"teardown of {job_id} is not finished; still there: {'; '.join(problems)}",
+            remaining=work.report.remaining,
+            deleted=work.report.deleted,
+        )
+    return result

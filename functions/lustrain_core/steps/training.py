@@ -1,0 +1,396 @@
+"""start_training: the SageMaker training job of a run, started with the state machine's task token in hand.
+
+The state machine invokes this step with `lambda:invoke.waitForTaskToken` and waits: the job's end arrives later
+as an EventBridge event, and on_training_event answers the token. The token (up to 2048 chars, too long for a
+tag) is kept in the tokens table under the training job's name, with the job id and where to archive, BEFORE
+CreateTrainingJob: an event can never find a job it cannot answer for. The training job is recorded in the job's
+`resources` before it is created too, so teardown can stop it on any failure path (a job never created is simply
+not found there).
+
+Names are unique forever in SageMaker, so every attempt gets a new one: `<spec name>-<8 hex of job id>-<attempt>`,
+the attempt counted atomically in the job record. A retried invocation whose previous attempt's job is still
+running adopts that job (the token is moved to it) instead of starting a second fleet of p4d instances.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core import images
+from lustrain_core.config import Settings
+from lustrain_core.errors import MISSING, FieldError, QuotaExceeded, SpecInvalid
+from lustrain_core.prices import INSTANCE_TYPES
+from lustrain_core.spec import JobSpec
+from lustrain_core.steps import Job, records
+from lustrain_core.steps.filesystem import directory_path, output_path
+from lustrain_core.steps.quota import quota_name_for
+
+NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+MAX_NAME = 63
+TRAINING_CHANNEL = "training"
+#: with output.to_filesystem the job writes under this channel (SM_CHANNEL_OUTPUT), exported to S3 at teardown
+OUTPUT_CHANNEL = "output"
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+#: SageMaker's own default volume; EBS-only instance types need one sized for model, output and checkpoints
+DEFAULT_VOLUME_GIB = 30
+#: spot capacity can be reclaimed: let SageMaker restart from the last checkpoint this many times
+SPOT_RETRY_ATTEMPTS = 2
+#: the tokens item outlives the longest possible run by this much, then DynamoDB's TTL removes it
+TOKEN_GRACE_SECONDS = 24 * 3600
+#: the stack may set a KMS key for the job's output and (where AWS allows) its storage volume
+KMS_KEY_SETTING = "LUSTRAIN_KMS_KEY_ID"
+RESOURCE_TYPE = "training_job"
+
+WAITING = "waiting"
+CALLBACK_SENT = "callback_sent"
+
+# CreateTrainingJob's limits (botocore validates only minimums, so these are checked here)
+MAX_HYPERPARAMETERS = 100
+MAX_HYPERPARAMETER_VALUE = 2500
+MAX_ENVIRONMENT = 100
+MAX_ENVIRONMENT_KEY = 512
+MAX_ENVIRONMENT_VALUE = 512
+_ENVIRONMENT_KEY = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def job_hex(job_id: str, spec_name: str) -> str:
+    """The 8 hex digits of a job id (`<spec name>-<8 hex>`, register_job's form)."""
+    match = re.fullmatch(rf"{re.escape(spec_name)}-([0-9a-f]{{8}})", job_id)
+    if match is None:
+        raise SpecInvalid.one("job.job_id", job_id, f"a job id of the form {spec_name}-<8 hex digits>")
+    return match[1]
+
+
+def training_job_name(spec_name: str, job_id: str, attempt: int) -> str:
+    """`<spec name>-<8 hex of job id>-<attempt>`: at most 40 + 1 + 8 + 1 + digits, well within SageMaker's 63."""
+    name = f"{spec_name}-{job_hex(job_id, spec_name)}-{attempt}"
+    if attempt < 1 or len(name) > MAX_NAME or not NAME_PATTERN.fullmatch(name):
+        raise ValueError(
+            f"training job name {name!r} breaks SageMaker's rule: at most {MAX_NAME} characters matching "
+            f"{NAME_PATTERN.pattern}"
+        )
+    return name
+
+
+def archive_target(settings: Settings, job_id: str) -> str:
+    return f"s3://{settings.artifacts_bucket}/{settings.archive_prefix}{job_id}/"
+
+
+def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[str, str]:
+    """Script mode's hyperparameters: every value JSON-encoded, as the SageMaker SDK sends them."""
+    values: dict[str, Any] = {
+        "sagemaker_program": spec.code.entry_point,
+        "sagemaker_submit_directory": submit_directory,
+        "sagemaker_region": region,
+    }
+    if spec.code.distribution == "torchrun":
+        values["sagemaker_torch_distributed_enabled"] = True
+    values.update(spec.code.hyperparameters)
+    encoded = {key: json.dumps(value) for key, value in values.items()}
+    errors = [
+        FieldError(
+            f"code.hyperparameters.{key}", value, f"at most {MAX_HYPERPARAMETER_VALUE} characters as JSON"
+        )
+        for key, value in encoded.items()
+        if len(value) > MAX_HYPERPARAMETER_VALUE
+    ]
+    if len(encoded) > MAX_HYPERPARAMETERS:
+        reserved = len(encoded) - len(spec.code.hyperparameters)
+        errors.append(
+            FieldError(
+                "code.hyperparameters",
+                len(spec.code.hyperparameters),
+                f"at most {MAX_HYPERPARAMETERS - reserved} (SageMaker takes {MAX_HYPERPARAMETERS}; lustrain sets "
+                f"{reserved})",
+            )
+        )
+    if errors:
+        raise SpecInvalid(errors)
+    return encoded
+
+
+def environment(spec: JobSpec) -> dict[str, str]:
+    env = spec.code.environment
+    errors = [
+        FieldError(
+            f"code.environment.{key}",
+            key,
+            f"a name of letters, digits and _ not starting with a digit, at most {MAX_ENVIRONMENT_KEY} characters",
+        )
+        for key in env
+        if len(key) > MAX_ENVIRONMENT_KEY or not _ENVIRONMENT_KEY.fullmatch(key)
+    ]
+    errors += [
+        FieldError(f"code.environment.{key}", value, f"at most {MAX_ENVIRONMENT_VALUE} characters")
+        for key, value in env.items()
+        if len(value) > MAX_ENVIRONMENT_VALUE
+    ]
+    if len(env) > MAX_ENVIRONMENT:
+        errors.append(FieldError("code.environment", len(env), f"at most {MAX_ENVIRONMENT} variables"))
+    if errors:
+        raise SpecInvalid(errors)
+    return dict(env)
+
+
+def training_image(spec: JobSpec, region: str) -> str:
+    if spec.image.uri:
+        return spec.image.uri
+    assert spec.image.framework_version is not None  # the spec holds exactly one of the two
+    return images.pytorch_training_image(spec.image.framework_version, region, spec.compute.instance_type)
+
+
+def _stopping_condition(spec: JobSpec) -> dict[str, int]:
+    compute = spec.compute
+    condition = {"MaxRuntimeInSeconds": math.ceil(compute.max_runtime_hours * 3600)}
+    if compute.spot:
+        condition["MaxWaitTimeInSeconds"] = math.ceil(
+            (compute.max_wait_hours or compute.max_runtime_hours) * 3600
+        )
+    return condition
+
+
+def _resource_config(spec: JobSpec, kms_key_id: str | None) -> dict[str, Any]:
+    itype = INSTANCE_TYPES.get(spec.compute.instance_type)
+    if itype is None:
+        raise SpecInvalid.one(
+            "compute.instance_type",
+            spec.compute.instance_type,
+            f"unknown to lustrain; known: {', '.join(sorted(INSTANCE_TYPES))}",
+        )
+    config: dict[str, Any] = {
+        "InstanceType": spec.compute.instance_type,
+        "InstanceCount": spec.compute.instance_count,
+    }
+    if itype.local_nvme:
+        # SageMaker puts everything on the instance's NVMe and refuses a volume key there
+        return config
+    on_volume = 0.0 if spec.output.to_filesystem else spec.output.expected_size_gib
+    # the model, its output and the local checkpoint copies all live on the volume
+    config["VolumeSizeInGB"] = max(DEFAULT_VOLUME_GIB, math.ceil(2 * on_volume))
+    if kms_key_id:
+        config["VolumeKmsKeyId"] = kms_key_id
+    return config
+
+
+def _required(document: dict[str, Any], section: str, key: str) -> Any:
+    value = (document.get(section) or {}).get(key)
+    if not value:
+        raise SpecInvalid.one(section, MISSING, f"the state document lacks $.{section}.{key}")
+    return value
+
+
+def _channels(job: Job, document: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = job.spec
+    fs_id = _required(document, "filesystem", "file_system_id")
+    mount_name = _required(document, "filesystem", "mount_name")
+
+    def channel(name: str, path: str, mode: str) -> dict[str, Any]:
+        source = {
+            "FileSystemId": fs_id,
+            "FileSystemType": "FSxLustre",
+            "FileSystemAccessMode": mode,
+            "DirectoryPath": directory_path(mount_name, path),
+        }
+        return {"ChannelName": name, "DataSource": {"FileSystemDataSource": source}}
+
+    to_fs = spec.output.to_filesystem
+    channels = [channel(TRAINING_CHANNEL, spec.filesystem.mount_path, "rw" if to_fs else "ro")]
+    if to_fs:
+        channels.append(channel(OUTPUT_CHANNEL, output_path(job.job_id), "rw"))
+    return channels
+
+
+def build_training_request(
+    document: dict[str, Any],
+    *,
+    training_job_name: str,
+    settings: Settings,
+) -> dict[str, Any]:
+    """The whole CreateTrainingJob request of a run, from the state document (job, network, filesystem, code)."""
+    job = Job.from_document(document)
+    spec = job.spec
+    code = document.get("code") or {}
+    submit_directory = _required(document, "code", "submit_directory")
+    kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
+
+    algorithm: dict[str, Any] = {
+        "TrainingImage": training_image(spec, settings.region),
+        "TrainingInputMode": "File",
+    }
+    if code.get("metric_definitions"):
+        algorithm["MetricDefinitions"] = code["metric_definitions"]
+    output: dict[str, Any] = {"S3OutputPath": spec.output.s3_uri}
+    if kms_key_id:
+        output["KmsKeyId"] = kms_key_id
+
+    request: dict[str, Any] = {
+        "TrainingJobName": training_job_name,
+        "RoleArn": settings.sagemaker_role_arn,
+        "AlgorithmSpecification": algorithm,
+        "HyperParameters": hyperparameters(spec, submit_directory, settings.region),
+        "InputDataConfig": _channels(job, document),
+        "OutputDataConfig": output,
+        "ResourceConfig": _resource_config(spec, kms_key_id),
+        "VpcConfig": {
+            "Subnets": [_required(document, "network", "subnet_id")],
+            "SecurityGroupIds": list(_required(document, "network", "security_group_ids")),
+        },
+        "StoppingCondition": _stopping_condition(spec),
+        "CheckpointConfig": {"S3Uri": spec.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
+        "EnableInterContainerTrafficEncryption": False,
+        "EnableManagedSpotTraining": spec.compute.spot,
+        "Environment": environment(spec),
+        "Tags": job.tags(settings.stack_name, "training"),
+    }
+    if spec.compute.spot:
+        request["RetryStrategy"] = {"MaximumRetryAttempts": SPOT_RETRY_ATTEMPTS}
+    return request
+
+
+# --------------------------------------------------------------------------- the tokens table
+
+
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def token_key(name: str) -> dict[str, Any]:
+    """The tokens table's key of a training job."""
+    return {"training_job_name": {"S": name}}
+
+
+def get_token_item(ddb: Any, settings: Settings, name: str) -> dict[str, Any] | None:
+    answer = ddb.get_item(TableName=settings.tokens_table, Key=token_key(name), ConsistentRead=True)
+    item = answer.get("Item")
+    return records.from_item(item) if item else None
+
+
+def _next_attempt(ddb: Any, settings: Settings, job_id: str) -> int:
+    answer = ddb.update_item(
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="ADD training_attempts :one",
+        ConditionExpression="attribute_exists(job_id)",
+        ExpressionAttributeValues={":one": {"N": "1"}},
+        ReturnValues="UPDATED_NEW",
+    )
+    return int(answer["Attributes"]["training_attempts"]["N"])
+
+
+def _job_status(sagemaker: Any, name: str) -> str | None:
+    try:
+        return str(sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"])
+    except ClientError as exc:
+        message = str(exc.response.get("Error", {}).get("Message", ""))
+        # AWS answers ResourceNotFound; moto a ValidationException "Could not find training job"
+        if error_code(exc) == "ResourceNotFound" or "could not find" in message.lower():
+            return None
+        raise
+
+
+def _adopt_running(
+    ddb: Any, sagemaker: Any, settings: Settings, job: Job, token: str
+) -> dict[str, Any] | None:
+    """A retried invocation: the latest attempt's job, if it still runs, now answers to the new token."""
+    attempts = int((records.get(ddb, settings.jobs_table, job.job_id) or {}).get("training_attempts", 0))
+    if attempts < 1:
+        return None
+    name = training_job_name(job.spec.name, job.job_id, attempts)
+    item = get_token_item(ddb, settings, name)
+    if item is None or item.get("status") != WAITING or _job_status(sagemaker, name) != "InProgress":
+        return None
+    if item.get("token") != token:
+        try:
+            ddb.update_item(
+                TableName=settings.tokens_table,
+                Key=token_key(name),
+                UpdateExpression="SET #token = :token, adopted_at = :now",
+                ConditionExpression="#status = :waiting",
+                ExpressionAttributeNames={"#token": "token", "#status": "status"},
+                ExpressionAttributeValues={
+                    ":token": {"S": token},
+                    ":now": {"S": records.now_iso()},
+                    ":waiting": {"S": WAITING},
+                },
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return None
+            raise
+    return {"training_job_name": name, "attempt": attempts, "adopted": True}
+
+
+def _store_token(
+    ddb: Any, settings: Settings, job: Job, name: str, attempt: int, token: str, now: float
+) -> None:
+    compute = job.spec.compute
+    longest = max(compute.max_runtime_hours, compute.max_wait_hours or 0) * 3600
+    item = {
+        "training_job_name": name,
+        "token": token,
+        "job_id": job.job_id,
+        "attempt": attempt,
+        "archive_target": archive_target(settings, job.job_id),
+        "status": WAITING,
+        "created_at": records.now_iso(),
+        "expires_at": int(now + longest + TOKEN_GRACE_SECONDS),
+    }
+    ddb.put_item(
+        TableName=settings.tokens_table,
+        Item={key: records.to_attribute(value) for key, value in item.items()},
+        ConditionExpression="attribute_not_exists(training_job_name)",
+    )
+
+
+def start_training(
+    document: dict[str, Any],
+    *,
+    sagemaker: Any,
+    ddb: Any,
+    settings: Settings,
+    clock: Callable[[], float] = time.time,
+) -> dict[str, Any]:
+    """Start (or adopt) the run's training job; returns {training_job_name, attempt} while the task waits."""
+    job = Job.from_document(document)
+    token = document.get("task_token")
+    if not token:
+        raise SpecInvalid.one(
+            "task_token", MISSING, "start_training runs as a waitForTaskToken task: pass $$.Task.Token"
+        )
+    adopted = _adopt_running(ddb, sagemaker, settings, job, token)
+    if adopted is not None:
+        return adopted
+
+    attempt = _next_attempt(ddb, settings, job.job_id)
+    name = training_job_name(job.spec.name, job.job_id, attempt)
+    request = build_training_request(document, training_job_name=name, settings=settings)
+    _store_token(ddb, settings, job, name, attempt, token, clock())
+    records.add_resources(ddb, settings.jobs_table, job.job_id, [{"type": RESOURCE_TYPE, "id": name}])
+    try:
+        sagemaker.create_training_job(**request)
+    except ClientError as exc:
+        ddb.delete_item(TableName=settings.tokens_table, Key=token_key(name))
+        if error_code(exc) == "ResourceLimitExceeded":
+            compute = job.spec.compute
+            raise QuotaExceeded(
+                f"SageMaker refused {compute.instance_count} x {compute.instance_type}: "
+                f"{exc.response.get('Error', {}).get('Message', '')} (quota "
+                f"'{quota_name_for(compute.instance_type, compute.spot)}'; request an increase in Service Quotas)",
+                training_job_name=name,
+                instance_type=compute.instance_type,
+                instance_count=compute.instance_count,
+            ) from exc
+        raise
+    return {
+        "training_job_name": name,
+        "attempt": attempt,
+        "adopted": False,
+        "image": request["AlgorithmSpecification"]["TrainingImage"],
+    }

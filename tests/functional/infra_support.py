@@ -1,0 +1,89 @@
+"""Helpers for the infra handlers' functional tests: a job spec, its data in S3, and a registered job."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from typing import Any
+
+import boto3
+
+REGION = "us-east-1"
+
+SPEC: dict[str, Any] = {
+    "name": "tiny",
+    "compute": {"instance_type": "ml.p4d.24xlarge", "instance_count": 2, "max_runtime_hours": 1},
+    "code": {"source": "s3://lustrain-test-code/tiny/", "entry_point": "train.py"},
+    "data": {"s3_uri": "s3://lustrain-test-data/tokens/"},
+    "output": {"s3_uri": "s3://lustrain-test-results/tiny/", "expected_size_gib": 1},
+    "tags": {"team": "rehearsal"},
+}
+
+DATA = {"shard-000.bin": b"\x01" * 4096, "shard-001.bin": b"\x02" * 4096, "meta/vocab.json": b'{"a": 1}'}
+
+
+def spec(**sections: Any) -> dict[str, Any]:
+    """The test spec with some sections replaced or merged (a dict value merges into that section)."""
+    doc = copy.deepcopy(SPEC)
+    for key, value in sections.items():
+        doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
+    return doc
+
+
+def seed_data(uri: str = SPEC["data"]["s3_uri"], files: dict[str, bytes] | None = None) -> None:
+    s3 = boto3.client("s3", region_name=REGION)
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    existing = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    if bucket not in existing:
+        s3.create_bucket(Bucket=bucket)
+    for key, body in (DATA if files is None else files).items():
+        s3.put_object(Bucket=bucket, Key=prefix + key, Body=body)
+
+
+def invoke(step: str, event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """Call a handler as Lambda would (the module is imported fresh from functions/handlers)."""
+    module = importlib.import_module(f"handlers.{step}")
+    result: dict[str, Any] = module.handler(event, context)
+    return result
+
+
+def register(spec_doc: dict[str, Any] | None = None, execution: str = "run-1") -> dict[str, Any]:
+    """A registered job as the state document carries it after register_job: {"job": {...}}."""
+    seed_data()
+    return {"job": invoke("register_job", {"execution": execution, "input": {"spec": spec_doc or spec()}})}
+
+
+def job_record(table: str, job_id: str) -> dict[str, Any]:
+    from lustrain_core.steps import records
+
+    found = records.get(boto3.client("dynamodb", region_name=REGION), table, job_id)
+    assert found is not None, f"no job record for {job_id}"
+    return found
+
+
+def ours(job_id: str) -> list[dict[str, Any]]:
+    return [{"Name": "tag:lustrain:job-id", "Values": [job_id]}]
+
+
+def count_of_job(job_id: str) -> dict[str, int]:
+    """How many of each kind of resource carry the job's tag (the VPC's own main route table excepted)."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    fsx = boto3.client("fsx", region_name=REGION)
+    endpoints = [
+        e
+        for e in ec2.describe_vpc_endpoints(Filters=ours(job_id))["VpcEndpoints"]
+        if e["State"].lower() != "deleted"
+    ]
+    file_systems = [
+        fs
+        for fs in fsx.describe_file_systems()["FileSystems"]
+        if {"Key": "lustrain:job-id", "Value": job_id} in fs.get("Tags", [])
+    ]
+    return {
+        "vpcs": len(ec2.describe_vpcs(Filters=ours(job_id))["Vpcs"]),
+        "subnets": len(ec2.describe_subnets(Filters=ours(job_id))["Subnets"]),
+        "security_groups": len(ec2.describe_security_groups(Filters=ours(job_id))["SecurityGroups"]),
+        "route_tables": len(ec2.describe_route_tables(Filters=ours(job_id))["RouteTables"]),
+        "endpoints": len(endpoints),
+        "file_systems": len(file_systems),
+    }

@@ -1,0 +1,43 @@
+"""check_quota on the twin's Service Quotas: SageMaker's quotas found by name, AWS's answer to too many."""
+
+from __future__ import annotations
+
+import pytest
+from infra_support import invoke, register, spec
+from lustrain_core.errors import QuotaExceeded
+
+from lustrain.twin.patches import service_quotas
+
+
+def test_the_quota_is_found_by_its_name_and_its_code_is_the_accounts(aws):
+    code = service_quotas.set_quota("ml.p4d.24xlarge", 4)
+    result = invoke("check_quota", register())
+    assert result == {
+        "quota_code": code,
+        "quota_name": "ml.p4d.24xlarge for training job usage",
+        "limit": 4.0,
+        "in_use": 0,
+        "requested": 2,
+        "available": 4,
+    }
+
+
+def test_a_new_accounts_zero_p4d_quota_stops_the_run_with_the_command_to_ask_for_more(aws):
+    with pytest.raises(QuotaExceeded) as exc:
+        invoke("check_quota", register())
+    code = service_quotas.set_quota("ml.p4d.24xlarge", 0)
+    assert "2 x ml.p4d.24xlarge requested, 0 in use by running training jobs, quota 0" in exc.value.message
+    assert f"--quota-code {code} --desired-value 2 --region us-east-1" in exc.value.message
+    assert exc.value.details["increase_requested"] is None
+
+
+def test_a_spot_run_is_checked_against_the_spot_quota(aws):
+    service_quotas.set_quota("ml.p4d.24xlarge", 0)
+    code = service_quotas.set_quota("ml.p4d.24xlarge", 8, spot=True)
+    document = register(spec(compute={"spot": True, "max_wait_hours": 2}))
+    result = invoke("check_quota", document)
+    assert (result["quota_code"], result["quota_name"], result["available"]) == (
+        code,
+        "ml.p4d.24xlarge for spot training job usage",
+        8,
+    )

@@ -1,0 +1,239 @@
+"""create_filesystem and check_filesystem on the twin's FSx: the planned Lustre file system, linked to the data,
+polled until it is ready; a file system to reuse is checked instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+import pytest
+from infra_support import REGION, invoke, job_record, register, spec
+from lustrain_core.errors import FileSystemFailed
+
+from lustrain.twin import faults
+from lustrain.twin.patches import fsx as twin_fsx
+
+POLL = {"initial_seconds": 5, "max_seconds": 20, "max_polls": 12}
+
+
+@pytest.fixture(autouse=True)
+def _clean_twin():
+    faults.clear()
+    twin_fsx.configure(polls=2)
+    yield
+    faults.clear()
+
+
+def fsx():
+    return boto3.client("fsx", region_name=REGION)
+
+
+def prepared(spec_doc: dict[str, Any] | None = None) -> dict[str, Any]:
+    document = register(spec_doc)
+    document["network"] = invoke("create_network", document)
+    document["poll"] = POLL
+    return document
+
+
+def until_ready(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run the poll loop as the state machine does; every check's result."""
+    checks = []
+    while document["filesystem"]["lifecycle"] != "AVAILABLE":
+        assert len(checks) < POLL["max_polls"], checks
+        document["filesystem"] = invoke("check_filesystem", document)
+        checks.append(document["filesystem"])
+    return checks
+
+
+def test_the_planned_scratch_file_system_is_created_linked_and_polled_until_ready(aws):
+    document = prepared()
+    created = invoke("create_filesystem", document)
+    document["filesystem"] = created
+    assert (created["lifecycle"], created["created"], created["polls"], created["wait_seconds"]) == (
+        "CREATING",
+        True,
+        0,
+        5,
+    )
+    checks = until_ready(document)
+    assert [c["wait_seconds"] for c in checks] == [10, 20, 20, 20][: len(checks)]
+    assert [c["polls"] for c in checks] == list(range(1, len(checks) + 1))
+
+    described = fsx().describe_file_systems(FileSystemIds=[created["file_system_id"]])["FileSystems"][0]
+    plan = document["job"]["plan"]["filesystem"]
+    lustre = described["LustreConfiguration"]
+    assert described["StorageCapacity"] == plan["storage_gib"]
+    assert (lustre["DeploymentType"], lustre["DataCompressionType"]) == ("SCRATCH_2", "LZ4")
+    assert described["SubnetIds"] == [document["network"]["subnet_id"]]
+    assert described["FileSystemTypeVersion"] == "2.15"
+
+    final = document["filesystem"]
+    assert final["mount_name"] == lustre["MountName"]
+    assert final["directory_path"] == f"/{lustre['MountName']}/data"
+    assert final["dns_name"] == described["DNSName"]
+    (link,) = fsx().describe_data_repository_associations(
+        Filters=[{"Name": "file-system-id", "Values": [created["file_system_id"]]}]
+    )["Associations"]
+    assert (link["FileSystemPath"], link["DataRepositoryPath"], link["BatchImportMetaDataOnCreate"]) == (
+        "/data",
+        "s3://lustrain-test-data/tokens/",
+        True,
+    )
+    assert twin_fsx.linked_paths(created["file_system_id"]) == {"/data": "s3://lustrain-test-data/tokens/"}
+    recorded = {
+        (r["type"], r["id"]) for r in job_record(aws.jobs_table, document["job"]["job_id"])["resources"]
+    }
+    assert ("file_system", created["file_system_id"]) in recorded
+    assert ("data_repository_association", link["AssociationId"]) in recorded
+
+
+def test_a_retried_create_returns_the_same_file_system(aws):
+    document = prepared()
+    first = invoke("create_filesystem", document)
+    again = invoke("create_filesystem", document)
+    assert again["file_system_id"] == first["file_system_id"]
+    assert len(fsx().describe_file_systems()["FileSystems"]) == 1
+
+
+def test_a_persistent_file_system_gets_its_throughput_and_the_association(aws):
+    document = prepared(spec(filesystem={"deployment_type": "persistent", "throughput_per_tib": 500}))
+    document["filesystem"] = invoke("create_filesystem", document)
+    until_ready(document)
+    described = fsx().describe_file_systems(FileSystemIds=[document["filesystem"]["file_system_id"]])[
+        "FileSystems"
+    ][0]
+    assert described["LustreConfiguration"]["DeploymentType"] == "PERSISTENT_2"
+    assert described["LustreConfiguration"]["PerUnitStorageThroughput"] == 500
+    assert twin_fsx.linked_paths(described["FileSystemId"]) == {"/data": "s3://lustrain-test-data/tokens/"}
+
+
+def test_scratch_with_the_data_at_the_root_uses_import_path_and_the_mount_name_alone(aws):
+    document = prepared(spec(filesystem={"mount_path": "/"}))
+    document["filesystem"] = invoke("create_filesystem", document)
+    until_ready(document)
+    fs_id = document["filesystem"]["file_system_id"]
+    described = fsx().describe_file_systems(FileSystemIds=[fs_id])["FileSystems"][0]
+    repository = described["LustreConfiguration"]["DataRepositoryConfiguration"]
+    assert (repository["ImportPath"], repository["AutoImportPolicy"]) == (
+        "s3://lustrain-test-data/tokens/",
+        "NEW_CHANGED_DELETED",
+    )
+    assert document["filesystem"]["directory_path"] == "/" + described["LustreConfiguration"]["MountName"]
+    assert twin_fsx.linked_paths(fs_id) == {"/": "s3://lustrain-test-data/tokens/"}
+
+
+def test_output_on_the_file_system_is_linked_for_export_and_noted_for_teardown(aws):
+    document = prepared(spec(output={"to_filesystem": True}))
+    document["filesystem"] = invoke("create_filesystem", document)
+    until_ready(document)
+    fs_id = document["filesystem"]["file_system_id"]
+    job_id = document["job"]["job_id"]
+    out = f"/lustrain-output/{job_id}"
+    assert twin_fsx.linked_paths(fs_id) == {
+        "/data": "s3://lustrain-test-data/tokens/",
+        out: "s3://lustrain-test-results/tiny/",
+    }
+    assert document["filesystem"]["output_directory_path"] == f"/{document['filesystem']['mount_name']}{out}"
+    links = fsx().describe_data_repository_associations(
+        Filters=[{"Name": "file-system-id", "Values": [fs_id]}]
+    )
+    output_link = next(a for a in links["Associations"] if a["FileSystemPath"] == out)
+    assert output_link["S3"] == {"AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}}
+    assert job_record(aws.jobs_table, job_id)["export_on_teardown"] == {
+        "file_system_id": fs_id,
+        "paths": [out],
+    }
+
+
+def test_a_failed_file_system_ends_the_run_with_fsxs_own_words(aws):
+    document = prepared()
+    faults.inject("create_filesystem", "fsx-failed")
+    document["filesystem"] = invoke("create_filesystem", document)
+    with pytest.raises(FileSystemFailed) as exc:
+        until_ready(document)
+    assert exc.value.details["lifecycle"] == "FAILED"
+    assert document["filesystem"]["file_system_id"] in exc.value.message
+    assert "internal error" in exc.value.message
+
+
+def test_a_file_system_still_creating_after_max_polls_is_given_up(aws):
+    twin_fsx.configure(polls=1000)
+    document = prepared()
+    document["poll"] = {"initial_seconds": 1, "max_seconds": 1, "max_polls": 3}
+    document["filesystem"] = invoke("create_filesystem", document)
+    invoke_count = 0
+    with pytest.raises(FileSystemFailed, match="still not ready after 3 checks"):
+        while True:
+            invoke_count += 1
+            document["filesystem"] = invoke("check_filesystem", document)
+    assert invoke_count == 3
+
+
+# --- reusing a file system ---------------------------------------------------------------------------------
+
+
+def team_file_system(document: dict[str, Any], link_path: str | None = "/data") -> str:
+    """A file system someone made earlier in the job's subnet, linked to the data at `link_path`."""
+    created = fsx().create_file_system(
+        FileSystemType="LUSTRE",
+        StorageCapacity=1200,
+        SubnetIds=[document["network"]["subnet_id"]],
+        SecurityGroupIds=document["network"]["security_group_ids"],
+        LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 125},
+        Tags=[{"Key": "Name", "Value": "team-shared"}],
+    )["FileSystem"]
+    fs_id = created["FileSystemId"]
+    while fsx().describe_file_systems(FileSystemIds=[fs_id])["FileSystems"][0]["Lifecycle"] != "AVAILABLE":
+        pass
+    if link_path:
+        fsx().create_data_repository_association(
+            FileSystemId=fs_id, FileSystemPath=link_path, DataRepositoryPath="s3://lustrain-test-data/tokens/"
+        )
+    return fs_id
+
+
+def reusing(document: dict[str, Any], fs_id: str, **filesystem: Any) -> dict[str, Any]:
+    """The same job, now asking to reuse `fs_id` (register again under another execution)."""
+    again = register(spec(filesystem={"file_system_id": fs_id, **filesystem}), execution="reuse")
+    return {**again, "network": document["network"], "poll": POLL}
+
+
+def test_a_reused_file_system_is_checked_used_and_never_recorded(aws):
+    document = prepared()
+    fs_id = team_file_system(document)
+    reuse = reusing(document, fs_id)
+    result = invoke("create_filesystem", reuse)
+    mount = fsx().describe_file_systems(FileSystemIds=[fs_id])["FileSystems"][0]["LustreConfiguration"][
+        "MountName"
+    ]
+    assert (result["file_system_id"], result["created"], result["lifecycle"]) == (fs_id, False, "AVAILABLE")
+    assert result["directory_path"] == f"/{mount}/data"
+    assert job_record(aws.jobs_table, reuse["job"]["job_id"])["resources"] == []
+
+
+def test_a_reused_file_system_without_a_link_to_the_data_is_refused(aws):
+    document = prepared()
+    fs_id = team_file_system(document, link_path=None)
+    with pytest.raises(FileSystemFailed) as exc:
+        invoke("create_filesystem", reusing(document, fs_id))
+    assert exc.value.message.startswith(
+        f"filesystem.file_system_id: no data repository association or ImportPath of {fs_id}"
+    )
+    assert "create-data-repository-association" in exc.value.message
+
+
+def test_a_reused_file_system_showing_the_data_elsewhere_names_the_mount_path_to_use(aws):
+    document = prepared()
+    fs_id = team_file_system(document, link_path="/datasets/tokens")
+    with pytest.raises(FileSystemFailed) as exc:
+        invoke("create_filesystem", reusing(document, fs_id))
+    assert exc.value.message.startswith("filesystem.mount_path:")
+    assert "set filesystem.mount_path: /datasets/tokens" in exc.value.message
+
+
+def test_a_reused_file_system_that_does_not_exist_is_named(aws):
+    document = prepared()
+    with pytest.raises(
+        FileSystemFailed, match=r"filesystem\.file_system_id: fs-0123456789abcdef0 does not exist"
+    ):
+        invoke("create_filesystem", reusing(document, "fs-0123456789abcdef0"))

@@ -1,0 +1,229 @@
+"""on_training_event on moto: SageMaker's state changes answered to the waiting execution, once each.
+
+The job is started by start_training on the twin and held there; the Completed / Failed / Stopped description
+SageMaker would give is then served by botocore's Stubber (it checks the answer against the API model), while
+S3, DynamoDB and Step Functions stay moto. The SFN client's calls are recorded as sent.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+from infra_support import REGION, invoke
+from lustrain_core import clients
+from lustrain_core.errors import AwsThrottled
+from training_support import RESULTS_BUCKET, TOKEN, calls_of, held_training_jobs, token_item, training_input
+
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+MODEL = b"model weights " * 1000
+OUTPUT = b"output data " * 500
+WRITES = {"PutObject", "CopyObject", "UploadPartCopy", "CreateMultipartUpload"}
+
+
+@pytest.fixture
+def started(aws):
+    """A run whose training job start_training created and which now waits for its end."""
+    from lustrain.twin.patches import service_quotas
+
+    service_quotas.set_quota("ml.p4d.24xlarge", 4, REGION)
+    with held_training_jobs():
+        event = training_input()
+        result = invoke("start_training", event)
+        yield {"settings": aws, "name": result["training_job_name"], "job_id": event["job"]["job_id"]}
+
+
+def state_change(name: str, status: str, **detail) -> dict:
+    event = json.loads((EVENTS / "on_training_event.json").read_text())
+    event["detail"] = {**event["detail"], "TrainingJobName": name, "TrainingJobStatus": status, **detail}
+    event["resources"] = [f"arn:aws:sagemaker:{REGION}:123456789012:training-job/{name}"]
+    if status != "Completed":
+        event["detail"].pop("ModelArtifacts")
+    return event
+
+
+def completed_description(name: str) -> dict:
+    """What DescribeTrainingJob says once the job has completed, its artifacts in the results bucket."""
+    described = boto3.client("sagemaker", region_name=REGION).describe_training_job(TrainingJobName=name)
+    described.pop("ResponseMetadata")
+    prefix = f"tiny/{name}/output/"
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=RESULTS_BUCKET)
+    s3.put_object(Bucket=RESULTS_BUCKET, Key=prefix + "model.tar.gz", Body=MODEL)
+    s3.put_object(Bucket=RESULTS_BUCKET, Key=prefix + "output.tar.gz", Body=OUTPUT)
+    end = datetime(2026, 11, 21, 6, 35, tzinfo=UTC)
+    described.update(
+        TrainingJobStatus="Completed",
+        SecondaryStatus="Completed",
+        TrainingEndTime=end,
+        ModelArtifacts={"S3ModelArtifacts": f"s3://{RESULTS_BUCKET}/{prefix}model.tar.gz"},
+        FinalMetricDataList=[
+            {"MetricName": "train_loss", "Value": 2.31, "Timestamp": end},
+            {"MetricName": "tokens_per_second", "Value": 412000.0, "Timestamp": end},
+        ],
+        BillableTimeInSeconds=3512,
+    )
+    return described
+
+
+def stub_describe(description: dict) -> Stubber:
+    """DescribeTrainingJob answers `description` once (use it as a context manager)."""
+    stubber = Stubber(clients.client("sagemaker"))
+    stubber.add_response(
+        "describe_training_job",
+        copy.deepcopy(description),
+        {"TrainingJobName": description["TrainingJobName"]},
+    )
+    return stubber
+
+
+def archive_listing(settings, job_id: str) -> dict[str, bytes]:
+    s3 = boto3.client("s3", region_name=REGION)
+    prefix = f"{settings.archive_prefix}{job_id}/"
+    listed = s3.list_objects_v2(Bucket=settings.artifacts_bucket, Prefix=prefix).get("Contents", [])
+    return {
+        o["Key"][len(prefix) :]: s3.get_object(Bucket=settings.artifacts_bucket, Key=o["Key"])["Body"].read()
+        for o in listed
+    }
+
+
+def test_three_deliveries_of_completed_archive_once_and_call_back_once(started):
+    settings, name, job_id = started["settings"], started["name"], started["job_id"]
+    description = completed_description(name)
+    stubber = stub_describe(description)
+    event = state_change(name, "Completed")
+
+    with (
+        stubber,
+        calls_of(clients.client("stepfunctions")) as sfn_calls,
+        calls_of(clients.client("s3")) as s3_calls,
+    ):
+        first = invoke("on_training_event", event)
+        writes_after_first = [op for op, _ in s3_calls if op in WRITES]
+        second = invoke("on_training_event", event)
+        third = invoke("on_training_event", event)
+
+    stubber.assert_no_pending_responses()
+    assert first["callback"] == "send_task_success"
+    assert second["duplicate"] is True and third["duplicate"] is True
+    assert [op for op, _ in s3_calls if op in WRITES] == writes_after_first  # nothing archived again
+    assert [op for op, _ in sfn_calls] == ["SendTaskSuccess"]
+    params = sfn_calls[0][1]
+    assert params["taskToken"] == TOKEN
+    output = json.loads(params["output"])
+    archive = f"s3://{settings.artifacts_bucket}/archive/{job_id}/"
+    assert output == {
+        "training_job_name": name,
+        "status": "Completed",
+        "archive_s3_uri": archive,
+        "manifest_s3_uri": archive + "manifest.json",
+        "model_artifacts": description["ModelArtifacts"]["S3ModelArtifacts"],
+        "metrics": {"train_loss": 2.31, "tokens_per_second": 412000.0},
+        "billable_seconds": 3512,
+    }
+    assert token_item(settings.tokens_table, name)["status"] == "callback_sent"
+
+
+def test_the_manifest_lists_every_archived_object_with_its_size_and_sha256(started):
+    settings, name, job_id = started["settings"], started["name"], started["job_id"]
+    with stub_describe(completed_description(name)):
+        invoke("on_training_event", state_change(name, "Completed"))
+
+    stored = archive_listing(settings, job_id)
+    manifest = json.loads(stored.pop("manifest.json"))
+    assert set(stored) == {
+        "model.tar.gz",
+        "output.tar.gz",
+        "describe_training_job.json",
+        "final_metrics.json",
+    }
+    listed = {entry["name"]: entry for entry in manifest["objects"]}
+    assert set(listed) == set(stored)
+    for key, body in stored.items():
+        assert listed[key]["size"] == len(body)
+        assert listed[key]["sha256"] == hashlib.sha256(body).hexdigest()
+        assert listed[key]["s3_uri"] == f"s3://{settings.artifacts_bucket}/archive/{job_id}/{key}"
+    assert stored["model.tar.gz"] == MODEL and stored["output.tar.gz"] == OUTPUT
+    description = json.loads(stored["describe_training_job.json"])
+    assert description["TrainingJobName"] == name
+    assert description["TrainingEndTime"] == "2026-11-21T06:35:00+00:00"
+    assert manifest["job_id"] == job_id and manifest["missing"] == []
+
+
+def test_failed_with_capacity_error_fails_the_task_as_capacity_error_once(started):
+    settings, name = started["settings"], started["name"]
+    reason = "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
+    event = state_change(name, "Failed", SecondaryStatus="Failed", FailureReason=reason)
+
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        result = invoke("on_training_event", event)
+        repeat = invoke("on_training_event", event)
+
+    assert result["error"] == "CapacityError" and repeat["duplicate"] is True
+    assert sfn_calls == [("SendTaskFailure", {"taskToken": TOKEN, "error": "CapacityError", "cause": reason})]
+    assert token_item(settings.tokens_table, name)["outcome"] == {"error": "CapacityError", "cause": reason}
+
+
+def test_stopped_fails_the_task_as_training_stopped(started):
+    event = state_change(started["name"], "Stopped", SecondaryStatus="MaxRuntimeExceeded")
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        invoke("on_training_event", event)
+    ((operation, params),) = sfn_calls
+    assert (operation, params["error"]) == ("SendTaskFailure", "TrainingStopped")
+    assert "MaxRuntimeExceeded" in params["cause"]
+
+
+def test_in_progress_sends_a_heartbeat_and_notes_the_secondary_status(started):
+    settings, name = started["settings"], started["name"]
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        result = invoke("on_training_event", state_change(name, "InProgress", SecondaryStatus="Downloading"))
+    assert sfn_calls == [("SendTaskHeartbeat", {"taskToken": TOKEN})]
+    assert result["heartbeat"] == "sent"
+    item = token_item(settings.tokens_table, name)
+    assert (item["secondary_status"], item["status"]) == ("Downloading", "waiting")
+
+
+def test_a_job_this_stack_did_not_start_is_ignored(aws):
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        result = invoke("on_training_event", state_change("someone-elses-job-1", "Completed"))
+    assert result["ignored"] is True
+    assert sfn_calls == []
+
+
+def test_an_execution_that_already_ended_is_noted_not_raised(started):
+    described = stub_describe(completed_description(started["name"]))
+    sfn = Stubber(clients.client("stepfunctions"))
+    sfn.add_client_error(
+        "send_task_success",
+        service_error_code="TaskTimedOut",
+        expected_params={"taskToken": TOKEN, "output": ANY},
+    )
+    with described, sfn:
+        result = invoke("on_training_event", state_change(started["name"], "Completed"))
+    assert result["callback"] == "execution_gone" and result["reason"] == "TaskTimedOut"
+
+
+def test_a_throttled_callback_is_retried_by_the_next_delivery_without_archiving_again(started):
+    settings, name = started["settings"], started["name"]
+    event = state_change(name, "Completed")
+    sfn = Stubber(clients.client("stepfunctions"))
+    sfn.add_client_error("send_task_success", service_error_code="ThrottlingException", http_status_code=400)
+    with stub_describe(completed_description(name)), sfn, pytest.raises(AwsThrottled):
+        invoke("on_training_event", event)
+    assert token_item(settings.tokens_table, name)["status"] == "waiting"
+
+    with (
+        stub_describe(completed_description(name)),
+        calls_of(clients.client("stepfunctions")) as sfn_calls,
+        calls_of(clients.client("s3")) as s3_calls,
+    ):
+        result = invoke("on_training_event", event)
+    assert result["callback"] == "send_task_success"
+    assert [op for op, _ in sfn_calls] == ["SendTaskSuccess"]
+    assert not [op for op, _ in s3_calls if op in WRITES]

@@ -1,0 +1,168 @@
+"""register_job on moto: a spec dropped into S3 or given inline becomes one job record, once."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+import yaml
+from infra_support import REGION, invoke, job_record, seed_data, spec
+from lustrain_core.errors import SpecForbidden, SpecInvalid
+
+JOBS_BUCKET = "lustrain-test-jobs"
+
+
+def drop(spec_doc: dict, key: str = "jobs/tiny.yaml") -> dict:
+    """Put a spec into the jobs bucket; the "Object Created" event S3 sends to EventBridge for it."""
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=JOBS_BUCKET)
+    s3.put_bucket_versioning(Bucket=JOBS_BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    put = s3.put_object(Bucket=JOBS_BUCKET, Key=key, Body=yaml.safe_dump(spec_doc).encode())
+    return {
+        "version": "0",
+        "id": "0b1c9a62-6f4e-4d36-9d8e-0a9f0e7a51c3",
+        "detail-type": "Object Created",
+        "source": "aws.s3",
+        "account": "123456789012",
+        "time": "2026-11-20T09:14:07Z",
+        "region": REGION,
+        "resources": [f"arn:aws:s3:::{JOBS_BUCKET}"],
+        "detail": {
+            "version": "0",
+            "bucket": {"name": JOBS_BUCKET},
+            "object": {
+                "key": key,
+                "size": 300,
+                "etag": put["ETag"].strip('"'),
+                "version-id": put["VersionId"],
+                "sequencer": "00617F08299329D189",
+            },
+            "request-id": "N4N7GDK58NMKJ12R",
+            "requester": "123456789012",
+            "reason": "PutObject",
+        },
+    }
+
+
+def records_in(table: str) -> list[dict]:
+    return boto3.client("dynamodb", region_name=REGION).scan(TableName=table)["Items"]
+
+
+def test_a_dropped_spec_becomes_a_recorded_job(aws):
+    seed_data()
+    event = drop(spec(data={"size_gib": 5}))
+    job = invoke("register_job", {"execution": "drop-1", "input": event})
+    version = event["detail"]["object"]["version-id"]
+    from lustrain_core.steps.job import job_id_for
+
+    assert job["job_id"] == job_id_for("tiny", f"s3://{JOBS_BUCKET}/jobs/tiny.yaml#{version}")
+    assert job["duplicate"] is False
+    assert job["spec"]["compute"]["instance_count"] == 2
+    assert job["plan"]["network"]["ips_needed"] > 12
+    assert job["source"]["uri"] == f"s3://{JOBS_BUCKET}/jobs/tiny.yaml"
+    record = job_record(aws.jobs_table, job["job_id"])
+    assert record["status"] == "RUNNING"
+    assert record["execution"] == "drop-1"
+    assert record["resources"] == []
+    assert record["plan"] == job["plan"]
+
+
+def test_a_duplicated_s3_event_ends_as_a_duplicate_and_starts_nothing(aws):
+    seed_data()
+    event = drop(spec())
+    first = invoke("register_job", {"execution": "drop-1", "input": event})
+    again = invoke("register_job", {"execution": "drop-2", "input": event})
+    assert again["duplicate"] is True
+    assert again["job_id"] == first["job_id"]
+    assert again["duplicate_of"] == "drop-1"
+    assert "spec" not in again
+    assert len(records_in(aws.jobs_table)) == 1
+    assert job_record(aws.jobs_table, first["job_id"])["execution"] == "drop-1"
+
+
+def test_a_retried_register_in_the_same_execution_carries_on(aws):
+    seed_data()
+    event = drop(spec())
+    first = invoke("register_job", {"execution": "drop-1", "input": event})
+    retried = invoke("register_job", {"execution": "drop-1", "input": event})
+    assert retried["duplicate"] is False
+    assert (retried["job_id"], retried["started_at"]) == (first["job_id"], first["started_at"])
+
+
+def test_a_new_version_of_the_same_key_is_a_new_job(aws):
+    seed_data()
+    first = invoke("register_job", {"execution": "a", "input": drop(spec())})
+    second = invoke("register_job", {"execution": "b", "input": drop(spec(compute={"instance_count": 1}))})
+    assert first["job_id"] != second["job_id"]
+    assert second["duplicate"] is False
+
+
+def test_an_inline_spec_and_a_spec_s3_uri_start_a_job_each(aws):
+    seed_data()
+    inline = invoke("register_job", {"execution": "console-1", "input": {"spec": spec()}})
+    drop(spec(name="tiny-b"), key="cli/tiny-b.yaml")
+    by_uri = invoke(
+        "register_job",
+        {"execution": "cli-7", "input": {"spec_s3_uri": f"s3://{JOBS_BUCKET}/cli/tiny-b.yaml"}},
+    )
+    assert inline["source"]["kind"] == "inline" and inline["job_id"].startswith("tiny-")
+    assert by_uri["source"]["kind"] == "s3-uri" and by_uri["job_id"].startswith("tiny-b-")
+    assert len(records_in(aws.jobs_table)) == 2
+
+
+def test_the_data_is_measured_in_s3_when_size_gib_is_absent(aws):
+    files = {f"part-{i}.txt": b"x" * 1000 for i in range(10)}
+    files["images/cat.jpg"] = b"j" * 5000
+    seed_data(files=files)
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket="lustrain-test-data", Key="elsewhere.bin", Body=b"z" * 99
+    )
+    job = invoke("register_job", {"execution": "m", "input": {"spec": spec()}})
+    assert job["plan"]["filesystem"]["data_gib"] == pytest.approx(15_000 / 2**30)
+
+
+def test_an_invalid_spec_fails_naming_the_field_and_records_nothing(aws):
+    seed_data()
+    with pytest.raises(SpecInvalid) as exc:
+        invoke("register_job", {"execution": "bad", "input": {"spec": spec(compute={"instance_count": 0})}})
+    assert "compute.instance_count" in exc.value.message
+    assert records_in(aws.jobs_table) == []
+
+
+def test_a_local_code_directory_fails_at_code_source_and_records_nothing(aws):
+    seed_data()
+    with pytest.raises(SpecInvalid) as exc:
+        invoke("register_job", {"execution": "local", "input": {"spec": spec(code={"source": "trainer/"})}})
+    assert [e.path for e in exc.value.errors] == ["code.source"]
+    assert records_in(aws.jobs_table) == []
+
+
+def test_a_spec_that_cannot_be_read_from_s3_names_spec_s3_uri(aws):
+    with pytest.raises(SpecInvalid) as exc:
+        invoke(
+            "register_job", {"execution": "x", "input": {"spec_s3_uri": f"s3://{JOBS_BUCKET}/missing.yaml"}}
+        )
+    assert [e.path for e in exc.value.errors] == ["spec_s3_uri"]
+
+
+def test_an_empty_data_prefix_fails_at_data_s3_uri(aws):
+    seed_data(files={})
+    with pytest.raises(SpecInvalid) as exc:
+        invoke("register_job", {"execution": "empty", "input": {"spec": spec()}})
+    assert [e.path for e in exc.value.errors] == ["data.s3_uri"]
+
+
+def test_a_spec_outside_the_stacks_rules_is_forbidden_before_anything_is_recorded(aws, monkeypatch):
+    seed_data()
+    monkeypatch.setenv("LUSTRAIN_ALLOWED_INSTANCE_TYPES", "ml.g5.48xlarge,ml.m5.xlarge")
+    with pytest.raises(SpecForbidden) as exc:
+        invoke("register_job", {"execution": "f", "input": {"spec": spec()}})
+    assert exc.value.details["rule"] == "LUSTRAIN_ALLOWED_INSTANCE_TYPES"
+    assert records_in(aws.jobs_table) == []
+
+
+def test_the_stack_budget_is_checked_against_the_plans_estimate(aws, monkeypatch):
+    seed_data()
+    monkeypatch.setenv("LUSTRAIN_MAX_BUDGET_USD", "10")
+    with pytest.raises(SpecForbidden, match="LUSTRAIN_MAX_BUDGET_USD"):
+        invoke("register_job", {"execution": "f", "input": {"spec": spec()}})
+    assert records_in(aws.jobs_table) == []

@@ -1,0 +1,128 @@
+"""start_training on moto with the twin's SageMaker: the token is kept first, then the job is created; retries
+adopt the running job or start a new attempt, and SageMaker's refusals become the errors the state machine
+catches."""
+
+from __future__ import annotations
+
+import time
+
+import boto3
+import pytest
+from infra_support import REGION, invoke, job_record, spec
+from lustrain_core import clients
+from lustrain_core.errors import AwsThrottled, QuotaExceeded
+from training_support import TOKEN, calls_of, held_training_jobs, token_item, training_input
+
+
+@pytest.fixture
+def p4d_quota(aws):
+    from lustrain.twin.patches import service_quotas
+
+    service_quotas.set_quota("ml.p4d.24xlarge", 4, REGION)
+    with held_training_jobs():
+        yield aws
+
+
+def test_the_job_is_created_with_the_whole_request_and_the_token_is_kept(p4d_quota):
+    settings = p4d_quota
+    event = training_input()
+    job_id = event["job"]["job_id"]
+    before = time.time()
+
+    result = invoke("start_training", event)
+
+    name = f"tiny-{job_id.rsplit('-', 1)[1]}-1"
+    assert result["training_job_name"] == name and result["attempt"] == 1 and result["adopted"] is False
+    described = boto3.client("sagemaker", region_name=REGION).describe_training_job(TrainingJobName=name)
+    assert described["TrainingJobStatus"] == "InProgress"
+    assert described["RoleArn"] == settings.sagemaker_role_arn
+    assert described["AlgorithmSpecification"]["TrainingImage"].endswith("/pytorch-training:2.8-gpu-py312")
+    source = described["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]
+    assert source["DirectoryPath"] == "/abcdef12/data" and source["FileSystemAccessMode"] == "ro"
+    assert described["HyperParameters"]["sagemaker_program"] == '"train.py"'
+    assert described["VpcConfig"]["Subnets"] == ["subnet-0f1e2d3c4b5a69788"]
+
+    item = token_item(settings.tokens_table, name)
+    assert item["token"] == TOKEN and item["job_id"] == job_id and item["status"] == "waiting"
+    assert item["archive_target"] == f"s3://{settings.artifacts_bucket}/archive/{job_id}/"
+    # max_runtime_hours is 1: the item lives an hour and a day
+    assert int(before) + 3600 + 86400 <= item["expires_at"] <= time.time() + 3600 + 86400 + 1
+
+    assert {"type": "training_job", "id": name} in job_record(settings.jobs_table, job_id)["resources"]
+
+
+def test_the_token_and_the_ledger_entry_are_written_before_the_job_exists(p4d_quota):
+    settings = p4d_quota
+    event = training_input()
+    seen_at_create = {}
+
+    def look(params, **_):
+        name = params["TrainingJobName"]
+        seen_at_create["token"] = token_item(settings.tokens_table, name)
+        seen_at_create["ledger"] = job_record(settings.jobs_table, event["job"]["job_id"])["resources"]
+
+    sagemaker = clients.client("sagemaker")
+    sagemaker.meta.events.register("provide-client-params.sagemaker.CreateTrainingJob", look)
+    result = invoke("start_training", event)
+
+    assert seen_at_create["token"]["token"] == TOKEN
+    assert {"type": "training_job", "id": result["training_job_name"]} in seen_at_create["ledger"]
+
+
+def test_a_retry_while_the_job_runs_adopts_it_with_the_new_token(p4d_quota):
+    settings = p4d_quota
+    event = training_input()
+    first = invoke("start_training", event)
+
+    sagemaker = clients.client("sagemaker")
+    with calls_of(sagemaker) as calls:
+        again = invoke("start_training", {**event, "task_token": "AQCEAAAA-second-token"})
+
+    assert again["training_job_name"] == first["training_job_name"] and again["adopted"] is True
+    assert [op for op, _ in calls] == ["DescribeTrainingJob"]  # no second fleet of p4d instances
+    assert token_item(settings.tokens_table, first["training_job_name"])["token"] == "AQCEAAAA-second-token"
+
+
+def test_a_retry_after_the_job_ended_starts_a_new_attempt_with_a_new_name(p4d_quota):
+    event = training_input()
+    first = invoke("start_training", event)
+    sagemaker = boto3.client("sagemaker", region_name=REGION)
+    sagemaker.stop_training_job(TrainingJobName=first["training_job_name"])
+
+    again = invoke("start_training", {**event, "task_token": "AQCEAAAA-second-token"})
+
+    assert again["attempt"] == 2 and again["adopted"] is False
+    assert again["training_job_name"] == first["training_job_name"][:-1] + "2"
+    assert sagemaker.describe_training_job(TrainingJobName=again["training_job_name"])[
+        "TrainingJobStatus"
+    ] == ("InProgress")
+
+
+def test_resource_limit_exceeded_is_quota_exceeded_and_leaves_no_token(aws):
+    # the twin's default quota for ml.p4d.24xlarge training, as AWS's, is 0
+    event = training_input()
+    with held_training_jobs(), pytest.raises(QuotaExceeded) as info:
+        invoke("start_training", event)
+    name = info.value.details["training_job_name"]
+    assert "ml.p4d.24xlarge for training job usage" in str(info.value)
+    assert info.value.details["instance_count"] == 2
+    assert token_item(aws.tokens_table, name) is None
+
+
+def test_spot_jobs_are_checked_against_the_spot_quota(aws):
+    event = training_input(spec(compute={"spot": True, "max_runtime_hours": 1, "max_wait_hours": 2}))
+    with held_training_jobs(), pytest.raises(QuotaExceeded, match="for spot training job usage"):
+        invoke("start_training", event)
+
+
+def test_throttling_becomes_aws_throttled_for_the_state_machines_retry(aws):
+    from lustrain.twin import faults
+
+    event = training_input()
+    faults.inject("start_training", "throttling")
+    try:
+        with faults.running_step("start_training"), pytest.raises(AwsThrottled):
+            invoke("start_training", event)
+    finally:
+        faults.clear()
+    assert boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"] == []

@@ -1,0 +1,209 @@
+"""teardown on moto and the twin's FSx: everything the run made goes, nothing else does, and twice is safe."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+import pytest
+from infra_support import REGION, count_of_job, invoke, job_record, register, spec
+from lustrain_core.steps import records
+
+from lustrain.twin import faults
+from lustrain.twin.patches import fsx as twin_fsx
+
+NOTHING = {
+    "vpcs": 0,
+    "subnets": 0,
+    "security_groups": 0,
+    "route_tables": 0,
+    "endpoints": 0,
+    "file_systems": 0,
+}
+POLL = {"initial_seconds": 1, "max_seconds": 1, "max_polls": 20}
+
+
+class Context:
+    """A Lambda context with a minute left: teardown may wait about 30 s."""
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
+@pytest.fixture(autouse=True)
+def _fast(monkeypatch):
+    monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.01")
+    faults.clear()
+    twin_fsx.configure(polls=2)
+
+
+def ec2():
+    return boto3.client("ec2", region_name=REGION)
+
+
+def fsx():
+    return boto3.client("fsx", region_name=REGION)
+
+
+def built(spec_doc: dict[str, Any] | None = None, with_filesystem: bool = True) -> dict[str, Any]:
+    """A run as far as its file system (AVAILABLE and linked), as the state machine would have it."""
+    document = register(spec_doc)
+    document["network"] = invoke("create_network", document)
+    if with_filesystem:
+        document["poll"] = POLL
+        document["filesystem"] = invoke("create_filesystem", document)
+        while document["filesystem"]["lifecycle"] != "AVAILABLE":
+            document["filesystem"] = invoke("check_filesystem", document)
+        del document["poll"]
+    return document
+
+
+def tear_down(document: dict[str, Any]) -> dict[str, Any]:
+    return invoke("teardown", document, Context())
+
+
+def test_after_a_whole_run_nothing_of_the_job_is_left_and_the_record_says_so(aws):
+    document = built()
+    job_id = document["job"]["job_id"]
+    result = tear_down(document)
+    assert count_of_job(job_id) == NOTHING
+    deleted = {(r["type"], r["id"]) for r in result["deleted"]}
+    network = document["network"]
+    assert deleted == {
+        ("vpc", network["vpc_id"]),
+        ("subnet", network["subnet_id"]),
+        ("route_table", network["route_table_id"]),
+        ("vpc_endpoint", network["endpoint_id"]),
+        ("security_group", network["security_group_ids"][0]),
+        ("file_system", document["filesystem"]["file_system_id"]),
+        ("data_repository_association", document["filesystem"]["links"][0]["association_id"]),
+    }
+    assert (result["kept"], result["remaining"], result["status"]) == ([], [], "SUCCEEDED")
+    record = job_record(aws.jobs_table, job_id)
+    assert (record["status"], record["resources"]) == ("SUCCEEDED", [])
+
+
+def test_after_a_partial_create_nothing_is_left_and_the_run_is_failed(aws):
+    document = built(with_filesystem=False)
+    job_id = document["job"]["job_id"]
+    document["error"] = {"Error": "FileSystemFailed", "Cause": "the file system went FAILED"}
+    result = tear_down(document)
+    assert count_of_job(job_id) == NOTHING
+    assert len(result["deleted"]) == 5 and result["status"] == "FAILED"
+    record = job_record(aws.jobs_table, job_id)
+    assert record["status"] == "FAILED"
+    assert record["error"] == {"Error": "FileSystemFailed", "Cause": "the file system went FAILED"}
+
+
+def test_a_resource_made_but_never_recorded_is_found_by_its_tags(aws):
+    document = register()
+    job_id = document["job"]["job_id"]
+    tags = [
+        {"Key": "lustrain:job-id", "Value": job_id},
+        {"Key": "lustrain:created-by", "Value": aws.stack_name},
+    ]
+    ec2().create_vpc(CidrBlock="10.80.0.0/16", TagSpecifications=[{"ResourceType": "vpc", "Tags": tags}])
+    assert count_of_job(job_id)["vpcs"] == 1
+    tear_down(document)
+    assert count_of_job(job_id) == NOTHING
+
+
+def test_an_untagged_or_foreign_vpc_is_never_deleted_even_when_its_id_reaches_the_ledger(aws):
+    team_vpc = ec2().create_vpc(CidrBlock="10.50.0.0/16")["Vpc"]["VpcId"]
+    other_stack = ec2().create_vpc(
+        CidrBlock="10.51.0.0/16",
+        TagSpecifications=[{"ResourceType": "vpc", "Tags": [{"Key": "lustrain:job-id", "Value": "x"}]}],
+    )["Vpc"]["VpcId"]
+    document = built(with_filesystem=False)
+    job_id = document["job"]["job_id"]
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.add_resources(
+        ddb, aws.jobs_table, job_id, [{"type": "vpc", "id": team_vpc}, {"type": "vpc", "id": other_stack}]
+    )
+    result = tear_down(document)
+    left = {v["VpcId"] for v in ec2().describe_vpcs()["Vpcs"]}
+    assert {team_vpc, other_stack} <= left
+    assert {k["id"] for k in result["kept"]} == {team_vpc, other_stack}
+    assert count_of_job(job_id) == NOTHING
+
+
+def test_a_kept_file_system_stays_with_the_network_it_lives_in(aws):
+    document = built(spec(filesystem={"keep": True}))
+    job_id = document["job"]["job_id"]
+    fs_id = document["filesystem"]["file_system_id"]
+    result = tear_down(document)
+    assert fsx().describe_file_systems(FileSystemIds=[fs_id])["FileSystems"][0]["Lifecycle"] == "AVAILABLE"
+    assert twin_fsx.linked_paths(fs_id) == {"/data": "s3://lustrain-test-data/tokens/"}
+    kept = {(k["type"], k["id"]): k["reason"] for k in result["kept"]}
+    assert kept[("file_system", fs_id)] == "filesystem.keep is true"
+    assert kept[("subnet", document["network"]["subnet_id"])] == f"the kept file system {fs_id} lives in it"
+    assert result["deleted"] == [] and result["remaining"] == []
+    assert count_of_job(job_id)["subnets"] == 1
+    again = tear_down(document)
+    assert again["deleted"] == [] and ("file_system", fs_id) in {(k["type"], k["id"]) for k in again["kept"]}
+
+
+def test_teardown_twice_is_safe_and_the_second_deletes_nothing(aws):
+    document = built()
+    first = tear_down(document)
+    second = tear_down(document)
+    assert len(first["deleted"]) == 7
+    assert (second["deleted"], second["kept"], second["remaining"]) == ([], [], [])
+    assert count_of_job(document["job"]["job_id"]) == NOTHING
+
+
+def tasks_of(fs_id: str) -> list[dict[str, Any]]:
+    return [
+        t for t in fsx().describe_data_repository_tasks()["DataRepositoryTasks"] if t["FileSystemId"] == fs_id
+    ]
+
+
+def test_output_on_the_file_system_is_exported_to_s3_before_the_file_system_goes(aws):
+    document = built(spec(output={"to_filesystem": True}))
+    fs_id = document["filesystem"]["file_system_id"]
+    job_id = document["job"]["job_id"]
+    tear_down(document)
+    assert count_of_job(job_id) == NOTHING
+    (export,) = tasks_of(fs_id)
+    assert (export["Type"], export["Paths"], export["Lifecycle"]) == (
+        "EXPORT_TO_REPOSITORY",
+        [f"lustrain-output/{job_id}"],
+        "SUCCEEDED",
+    )
+    # the twin, like FSx, refuses DeleteFileSystem while a task runs: the export finished before the delete
+
+
+def test_teardown_waits_for_an_export_already_running(aws):
+    document = built()
+    fs_id = document["filesystem"]["file_system_id"]
+    task = fsx().create_data_repository_task(
+        Type="EXPORT_TO_REPOSITORY", FileSystemId=fs_id, Paths=["data"], Report={"Enabled": False}
+    )["DataRepositoryTask"]
+    assert task["Lifecycle"] == "PENDING"
+    tear_down(document)
+    assert count_of_job(document["job"]["job_id"]) == NOTHING
+    assert [(t["TaskId"], t["Lifecycle"]) for t in tasks_of(fs_id)] == [(task["TaskId"], "SUCCEEDED")]
+
+
+def test_a_reused_file_system_stays_and_only_the_runs_own_link_on_it_goes(aws):
+    owner = built(spec(name="team"))
+    shared = owner["filesystem"]["file_system_id"]
+    document = register(
+        spec(filesystem={"file_system_id": shared, "mount_path": "/data"}, output={"to_filesystem": True}),
+        execution="reuse",
+    )
+    document["network"] = owner["network"]
+    document["poll"] = POLL
+    document["filesystem"] = invoke("create_filesystem", document)
+    while document["filesystem"]["lifecycle"] != "AVAILABLE":
+        document["filesystem"] = invoke("check_filesystem", document)
+    del document["poll"]
+    job_id = document["job"]["job_id"]
+    out = f"/lustrain-output/{job_id}"
+    assert out in twin_fsx.linked_paths(shared)
+
+    result = tear_down(document)
+    assert fsx().describe_file_systems(FileSystemIds=[shared])["FileSystems"][0]["Lifecycle"] == "AVAILABLE"
+    assert twin_fsx.linked_paths(shared) == {"/data": "s3://lustrain-test-data/tokens/"}
+    assert [r["type"] for r in result["deleted"]] == ["data_repository_association"]
+    assert count_of_job(owner["job"]["job_id"])["file_systems"] == 1

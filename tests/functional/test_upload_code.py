@@ -1,0 +1,117 @@
+"""upload_code on moto: the code under code.source becomes one sourcedir.tar.gz per content, uploaded once."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+
+import boto3
+import pytest
+from infra_support import REGION, invoke, register, spec
+from lustrain_core import clients
+from lustrain_core.errors import SpecInvalid
+from training_support import CODE_BUCKET, calls_of
+
+CODE = {
+    "train.py": b"from lustrain_trainer.trainer import main\nmain()\n",
+    "lustrain_trainer/__init__.py": b"",
+    "lustrain_trainer/trainer.py": b"def main():\n    print('train_loss=1.0')\n",
+    "requirements.txt": b"numpy\n",
+}
+
+
+def put_code(prefix: str = "tiny/", files: dict[str, bytes] | None = None) -> None:
+    s3 = boto3.client("s3", region_name=REGION)
+    if CODE_BUCKET not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.create_bucket(Bucket=CODE_BUCKET)
+    for name, body in (CODE if files is None else files).items():
+        s3.put_object(Bucket=CODE_BUCKET, Key=prefix + name, Body=body)
+
+
+def bundle_at(bucket: str, key: str) -> bytes:
+    return boto3.client("s3", region_name=REGION).get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def test_the_code_is_stored_under_its_content_hash_as_sagemaker_unpacks_it(aws):
+    doc = register()
+    put_code()
+
+    code = invoke("upload_code", doc)
+
+    body = bundle_at(code["bucket"], code["key"])
+    assert code["sha256"] == hashlib.sha256(body).hexdigest()
+    assert code["key"] == f"code/tiny/{code['sha256']}/sourcedir.tar.gz"
+    assert code["submit_directory"] == f"s3://{aws.artifacts_bucket}/{code['key']}"
+    assert code["uploaded"] is True and code["metric_definitions"] == []
+    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+        assert {m.name: tar.extractfile(m).read() for m in tar.getmembers()} == CODE
+
+
+def test_an_existing_bundle_is_not_uploaded_again(aws):
+    doc = register()
+    put_code()
+    first = invoke("upload_code", doc)
+
+    with calls_of(clients.client("s3")) as calls:
+        second = invoke("upload_code", doc)
+
+    assert second["key"] == first["key"] and second["uploaded"] is False
+    assert "PutObject" not in [op for op, _ in calls]
+
+
+def test_identical_code_uploaded_again_later_gives_identical_bytes(aws):
+    """S3 gives the re-uploaded objects new LastModified times; the bundle must not depend on them."""
+    doc = register()
+    put_code("tiny/")
+    first = invoke("upload_code", doc)
+    put_code("tiny-copy/")
+    doc["job"]["spec"]["code"]["source"] = f"s3://{CODE_BUCKET}/tiny-copy/"
+
+    second = invoke("upload_code", doc)
+
+    assert second["sha256"] == first["sha256"]
+    assert bundle_at(second["bucket"], second["key"]) == bundle_at(first["bucket"], first["key"])
+
+
+def test_changed_code_gets_a_new_key(aws):
+    doc = register()
+    put_code()
+    first = invoke("upload_code", doc)
+    put_code(files={"train.py": b"print('changed')\n"})
+
+    second = invoke("upload_code", doc)
+
+    assert second["key"] != first["key"] and second["uploaded"] is True
+
+
+def test_a_missing_entry_point_names_the_python_files_there(aws):
+    doc = register(spec(code={"source": f"s3://{CODE_BUCKET}/tiny/", "entry_point": "main.py"}))
+    put_code()
+    with pytest.raises(SpecInvalid) as info:
+        invoke("upload_code", doc)
+    (error,) = info.value.errors
+    assert error.path == "code.entry_point"
+    assert "train.py" in error.message and "lustrain_trainer/trainer.py" in error.message
+
+
+def test_an_empty_prefix_is_a_spec_error_at_code_source(aws):
+    doc = register()
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket=CODE_BUCKET)
+    with pytest.raises(SpecInvalid) as info:
+        invoke("upload_code", doc)
+    assert info.value.errors[0].path == "code.source"
+
+
+def test_the_trainers_own_metric_definitions_are_returned_for_start_training(aws):
+    import json
+
+    from lustrain_trainer.metrics import metric_definitions
+
+    doc = register()
+    put_code(files={**CODE, "metric_definitions.json": json.dumps(metric_definitions()).encode()})
+
+    code = invoke("upload_code", doc)
+
+    assert code["metric_definitions"] == metric_definitions()
+    assert 0 < len(code["metric_definitions"]) <= 40

@@ -1,0 +1,218 @@
+"""check_quota against in-memory Service Quotas and SageMaker: found by name, counted, refused with the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from lustrain_core import planner
+from lustrain_core.config import Settings
+from lustrain_core.errors import QuotaExceeded, SpecInvalid
+from lustrain_core.spec import validate_spec
+from lustrain_core.steps import quota
+
+P4D = "ml.p4d.24xlarge for training job usage"
+P4D_SPOT = "ml.p4d.24xlarge for spot training job usage"
+
+
+def error(code: str, operation: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": f"{code} from the fake"}}, operation)
+
+
+class FakeQuotas:
+    """Service Quotas for ServiceCode sagemaker: listed in small pages, some never applied to the account."""
+
+    def __init__(self, applied: dict[str, float], defaults: dict[str, float], page: int = 2) -> None:
+        self.applied, self.defaults, self.page = applied, defaults, page
+        self.codes = {name: f"L-{i + 1:04d}ABCD" for i, name in enumerate(sorted({*applied, *defaults}))}
+        self.increase_requests: list[dict[str, Any]] = []
+        self.increase_error: str | None = None
+
+    def _quotas(self, values: dict[str, float]) -> list[dict[str, Any]]:
+        fillers = [{"QuotaName": f"filler {i}", "QuotaCode": f"L-F{i}", "Value": 1.0} for i in range(5)]
+        named = [{"QuotaName": n, "QuotaCode": self.codes[n], "Value": v} for n, v in values.items()]
+        return fillers + named
+
+    def get_paginator(self, operation: str) -> Any:
+        values = self.applied if operation == "list_service_quotas" else self.defaults
+        fake = self
+
+        class Paginator:
+            def paginate(self, ServiceCode: str) -> Any:
+                assert ServiceCode == "sagemaker"
+                items = fake._quotas(values)
+                for i in range(0, len(items), fake.page):
+                    yield {"Quotas": items[i : i + fake.page]}
+
+        return Paginator()
+
+    def _by_code(self, code: str) -> str:
+        return next(n for n, c in self.codes.items() if c == code)
+
+    def get_service_quota(self, ServiceCode: str, QuotaCode: str) -> dict[str, Any]:
+        name = self._by_code(QuotaCode)
+        if name not in self.applied:
+            raise error("NoSuchResourceException", "GetServiceQuota")
+        return {"Quota": {"QuotaCode": QuotaCode, "Value": self.applied[name]}}
+
+    def get_aws_default_service_quota(self, ServiceCode: str, QuotaCode: str) -> dict[str, Any]:
+        return {"Quota": {"QuotaCode": QuotaCode, "Value": self.defaults[self._by_code(QuotaCode)]}}
+
+    def request_service_quota_increase(self, **params: Any) -> dict[str, Any]:
+        if self.increase_error:
+            raise error(self.increase_error, "RequestServiceQuotaIncrease")
+        self.increase_requests.append(params)
+        return {"RequestedQuota": {"Id": "req-1", "Status": "PENDING"}}
+
+
+class FakeSageMaker:
+    def __init__(self, jobs: list[dict[str, Any]]) -> None:
+        self.jobs = {j["TrainingJobName"]: j for j in jobs}
+
+    def get_paginator(self, operation: str) -> Any:
+        fake = self
+
+        class Paginator:
+            def paginate(self, StatusEquals: str) -> Any:
+                matching = [
+                    {"TrainingJobName": n}
+                    for n, j in fake.jobs.items()
+                    if j["TrainingJobStatus"] == StatusEquals
+                ]
+                for item in matching:
+                    yield {"TrainingJobSummaries": [item]}
+
+        return Paginator()
+
+    def describe_training_job(self, TrainingJobName: str) -> dict[str, Any]:
+        return self.jobs[TrainingJobName]
+
+
+def training(
+    name: str, instance_type: str, count: int, status: str = "InProgress", spot: bool = False
+) -> dict[str, Any]:
+    return {
+        "TrainingJobName": name,
+        "TrainingJobStatus": status,
+        "EnableManagedSpotTraining": spot,
+        "ResourceConfig": {"InstanceType": instance_type, "InstanceCount": count, "VolumeSizeInGB": 30},
+    }
+
+
+def document(count: int = 2, spot: bool = False) -> dict[str, Any]:
+    compute: dict[str, Any] = {"instance_count": count, "spot": spot}
+    if spot:
+        compute["max_wait_hours"] = 48
+    spec = validate_spec(
+        {
+            "name": "gpt",
+            "compute": compute,
+            "code": {"source": "s3://code/gpt/"},
+            "data": {"s3_uri": "s3://datasets/x/", "size_gib": 10},
+            "output": {"s3_uri": "s3://results/x/"},
+        }
+    )
+    return {
+        "job": {
+            "job_id": "gpt-0badc0de",
+            "spec": spec.model_dump(mode="json"),
+            "plan": planner.plan(spec).to_dict(),
+        }
+    }
+
+
+def run(
+    doc: dict[str, Any], quotas: FakeQuotas, jobs: list[dict[str, Any]] = (), **env: str
+) -> dict[str, Any]:
+    settings = Settings(region="eu-west-1", extra=dict(env))
+    return quota.check_quota(doc, quotas=quotas, sagemaker=FakeSageMaker(list(jobs)), settings=settings)
+
+
+def test_the_quota_is_found_by_name_on_a_later_page_whatever_its_code():
+    quotas = FakeQuotas(applied={P4D: 8}, defaults={P4D: 0})
+    result = run(document(), quotas)
+    assert result == {
+        "quota_code": quotas.codes[P4D],
+        "quota_name": P4D,
+        "limit": 8.0,
+        "in_use": 0,
+        "requested": 2,
+        "available": 8,
+    }
+
+
+def test_a_quota_never_applied_falls_back_to_the_aws_default():
+    quotas = FakeQuotas(applied={}, defaults={P4D: 4})
+    result = run(document(), quotas)
+    assert (result["limit"], result["available"]) == (4.0, 4)
+
+
+def test_in_use_counts_running_jobs_of_the_same_type_and_kind_only():
+    quotas = FakeQuotas(applied={P4D: 8}, defaults={})
+    jobs = [
+        training("a", "ml.p4d.24xlarge", 3),
+        training("b", "ml.p4d.24xlarge", 2, status="Completed"),
+        training("c", "ml.g5.48xlarge", 4),
+        training("d", "ml.p4d.24xlarge", 1, spot=True),
+        {
+            **training("e", "ml.c5.xlarge", 1),
+            "ResourceConfig": {"InstanceGroups": [{"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2}]},
+        },
+    ]
+    result = run(document(count=3), quotas, jobs)
+    assert (result["in_use"], result["available"]) == (5, 3)
+
+
+def test_spot_runs_count_against_the_spot_quota():
+    quotas = FakeQuotas(applied={P4D: 0, P4D_SPOT: 4}, defaults={})
+    result = run(document(spot=True), quotas, [training("d", "ml.p4d.24xlarge", 1, spot=True)])
+    assert (result["quota_name"], result["in_use"], result["available"]) == (P4D_SPOT, 1, 3)
+
+
+def test_too_many_requested_raises_quota_exceeded_with_the_numbers_and_the_command():
+    quotas = FakeQuotas(applied={P4D: 4}, defaults={})
+    with pytest.raises(QuotaExceeded) as exc:
+        run(document(count=3), quotas, [training("a", "ml.p4d.24xlarge", 2)])
+    code = quotas.codes[P4D]
+    message = exc.value.message
+    assert "3 x ml.p4d.24xlarge requested, 2 in use by running training jobs, quota 4" in message
+    assert f"{code}) in eu-west-1: 2 free" in message
+    assert (
+        "aws service-quotas request-service-quota-increase --service-code sagemaker "
+        f"--quota-code {code} --desired-value 5 --region eu-west-1"
+    ) in message
+    assert exc.value.details["requested"] == 3 and exc.value.details["limit"] == 4.0
+    assert quotas.increase_requests == []
+
+
+def test_with_the_stack_setting_the_increase_is_requested_and_the_error_says_so():
+    quotas = FakeQuotas(applied={P4D: 0}, defaults={})
+    with pytest.raises(QuotaExceeded) as exc:
+        run(document(count=2), quotas, LUSTRAIN_REQUEST_QUOTA_INCREASE="true")
+    assert quotas.increase_requests == [
+        {"ServiceCode": "sagemaker", "QuotaCode": quotas.codes[P4D], "DesiredValue": 2.0}
+    ]
+    assert "an increase to 2 was requested (request req-1, PENDING)" in exc.value.message
+
+
+def test_an_already_open_increase_request_is_reported_not_filed_again():
+    quotas = FakeQuotas(applied={P4D: 0}, defaults={})
+    quotas.increase_error = "ResourceAlreadyExistsException"
+    with pytest.raises(QuotaExceeded, match="already open"):
+        run(document(), quotas, LUSTRAIN_REQUEST_QUOTA_INCREASE="true")
+
+
+def test_a_failed_increase_request_still_ends_in_quota_exceeded_saying_why():
+    quotas = FakeQuotas(applied={P4D: 0}, defaults={})
+    quotas.increase_error = "AccessDeniedException"
+    with pytest.raises(QuotaExceeded, match=r"filing the increase request failed \(AccessDeniedException"):
+        run(document(), quotas, LUSTRAIN_REQUEST_QUOTA_INCREASE="true")
+
+
+def test_an_instance_type_without_a_quota_is_refused_at_compute_instance_type():
+    quotas = FakeQuotas(applied={"ml.g5.48xlarge for training job usage": 1}, defaults={})
+    with pytest.raises(SpecInvalid) as exc:
+        run(document(), quotas)
+    assert [e.path for e in exc.value.errors] == ["compute.instance_type"]
+    assert P4D in exc.value.message and "eu-west-1" in exc.value.message
