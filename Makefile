@@ -6,7 +6,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SPEC   ?= examples/tiny.yaml
 
-.PHONY: run test install lint unit functional e2e bench clean
+.PHONY: run test install lint validate build unit functional e2e bench clean
+
+# aws-sam-cli pins boto3: it gets a virtualenv of its own.
+SAM_VENV := .venv-sam
+SAM      := SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +29,21 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: install lint
+$(SAM_VENV)/bin/sam:
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check aws-sam-cli==1.170.0 2>&1 \
+	  | { grep -v "is ignored: it is neither" || true; }; test $${PIPESTATUS[0]} -eq 0
+
+## The template: cfn-lint, then SAM's own validation.
+validate: install $(SAM_VENV)/bin/sam
+	$(BIN)/cfn-lint template.yaml
+	$(SAM) validate --lint --region us-east-1
+
+## The Lambda bundle for `sam deploy` (python3.12 must be on PATH; pyenv users: PYENV_VERSION=3.11.7:3.12.1).
+build: $(SAM_VENV)/bin/sam
+	$(SAM) build
+
+test: install lint validate
 	$(BIN)/python -m pytest
 
 unit: install
