@@ -1,9 +1,170 @@
-"""The twin's CLI commands: rehearse, local up, local invoke."""
+"""The twin's CLI commands: `rehearse`, `local up`, `local invoke`."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
+
+from lustrain_core.errors import SpecInvalid
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
 def register(sub: Any) -> None:
     """Add the twin's commands to the `lustrain` parser."""
+    r = sub.add_parser("rehearse", help="run a whole job on the local twin (no AWS account needed)")
+    r.add_argument("spec", type=Path)
+    r.add_argument("--json", action="store_true", help="print one JSON object instead of the live display")
+    r.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="STEP:FAULT",
+        help="rehearse a failure, e.g. create_filesystem:fsx-failed, start_training:capacity-error, "
+        "check_quota:quota, start_training:training-error, start_training:stopped, STEP:throttling",
+    )
+    r.add_argument("--quota", type=int, help="the twin account's instance quota for the spec's type")
+    r.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
+    r.set_defaults(command=cmd_rehearse)
+
+    local = sub.add_parser("local", help="the twin as a server, and Docker-free `sam local invoke`")
+    lsub = local.add_subparsers(required=True, metavar="ACTION")
+    up = lsub.add_parser("up", help="serve the twin on 127.0.0.1 so that aws CLI and boto3 work against it")
+    up.add_argument("--port", type=int, default=5000)
+    up.add_argument("--for-seconds", type=float, help="stop after this long (default: until Ctrl-C)")
+    up.set_defaults(command=cmd_local_up)
+    inv = lsub.add_parser("invoke", help="invoke one function of the stack with an event file")
+    inv.add_argument("function", help="the handler's name, e.g. register_job")
+    inv.add_argument(
+        "-e", "--event", type=Path, required=True, help="an event file, e.g. events/register_job.json"
+    )
+    inv.set_defaults(command=cmd_local_invoke)
+
+
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from lustrain.twin import faults
+    from lustrain.twin.rehearse import rehearse
+
+    try:
+        for value in args.inject:
+            faults.parse(value)
+    except faults.FaultSpecInvalid as exc:
+        raise SpecInvalid.one("--inject", args.inject, str(exc)) from None
+    printer = None if args.json else _live_printer()
+    result = rehearse(
+        args.spec, inject=args.inject, quota=args.quota, printer=printer, timeout_s=args.timeout
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        _print_outcome(result)
+    return EXIT_OK if result.status == "SUCCEEDED" and result.resources_left == 0 else EXIT_FAILED
+
+
+def _live_printer() -> Any:
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    return say
+
+
+def _print_outcome(r: Any) -> None:
+    print()
+    print(
+        f"outcome: {r.status} in {r.wall_s:.1f} s ({r.transitions} state transitions, "
+        f"{r.lambda_invocations} Lambda invocations)"
+    )
+    if r.error:
+        print(f"error:   {r.error}: {r.cause}")
+    if r.archive:
+        print(f"archive: {r.archive}")
+        for obj in r.archive_objects:
+            print(f"         {obj['key']:<28} {obj['size']:>10,} bytes")
+    for kept in r.kept:
+        print(f"kept:    {kept} (filesystem.keep: true)")
+    if r.leftovers:
+        print(f"left behind: {', '.join(r.leftovers)}")
+    print(f"{r.resources_left} resources left")
+
+
+def cmd_local_up(args: argparse.Namespace) -> int:
+    import requests
+    from moto.server import ThreadedMotoServer
+
+    from lustrain.twin import patches
+    from lustrain.twin.rehearse import FAST_PARAMETERS, REGION, STACK_NAME, TEMPLATE
+    from lustrain.twin.stack import materialise
+
+    url = f"http://127.0.0.1:{args.port}"
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="twin",
+        AWS_SECRET_ACCESS_KEY="twin",  # noqa: S106 - moto's fake credentials
+        AWS_DEFAULT_REGION=REGION,
+        AWS_REGION=REGION,
+        AWS_ENDPOINT_URL=url,
+        MOTO_PORT=str(args.port),
+    )
+    patches.install()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=args.port, verbose=False)
+    server.start()
+    try:
+        requests.post(
+            f"{url}/moto-api/config", json={"stepfunctions": {"execute_state_machine": True}}, timeout=10
+        )
+        stack = materialise(TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=FAST_PARAMETERS)
+        print(f"lustrain twin serving on {url} (region {REGION}, account 123456789012)")
+        for name, value in sorted(stack.outputs.items()):
+            print(f"  {name:<28} {value}")
+        jobs = stack.outputs.get("JobsBucketName", "<jobs bucket>")
+        print(f"start a run:  aws --endpoint-url {url} s3 cp SPEC.yaml s3://{jobs}/jobs/")
+        print("Ctrl-C stops the twin.", flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        deadline = time.monotonic() + args.for_seconds if args.for_seconds else None
+        try:
+            while not stop.wait(0.5):
+                if deadline and time.monotonic() > deadline:
+                    break
+        except KeyboardInterrupt:
+            pass
+    finally:
+        server.stop()
+    return EXIT_OK
+
+
+def cmd_local_invoke(args: argparse.Namespace) -> int:
+    import boto3
+
+    from lustrain.twin.rehearse import REGION, twin
+
+    try:
+        event = json.loads(args.event.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecInvalid.one("--event", str(args.event), f"not JSON: {exc}") from None
+    with twin() as stack:
+        names = stack.function_names()
+        if args.function not in names:
+            raise SpecInvalid.one(
+                "FUNCTION",
+                args.function,
+                f"not a function of the stack; functions: {', '.join(sorted(names))}",
+            )
+        response = boto3.client("lambda", region_name=REGION).invoke(
+            FunctionName=names[args.function], Payload=json.dumps(event).encode()
+        )
+        payload = response["Payload"].read().decode()
+    try:
+        print(json.dumps(json.loads(payload), indent=2))
+    except json.JSONDecodeError:
+        print(payload)
+    if response.get("FunctionError"):
+        print(f"lustrain: {args.function} failed ({response['FunctionError']})", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

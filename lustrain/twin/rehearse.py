@@ -1,0 +1,424 @@
+"""`lustrain rehearse SPEC`: a whole run on the local twin, as it would happen on AWS.
+
+The real template and state machine definition are materialised on moto, the spec is dropped into the jobs bucket
+(S3 -> EventBridge -> StartExecution, as on AWS), the real handlers run in-process, the training job is a real
+PyTorch run on this machine's CPUs, and at the end every resource the run created is counted: there must be none
+left but what the spec keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import yaml
+from lustrain_core.planner import plan
+from lustrain_core.spec import JobSpec, load_spec_file
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO_ROOT / "template.yaml"
+REGION = "us-east-1"
+STACK_NAME = "lustrain-twin"
+TAG_JOB = "lustrain:job-id"
+#: the twin's account has this many instances of each type unless the run needs more (`--quota` overrides)
+DEFAULT_QUOTA = 8
+
+#: Template parameters that shrink AWS's minutes to the twin's seconds.
+FAST_PARAMETERS: dict[str, str] = {
+    "FilesystemPollInitialSeconds": "1",
+    "FilesystemPollMaxSeconds": "2",
+    "RetryIntervalSeconds": "1",
+    "TeardownRetryIntervalSeconds": "1",
+    "TeardownRetryMaxDelaySeconds": "2",
+    "TrainingHeartbeatSeconds": "300",
+    "TrainingTimeoutSeconds": "900",
+    "LogLevel": "WARNING",
+}
+
+Printer = Callable[[str], None]
+
+
+@dataclass
+class StateRun:
+    name: str
+    started_s: float
+    seconds: float | None = None
+    outcome: str = "running"
+
+
+@dataclass
+class Rehearsal:
+    status: str
+    error: str | None
+    cause: str | None
+    job_id: str | None
+    execution_arn: str | None
+    archive: str | None
+    archive_objects: list[dict[str, Any]]
+    resources_left: int
+    leftovers: list[str]
+    kept: list[str]
+    transitions: int
+    lambda_invocations: int
+    wall_s: float
+    states: list[StateRun] = field(default_factory=list)
+    training_log_tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@contextlib.contextmanager
+def twin(parameters: dict[str, str] | None = None) -> Iterator[Any]:
+    """moto with the twin's patches, executing state machines for real, and the stack materialised."""
+    from moto import mock_aws
+
+    from lustrain.twin import faults, patches, simulator
+    from lustrain.twin.stack import materialise
+
+    saved = dict(os.environ)
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="twin",
+        AWS_SECRET_ACCESS_KEY="twin",  # noqa: S106 - moto's fake credentials
+        AWS_DEFAULT_REGION=REGION,
+        AWS_REGION=REGION,
+    )
+    for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        os.environ.pop(var, None)
+    patches.install()
+    faults.clear()
+    simulator.reset()
+    from lustrain_core import clients
+
+    clients.reset()
+    try:
+        with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+            stack = materialise(
+                TEMPLATE,
+                stack_name=STACK_NAME,
+                region=REGION,
+                parameters={**FAST_PARAMETERS, **(parameters or {})},
+            )
+            yield stack
+            simulator.wait_all(timeout=60)
+            _drain_events()
+    finally:
+        faults.clear()
+        clients.reset()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _drain_events(timeout: float = 30) -> None:
+    from lustrain.twin.patches import eventbridge
+
+    eventbridge.drain(timeout)
+
+
+def rehearse(
+    spec_path: str | Path,
+    *,
+    inject: list[str] | None = None,
+    quota: int | None = None,
+    printer: Printer | None = None,
+    timeout_s: float = 600,
+    parameters: dict[str, str] | None = None,
+) -> Rehearsal:
+    """Rehearse one run; raises SpecInvalid before anything starts if the spec or its plan is invalid."""
+    from lustrain.twin import faults, simulator
+    from lustrain.twin.patches import service_quotas
+
+    say = printer or (lambda line: None)
+    spec = load_spec_file(spec_path)
+    the_plan = plan(spec)
+    parsed = [faults.parse(f) for f in inject or []]
+    started = time.monotonic()
+    with twin(parameters) as stack:
+        service_quotas.set_quota(
+            spec.compute.instance_type,
+            quota if quota is not None else max(DEFAULT_QUOTA, spec.compute.instance_count),
+            REGION,
+        )
+        for fault in parsed:
+            faults.inject(fault.step, fault.fault)
+        say(f"twin: stack {stack.name} materialised from template.yaml ({len(stack.resources)} resources)")
+        say(
+            f"plan: {spec.compute.instance_count} x {spec.compute.instance_type}, "
+            f"{the_plan.filesystem.deployment_type} {the_plan.filesystem.storage_gib} GiB, "
+            f"/{the_plan.network.subnet_prefix_length} subnet, up to ${the_plan.cost.total_usd:,.2f}"
+        )
+        _ensure_data(spec, say)
+        _ensure_bucket(_bucket_of(spec.output.s3_uri))
+        doc = _submittable(spec, Path(spec_path).parent, stack.outputs, say)
+        log_tail: list[str] = []
+        unsubscribe = simulator.subscribe(_training_printer(say, log_tail))
+        try:
+            execution_arn = _drop_spec(stack, doc, say)
+            states, history, description = _watch(execution_arn, say, started, timeout_s)
+            simulator.wait_all(timeout=120)
+            _drain_events()
+        finally:
+            unsubscribe()
+        output = json.loads(description.get("output") or "{}")
+        job_id = _job_id(history)
+        archive, objects = _archive(stack, job_id)
+        leftovers, kept = _resources_left(job_id, spec)
+        status = description["status"]
+        result = Rehearsal(
+            status=status,
+            error=description.get("error") or output.get("error"),
+            cause=description.get("cause") or output.get("cause"),
+            job_id=job_id,
+            execution_arn=execution_arn,
+            archive=archive,
+            archive_objects=objects,
+            resources_left=len(leftovers),
+            leftovers=leftovers,
+            kept=kept,
+            transitions=sum(1 for e in history if e["type"].endswith("StateEntered")),
+            lambda_invocations=sum(
+                1 for e in history if e["type"] in ("LambdaFunctionScheduled", "TaskScheduled")
+            ),
+            wall_s=round(time.monotonic() - started, 1),
+            states=states,
+            training_log_tail=log_tail[-5:],
+        )
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- the steps
+
+
+def _bucket_of(uri: str) -> str:
+    return uri.removeprefix("s3://").split("/", 1)[0]
+
+
+def _key_of(uri: str) -> str:
+    rest = uri.removeprefix("s3://").split("/", 1)
+    return rest[1] if len(rest) > 1 else ""
+
+
+def _ensure_bucket(name: str) -> None:
+    s3 = boto3.client("s3", region_name=REGION)
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+        s3.create_bucket(Bucket=name)
+
+
+def _ensure_data(spec: JobSpec, say: Printer) -> None:
+    """An empty data prefix is filled with token shards of Python's standard library (cached between runs)."""
+    bucket, prefix = _bucket_of(spec.data.s3_uri), _key_of(spec.data.s3_uri)
+    _ensure_bucket(bucket)
+    s3 = boto3.client("s3", region_name=REGION)
+    if s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
+        return
+    shards = example_shards()
+    for path in sorted(shards.iterdir()):
+        s3.upload_file(str(path), bucket, prefix + path.name)
+    size = sum(p.stat().st_size for p in shards.iterdir())
+    say(
+        f"data: {spec.data.s3_uri} was empty: uploaded the stdlib corpus as token shards ({size / 2**20:.1f} MiB)"
+    )
+
+
+def example_shards(max_bytes: str = "3MiB") -> Path:
+    """Token shards of the standard library's source, made once per Python version and kept under .lustrain/."""
+    cache = (
+        REPO_ROOT
+        / ".lustrain"
+        / "cache"
+        / f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{max_bytes}"
+    )
+    if not (cache / "index.json").exists():
+        from lustrain_trainer import prepare
+
+        with tempfile.TemporaryDirectory(
+            dir=cache.parent.parent if cache.parent.parent.exists() else None
+        ) as tmp:
+            out = Path(tmp) / "shards"
+            code = prepare.main(["stdlib", str(out), "--glob", "**/*.py", "--max-bytes", max_bytes])
+            if code != 0:
+                raise RuntimeError(f"preparing the example data failed (exit {code})")
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            out.rename(cache)
+    return cache
+
+
+def _submittable(spec: JobSpec, base: Path, outputs: dict[str, str], say: Printer) -> dict[str, Any]:
+    """What the CLI uploads: a local code.source goes to the artifacts bucket first, as `lustrain submit` does."""
+    doc = spec.model_dump(mode="json", exclude_none=False)
+    source = spec.code.source
+    if not source.startswith("s3://"):
+        local = (base / source) if not Path(source).is_absolute() else Path(source)
+        if not local.is_dir():
+            local = REPO_ROOT / source
+        bucket = outputs.get("ArtifactsBucketName") or next(v for k, v in outputs.items() if "Artifact" in k)
+        doc["code"]["source"] = upload_code_dir(local, bucket, spec.name)
+        say(f"code: {source} uploaded to {doc['code']['source']}")
+    return doc
+
+
+def upload_code_dir(local: Path, bucket: str, name: str) -> str:
+    """Upload a local code directory under a content-hash prefix; returns its s3:// URI."""
+    files = sorted(
+        p
+        for p in local.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
+    )
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(str(p.relative_to(local)).encode() + b"\0" + p.read_bytes())
+    prefix = f"uploads/{name}/{digest.hexdigest()[:16]}/"
+    s3 = boto3.client("s3", region_name=REGION)
+    for p in files:
+        s3.upload_file(str(p), bucket, prefix + str(p.relative_to(local)))
+    return f"s3://{bucket}/{prefix}"
+
+
+def _drop_spec(stack: Any, doc: dict[str, Any], say: Printer) -> str:
+    """Drop the spec into the jobs bucket and wait for the execution EventBridge starts."""
+    jobs_bucket = stack.outputs.get("JobsBucketName") or next(
+        v for k, v in stack.outputs.items() if "Jobs" in k
+    )
+    machine = stack.outputs.get("StateMachineArn") or next(
+        r.ref for r in stack.resources.values() if r.type == "AWS::Serverless::StateMachine"
+    )
+    key = f"jobs/{doc['name']}.yaml"
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=jobs_bucket, Key=key, Body=yaml.safe_dump(doc).encode()
+    )
+    say(f"drop: s3://{jobs_bucket}/{key} -> EventBridge 'Object Created' -> StartExecution")
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        runs = sfn.list_executions(stateMachineArn=machine)["executions"]
+        if runs:
+            return str(runs[0]["executionArn"])
+        time.sleep(0.05)
+    raise RuntimeError(
+        "no execution started within 30 s of the drop: is the jobs rule wired to the state machine?"
+    )
+
+
+def _watch(
+    execution_arn: str, say: Printer, started: float, timeout_s: float
+) -> tuple[list[StateRun], list[dict[str, Any]], dict[str, Any]]:
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    seen = 0
+    states: list[StateRun] = []
+    open_states: dict[str, StateRun] = {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        history = _history(sfn, execution_arn)
+        for event in history[seen:]:
+            now = time.monotonic() - started
+            kind = event["type"]
+            details = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
+            if kind.endswith("StateEntered"):
+                run = StateRun(details.get("name", "?"), round(now, 1))
+                states.append(run)
+                open_states[run.name] = run
+                say(f"{now:6.1f}s  > {run.name}")
+            elif kind.endswith("StateExited"):
+                run = open_states.pop(details.get("name", "?"), StateRun("?", now))
+                run.seconds, run.outcome = round(now - run.started_s, 1), "ok"
+            elif kind in ("TaskFailed", "LambdaFunctionFailed", "ExecutionFailed", "TaskTimedOut"):
+                say(f"{now:6.1f}s  ! {details.get('error', kind)}: {_short(details.get('cause'))}")
+        seen = len(history)
+        description = sfn.describe_execution(executionArn=execution_arn)
+        if description["status"] != "RUNNING":
+            return states, _history(sfn, execution_arn), description
+        if time.monotonic() > deadline:
+            sfn.stop_execution(
+                executionArn=execution_arn, error="RehearsalTimeout", cause=f"over {timeout_s} s"
+            )
+        time.sleep(0.2)
+
+
+def _history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn):
+        events += page["events"]
+    return events
+
+
+def _short(text: Any, limit: int = 160) -> str:
+    text = str(text or "")
+    with contextlib.suppress(ValueError, TypeError):
+        text = json.loads(text).get("errorMessage", text)
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _training_printer(say: Printer, tail: list[str]) -> Callable[..., None]:
+    def on_line(*args: Any) -> None:
+        line = str(args[-1]).rstrip()
+        tail.append(line)
+        if "step=" in line or "error" in line.lower():
+            say(f"          | {line}")
+
+    return on_line
+
+
+def _job_id(history: list[dict[str, Any]]) -> str | None:
+    for event in history:
+        details = event.get("stateExitedEventDetails") or {}
+        if details.get("name") and details.get("output"):
+            with contextlib.suppress(ValueError, AttributeError):
+                job = json.loads(details["output"]).get("job") or {}
+                if job.get("job_id"):
+                    return str(job["job_id"])
+    return None
+
+
+def _archive(stack: Any, job_id: str | None) -> tuple[str | None, list[dict[str, Any]]]:
+    if not job_id:
+        return None, []
+    bucket = stack.outputs.get("ArtifactsBucketName") or next(
+        v for k, v in stack.outputs.items() if "Artifact" in k
+    )
+    prefix = f"{stack.parameters.get('ArchivePrefix', 'archive/')}{job_id}/"
+    s3 = boto3.client("s3", region_name=REGION)
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    if not listed:
+        return None, []
+    objects = [{"key": o["Key"][len(prefix) :], "size": o["Size"]} for o in listed]
+    return f"s3://{bucket}/{prefix}", objects
+
+
+def _resources_left(job_id: str | None, spec: JobSpec) -> tuple[list[str], list[str]]:
+    """Everything tagged with the job id that still exists (and is not kept on purpose), across services."""
+    if not job_id:
+        return [], []
+    ec2 = boto3.client("ec2", region_name=REGION)
+    tag = [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}]
+    left: list[str] = []
+    left += [v["VpcId"] for v in ec2.describe_vpcs(Filters=tag)["Vpcs"]]
+    left += [s["SubnetId"] for s in ec2.describe_subnets(Filters=tag)["Subnets"]]
+    left += [g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]]
+    left += [r["RouteTableId"] for r in ec2.describe_route_tables(Filters=tag)["RouteTables"]]
+    left += [
+        e["VpcEndpointId"]
+        for e in ec2.describe_vpc_endpoints(Filters=tag)["VpcEndpoints"]
+        if e.get("State", "").lower() not in ("deleted", "deleting")
+    ]
+    kept: list[str] = []
+    fsx = boto3.client("fsx", region_name=REGION)
+    for fs in fsx.describe_file_systems()["FileSystems"]:
+        tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
+        if tags.get(TAG_JOB) == job_id and fs.get("Lifecycle") != "DELETING":
+            (kept if spec.filesystem.keep else left).append(fs["FileSystemId"])
+    sm = boto3.client("sagemaker", region_name=REGION)
+    for job in sm.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"]:
+        if job["TrainingJobName"].startswith(spec.name + "-"):
+            left.append(job["TrainingJobName"])
+    return left, kept
