@@ -133,10 +133,16 @@ def rehearse(
     printer: Printer | None = None,
     timeout_s: float = 600,
     parameters: dict[str, str] | None = None,
+    fsx_timing: dict[str, Any] | None = None,
+    inspect: Callable[[Any, Rehearsal], None] | None = None,
 ) -> Rehearsal:
-    """Rehearse one run; raises SpecInvalid before anything starts if the spec or its plan is invalid."""
+    """Rehearse one run; raises SpecInvalid before anything starts if the spec or its plan is invalid.
+
+    `fsx_timing` is passed to the twin's `fsx.configure` (default: AVAILABLE at the first poll).
+    `inspect(stack, result)` runs before the twin goes away, for benchmarks that read more of it.
+    """
     from lustrain.twin import faults, simulator
-    from lustrain.twin.patches import service_quotas
+    from lustrain.twin.patches import fsx, service_quotas
 
     say = printer or (lambda line: None)
     spec = load_spec_file(spec_path)
@@ -149,6 +155,7 @@ def rehearse(
             quota if quota is not None else max(DEFAULT_QUOTA, spec.compute.instance_count),
             REGION,
         )
+        fsx.configure(**(fsx_timing or {"polls": 1}))
         for fault in parsed:
             faults.inject(fault.step, fault.fault)
         say(f"twin: stack {stack.name} materialised from template.yaml ({len(stack.resources)} resources)")
@@ -193,6 +200,8 @@ def rehearse(
             states=states,
             training_log_tail=log_tail[-5:],
         )
+        if inspect is not None:
+            inspect(stack, result)
     return result
 
 

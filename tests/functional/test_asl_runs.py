@@ -46,7 +46,7 @@ FUNCTIONS = {
 }
 
 #: The production poll schedule (template defaults): 30 s doubling to 5 min.
-PRODUCTION_POLL = {"initial_seconds": 30, "max_seconds": 300}
+PRODUCTION_POLL = {"initial_seconds": 60, "max_seconds": 300}
 
 
 def render(substitutions: dict[str, Any]) -> str:
@@ -310,8 +310,8 @@ def test_happy_path_stays_within_budget_for_a_ten_minute_file_system(machine: Ma
     assert summary["started_at"] and summary["finished_at"]
     assert summary["teardown"]["deleted"] == ["fs-0123456789abcdef0", "vpc-1"]
     assert summary["notify"]["outcome"] == "succeeded"
-    # 30 s doubling to 5 min: polls at 30, 90, 210, 450, 750 s -> AVAILABLE on the 5th.
-    assert len(SCENARIO.called("check_filesystem")) == 5
+    # 60 s doubling to 5 min: polls at 60, 180, 420, 720 s -> AVAILABLE on the 4th (this stub has no links).
+    assert len(SCENARIO.called("check_filesystem")) == 4
     assert len(entered(run)) <= 30, entered(run)
     assert lambda_calls(run) <= 15
     assert "Tear down after failure" not in entered(run)
@@ -432,7 +432,7 @@ def test_teardown_incomplete_is_retried_until_the_network_interfaces_drain(machi
     "machine", [{"initial_seconds": 1, "max_seconds": 1, "max_polls": 36}], indirect=True
 )
 def test_the_poll_loop_waits_what_the_handler_asks_then_continues(machine: Machine) -> None:
-    SCENARIO.available_after_s = 60  # the 2nd poll, on the production schedule (30 + 60 s)
+    SCENARIO.available_after_s = 120  # the 2nd poll, on the production schedule (60 + 120 s)
     SCENARIO.real_wait_s = None  # wait what the handler computes from the poll settings: 1 s
     SCENARIO.training = ("success", TRAINING_OUTPUT)
 

@@ -45,6 +45,19 @@ def until_ready(document: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+def test_the_poll_wait_doubles_while_nothing_changes_and_restarts_on_progress(aws):
+    from lustrain.twin.patches import fsx as twin_fsx
+
+    twin_fsx.configure(polls=3)
+    document = prepared()
+    document["filesystem"] = invoke("create_filesystem", document)
+    checks = until_ready(document)
+    waits = [c["wait_seconds"] for c in checks]
+    # two polls with nothing new (10, 20), AVAILABLE restarts at 5, then the links' own wait grows again
+    assert waits[:3] == [10, 20, 5], waits
+    assert max(waits) <= POLL["max_seconds"]
+
+
 def test_the_planned_scratch_file_system_is_created_linked_and_polled_until_ready(aws):
     document = prepared()
     created = invoke("create_filesystem", document)
@@ -56,7 +69,8 @@ def test_the_planned_scratch_file_system_is_created_linked_and_polled_until_read
         5,
     )
     checks = until_ready(document)
-    assert [c["wait_seconds"] for c in checks] == [10, 20, 20, 20][: len(checks)]
+    # still CREATING (doubles), AVAILABLE with links made (restarts), links CREATING (doubles), all ready
+    assert [c["wait_seconds"] for c in checks] == [10, 5, 10, 5]
     assert [c["polls"] for c in checks] == list(range(1, len(checks) + 1))
 
     described = fsx().describe_file_systems(FileSystemIds=[created["file_system_id"]])["FileSystems"][0]

@@ -186,7 +186,7 @@ def test_the_wait_doubles_from_initial_up_to_max():
 
 
 def test_poll_settings_default_when_absent_and_come_from_the_payload():
-    assert fs.poll_settings({}) == {"initial_seconds": 30, "max_seconds": 300, "max_polls": 120}
+    assert fs.poll_settings({}) == {"initial_seconds": 60, "max_seconds": 300, "max_polls": 120}
     assert fs.poll_settings({"poll": {"initial_seconds": 1, "max_seconds": 4}})["max_seconds"] == 4
 
 

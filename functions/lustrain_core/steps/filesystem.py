@@ -54,7 +54,7 @@ LUSTRE_VERSION = "2.15"
 FAILED_LIFECYCLES = frozenset({"FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"})
 ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
 
-DEFAULT_POLL = {"initial_seconds": 30, "max_seconds": 300, "max_polls": 120}
+DEFAULT_POLL = {"initial_seconds": 60, "max_seconds": 300, "max_polls": 120}
 
 
 def directory_path(mount_name: str, mount_path: str) -> str:
@@ -348,7 +348,7 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
             _note_export(ddb, settings, job, fs["FileSystemId"], links.output_path)
         ready = links.output_path is None
         return _result(
-            job, fs, created=False, polls=0, wait_seconds=next_wait(0, poll), links=[], ready=ready
+            job, fs, created=False, polls=0, wait_seconds=0 if ready else next_wait(0, poll), links=[], ready=ready
         )
 
     existing = find_by_tag(fsx, job.job_id, settings.stack_name)
@@ -477,12 +477,23 @@ def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: 
             file_system_id=fs_id,
             lifecycle=fs.get("Lifecycle"),
         )
-    return _result(
+    # The wait doubles while nothing changes; progress (the file system turning AVAILABLE, a new link) restarts
+    # it at the initial wait, so a link created on this poll is seen seconds after it is ready, not minutes.
+    progressed = fs.get("Lifecycle") != previous.get("file_system_lifecycle") or _link_states(links) != _link_states(
+        previous.get("links") or []
+    )
+    backoff = 0 if progressed else int(previous.get("backoff", polls - 1)) + 1
+    result = _result(
         job,
         fs,
         created=bool(previous.get("created")),
         polls=polls,
-        wait_seconds=next_wait(polls, poll),
+        wait_seconds=next_wait(backoff, poll),
         links=links,
         ready=ready,
     )
+    return {**result, "backoff": backoff}
+
+
+def _link_states(links: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    return [(link.get("path"), link.get("lifecycle")) for link in links]

@@ -93,19 +93,32 @@ class Timing:
 
 
 _timing = Timing()
+#: associations and data repository tasks: by default as fast as file systems (see `configure`)
+_link_timing = Timing()
 
 
-def configure(polls: int | None = 2, seconds: float | None = None) -> None:
-    """Set how fast lifecycles move: after `polls` describe calls of a resource, or `seconds`, per state."""
-    if polls is None and seconds is None:
-        raise ValueError(
-            "configure needs polls or seconds: with neither, nothing would ever become AVAILABLE"
-        )
-    if polls is not None and polls < 0:
-        raise ValueError(f"polls must be >= 0 (got {polls})")
-    if seconds is not None and seconds < 0:
-        raise ValueError(f"seconds must be >= 0 (got {seconds})")
-    _timing.polls, _timing.seconds = polls, seconds
+def configure(
+    polls: int | None = 2,
+    seconds: float | None = None,
+    *,
+    link_polls: int | None = None,
+    link_seconds: float | None = None,
+) -> None:
+    """Set how fast lifecycles move: after `polls` describe calls of a resource, or `seconds`, per state.
+
+    Associations and tasks follow `link_polls` / `link_seconds` when either is given, else the same timing:
+    on AWS a file system takes minutes to create while its associations often take less.
+    """
+    for timing, p, s in ((_timing, polls, seconds), (_link_timing, link_polls, link_seconds)):
+        if timing is _link_timing and p is None and s is None:
+            p, s = polls, seconds
+        if p is None and s is None:
+            raise ValueError("configure needs polls or seconds: with neither, nothing would ever become AVAILABLE")
+        if p is not None and p < 0:
+            raise ValueError(f"polls must be >= 0 (got {p})")
+        if s is not None and s < 0:
+            raise ValueError(f"seconds must be >= 0 (got {s})")
+        timing.polls, timing.seconds = p, s
 
 
 @dataclass
@@ -116,6 +129,7 @@ class Clock:
     index: int = 0
     polls: int = 0
     entered: float = field(default_factory=time.monotonic)
+    timing: Timing = field(default_factory=lambda: _timing)
 
     @property
     def state(self) -> str:
@@ -127,8 +141,9 @@ class Clock:
     def observe(self) -> str:
         self.polls += 1
         if self.index < len(self.path) - 1:
-            polled = _timing.polls is not None and self.polls >= _timing.polls
-            waited = _timing.seconds is not None and time.monotonic() - self.entered >= _timing.seconds
+            t = self.timing
+            polled = t.polls is not None and self.polls >= t.polls
+            waited = t.seconds is not None and time.monotonic() - self.entered >= t.seconds
             if polled or waited:
                 self.index += 1
                 self.polls, self.entered = 0, time.monotonic()
@@ -238,7 +253,7 @@ class Association:
     s3: dict[str, Any]
     association_id: str = field(default_factory=lambda: _aws_id("dra"))
     creation_time: float = field(default_factory=time.time)
-    clock: Clock = field(default_factory=lambda: Clock(("CREATING", "AVAILABLE")))
+    clock: Clock = field(default_factory=lambda: Clock(("CREATING", "AVAILABLE"), timing=_link_timing))
 
     @property
     def resource_arn(self) -> str:
@@ -274,7 +289,9 @@ class Task:
     creation_time: float = field(default_factory=time.time)
     start_time: float | None = None
     end_time: float | None = None
-    clock: Clock = field(default_factory=lambda: Clock(("PENDING", "EXECUTING", "SUCCEEDED")))
+    clock: Clock = field(
+        default_factory=lambda: Clock(("PENDING", "EXECUTING", "SUCCEEDED"), timing=_link_timing)
+    )
 
     @property
     def resource_arn(self) -> str:

@@ -1,0 +1,88 @@
+"""Benchmark: what the control plane costs and how fast it reacts, from one rehearsal on the twin.
+
+The file system takes 10 simulated minutes to become AVAILABLE. The twin runs AWS's minutes at SCALE times
+speed: the state machine's poll waits (60 s doubling to 5 min in production) are passed as 1/SCALE of that
+through the template's parameters, and FSx becomes AVAILABLE after 600/SCALE real seconds. Figures in
+simulated seconds are real seconds x SCALE.
+
+Prints, then ends with `transitions=`, `lambda_invocations=`, `cost_usd=` and `available_to_start_s=`:
+- state transitions and Lambda invocations of the successful run (targets <= 30 and <= 15);
+- the control plane's cost per run at list prices: Step Functions transitions, Lambda requests and
+  Lambda GB-seconds (from the REPORT lines the functions log, as AWS bills them);
+- the time from FSx AVAILABLE to CreateTrainingJob (target: at most one poll interval, 300 s).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from lustrain.twin.rehearse import REGION, rehearse
+
+SCALE = 30
+FS_CREATION_S = 600
+PRODUCTION_POLL = {"initial": 60, "max": 300}
+SFN_PER_TRANSITION = 0.025 / 1000
+LAMBDA_PER_REQUEST = 0.20 / 1_000_000
+LAMBDA_ARM_PER_GB_S = 0.0000133334
+SPEC = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "quick.yaml"
+
+
+def main() -> int:
+    figures: dict[str, Any] = {}
+    run = rehearse(
+        SPEC,
+        parameters={
+            "FilesystemPollInitialSeconds": str(PRODUCTION_POLL["initial"] // SCALE),
+            "FilesystemPollMaxSeconds": str(PRODUCTION_POLL["max"] // SCALE),
+        },
+        # the associations are made once the file system is AVAILABLE and are ready by the next poll
+        fsx_timing={"polls": None, "seconds": FS_CREATION_S / SCALE, "link_polls": 1},
+        inspect=lambda stack, result: figures.update(_inspect(stack)),
+    )
+    if run.status != "SUCCEEDED":
+        print(f"the rehearsal failed: {run.error}: {run.cause}", file=sys.stderr)
+        return 1
+    gb_s = figures["gb_s"]
+    cost = run.transitions * SFN_PER_TRANSITION + run.lambda_invocations * LAMBDA_PER_REQUEST + gb_s * LAMBDA_ARM_PER_GB_S
+    # FSx starts its clock when CreateFileSystem returns, inside "Create the file system"
+    fs_available = _state_time(run, "Create the file system", end=True) + FS_CREATION_S / SCALE
+    available_to_start = (_state_time(run, "Start the training job") - fs_available) * SCALE
+    polls = sum(1 for s in run.states if s.name == "Check the file system")
+    print(f"rehearsal: {run.status} in {run.wall_s:.1f} s real, file system AVAILABLE after {FS_CREATION_S} s simulated")
+    print(f"file-system polls: {polls} (waits {PRODUCTION_POLL['initial']} s doubling to {PRODUCTION_POLL['max']} s)")
+    print(f"state transitions: {run.transitions} (target <= 30)")
+    print(f"Lambda invocations: {run.lambda_invocations} (target <= 15)")
+    print(f"Lambda compute: {gb_s:.3f} GB-s (arm64)")
+    print(f"control-plane cost per run: ${cost:.6f} at list prices")
+    print(f"FSx AVAILABLE -> CreateTrainingJob: {available_to_start:.0f} s simulated (target <= {PRODUCTION_POLL['max']})")
+    print(f"transitions={run.transitions}")
+    print(f"lambda_invocations={run.lambda_invocations}")
+    print(f"cost_usd={cost:.6f}")
+    print(f"available_to_start_s={available_to_start:.0f}")
+    return 0
+
+
+def _inspect(stack: Any) -> dict[str, float]:
+    """Lambda GB-seconds, from the REPORT lines each invocation logs (what AWS bills)."""
+    logs = boto3.client("logs", region_name=REGION)
+    gb_s = 0.0
+    for group in logs.describe_log_groups(logGroupNamePrefix="/aws/lambda/")["logGroups"]:
+        for event in logs.filter_log_events(logGroupName=group["logGroupName"], filterPattern="REPORT")["events"]:
+            m = re.search(r"Duration: ([\d.]+) ms\tMemory Size: (\d+) MB", event["message"])
+            if m:
+                gb_s += float(m.group(1)) / 1000 * int(m.group(2)) / 1024
+    return {"gb_s": gb_s}
+
+
+def _state_time(run: Any, name: str, end: bool = False) -> float:
+    state = next(s for s in run.states if s.name == name)
+    return float(state.started_s + (state.seconds or 0.0 if end else 0.0))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The real state machine definition, executing the real handlers on the twin, with a real (tiny) training run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lustrain.cli import main
+from lustrain.twin.rehearse import rehearse
+
+pytestmark = pytest.mark.slow
+
+QUICK = Path(__file__).with_name("quick.yaml")
+
+
+def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind():
+    run = rehearse(QUICK)
+
+    assert run.status == "SUCCEEDED", (run.error, run.cause)
+    assert run.resources_left == 0, run.leftovers
+    archived = {o["key"] for o in run.archive_objects}
+    assert {"model.tar.gz", "manifest.json", "describe_training_job.json", "final_metrics.json"} <= archived
+    entered = [s.name for s in run.states]
+    assert entered[0] == "Register the job" and "Start the training job" in entered
+    assert "Tear down the run" in entered
+    assert any("train_loss=" in line for line in run.training_log_tail)
+    assert run.transitions <= 30 and run.lambda_invocations <= 15
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ("create_filesystem:fsx-failed", "FileSystemFailed"),
+        ("check_quota:quota", "QuotaExceeded"),
+        ("start_training:capacity-error", "CapacityError"),
+        ("start_training:training-error", "TrainingFailed"),
+        ("start_training:stopped", "TrainingStopped"),
+    ],
+)
+def test_every_injected_fault_fails_the_run_by_name_and_leaves_nothing(fault, error):
+    run = rehearse(QUICK, inject=[fault])
+
+    assert run.status == "FAILED"
+    assert run.error == error, run.cause
+    assert run.resources_left == 0, run.leftovers
+
+
+@pytest.mark.parametrize("step", ["create_network", "upload_code", "start_training", "teardown"])
+def test_throttling_that_clears_on_retry_still_succeeds(step):
+    run = rehearse(QUICK, inject=[f"{step}:throttling"])
+
+    assert run.status == "SUCCEEDED", (run.error, run.cause)
+    assert run.resources_left == 0
+
+
+def test_rehearse_json_reports_what_a_user_checks(capsys):
+    code = main(["rehearse", str(QUICK), "--json", "--inject", "start_training:capacity-error"])
+
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    for key in ("status", "error", "resources_left", "archive", "transitions", "lambda_invocations", "wall_s"):
+        assert key in out
+    assert out["status"] == "FAILED" and out["error"] == "CapacityError" and out["resources_left"] == 0
+
+
+def test_an_invalid_spec_exits_2_before_anything_runs(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: quick\ndata: {s3_uri: s3://bkt/d/}\noutput: {s3_uri: s3://bkt/o/}\ncompute: {spot: 1x}\n")
+    assert main(["rehearse", str(bad)]) == 2
+    assert "compute.spot" in capsys.readouterr().err
+
+
+def test_an_unknown_fault_is_a_usage_error(capsys):
+    assert main(["rehearse", str(QUICK), "--inject", "check_quota:meteor"]) == 2
+    assert "unknown fault" in capsys.readouterr().err
