@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from lustrain_core.errors import LustrainError, SpecInvalid
 from lustrain_core.planner import Plan, plan
 from lustrain_core.prices import PriceTable
@@ -35,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LustrainError as exc:
         print(f"lustrain: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except (BotoCoreError, ClientError) as exc:
+        print(f"lustrain: AWS call failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schema", help="print the job spec's JSON Schema (for yaml-language-server)")
     s.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     s.set_defaults(command=cmd_schema)
+
+    sb = sub.add_parser("submit", help="start a run on a deployed stack: drop the spec into its jobs bucket")
+    sb.add_argument("spec", type=Path)
+    where = sb.add_mutually_exclusive_group(required=True)
+    where.add_argument("--stack", help="the deployed stack's name (its outputs name the buckets)")
+    where.add_argument("--jobs-bucket", help="the jobs bucket, named directly (with --artifacts-bucket)")
+    sb.add_argument("--artifacts-bucket", help="where a local code.source is uploaded (with --jobs-bucket)")
+    sb.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
+    sb.set_defaults(command=cmd_submit)
 
     d = sub.add_parser("data", help="prepare training data").add_subparsers(required=True, metavar="ACTION")
     dp = d.add_parser(
@@ -102,6 +115,26 @@ def cmd_schema(args: argparse.Namespace) -> int:
         args.output.write_text(text + "\n")
     else:
         print(text)
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    import boto3
+
+    from lustrain.submit import stack_buckets, submit
+
+    session = boto3.Session(region_name=args.region) if args.region else boto3.Session()
+    if args.stack:
+        jobs, artifacts = stack_buckets(args.stack, session)
+    elif not args.artifacts_bucket:
+        raise SpecInvalid.one("--artifacts-bucket", None, "is required with --jobs-bucket")
+    else:
+        jobs, artifacts = args.jobs_bucket, args.artifacts_bucket
+    done = submit(args.spec, jobs_bucket=jobs, artifacts_bucket=artifacts, session=session)
+    if done.code_s3_uri:
+        print(f"code uploaded to {done.code_s3_uri}")
+    print(f"spec dropped at {done.spec_s3_uri} (estimated at most ${done.estimated_cost_usd:,.2f})")
+    print("the jobs rule starts the state machine; watch it in the Step Functions console")
     return EXIT_OK
 
 

@@ -9,7 +9,6 @@ left but what the spec keeps.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -24,6 +23,8 @@ import boto3
 import yaml
 from lustrain_core.planner import plan
 from lustrain_core.spec import JobSpec, load_spec_file
+
+from lustrain.submit import upload_code_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO_ROOT / "template.yaml"
@@ -258,7 +259,12 @@ def example_shards(max_bytes: str = "3MiB") -> Path:
             if code != 0:
                 raise RuntimeError(f"preparing the example data failed (exit {code})")
             cache.parent.mkdir(parents=True, exist_ok=True)
-            out.rename(cache)
+            try:
+                out.rename(cache)
+            except OSError:
+                # another process (a parallel test worker) made the same shards first: theirs are as good
+                if not (cache / "index.json").exists():
+                    raise
     return cache
 
 
@@ -271,26 +277,9 @@ def _submittable(spec: JobSpec, base: Path, outputs: dict[str, str], say: Printe
         if not local.is_dir():
             local = REPO_ROOT / source
         bucket = outputs.get("ArtifactsBucketName") or next(v for k, v in outputs.items() if "Artifact" in k)
-        doc["code"]["source"] = upload_code_dir(local, bucket, spec.name)
+        doc["code"]["source"] = upload_code_dir(local, bucket, spec.name, boto3.Session(region_name=REGION))
         say(f"code: {source} uploaded to {doc['code']['source']}")
     return doc
-
-
-def upload_code_dir(local: Path, bucket: str, name: str) -> str:
-    """Upload a local code directory under a content-hash prefix; returns its s3:// URI."""
-    files = sorted(
-        p
-        for p in local.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
-    )
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(str(p.relative_to(local)).encode() + b"\0" + p.read_bytes())
-    prefix = f"uploads/{name}/{digest.hexdigest()[:16]}/"
-    s3 = boto3.client("s3", region_name=REGION)
-    for p in files:
-        s3.upload_file(str(p), bucket, prefix + str(p.relative_to(local)))
-    return f"s3://{bucket}/{prefix}"
 
 
 def _drop_spec(stack: Any, doc: dict[str, Any], say: Printer) -> str:

@@ -1,0 +1,73 @@
+"""`lustrain submit`: the CLI's way to start a run on a deployed stack (here: buckets on moto)."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+import yaml
+from moto import mock_aws
+
+from lustrain.cli import main
+
+SPEC = """name: gpt-small
+code: {source: trainer/}
+data: {s3_uri: s3://my-data/tokens/, size_gib: 10}
+output: {s3_uri: s3://my-results/gpt/}
+"""
+
+
+@pytest.fixture
+def buckets():
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        for name in ("jobs", "artifacts"):
+            s3.create_bucket(Bucket=name)
+        yield s3
+
+
+def test_a_local_code_dir_is_uploaded_and_the_dropped_spec_points_at_it(buckets, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path.parent)
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "train.py").write_text("print('hi')\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+
+    assert main(["submit", str(spec), "--jobs-bucket", "jobs", "--artifacts-bucket", "artifacts"]) == 0
+
+    (dropped,) = buckets.list_objects_v2(Bucket="jobs", Prefix="jobs/")["Contents"]
+    assert dropped["Key"].startswith("jobs/gpt-small-") and dropped["Key"].endswith(".yaml")
+    doc = yaml.safe_load(buckets.get_object(Bucket="jobs", Key=dropped["Key"])["Body"].read())
+    assert doc["code"]["source"].startswith("s3://artifacts/uploads/gpt-small/")
+    prefix = doc["code"]["source"].removeprefix("s3://artifacts/")
+    keys = [o["Key"] for o in buckets.list_objects_v2(Bucket="artifacts", Prefix=prefix)["Contents"]]
+    assert keys == [prefix + "train.py"]
+    assert "spec dropped at s3://jobs/jobs/gpt-small-" in capsys.readouterr().out
+
+
+def test_an_invalid_spec_drops_nothing_and_exits_2(buckets, tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("gpt-small", "Not_Valid"))
+
+    assert main(["submit", str(spec), "--jobs-bucket", "jobs", "--artifacts-bucket", "artifacts"]) == 2
+
+    assert "name" in capsys.readouterr().err
+    assert buckets.list_objects_v2(Bucket="jobs").get("KeyCount", 0) == 0
+    assert buckets.list_objects_v2(Bucket="artifacts").get("KeyCount", 0) == 0
+
+
+def test_a_missing_bucket_is_an_aws_failure_exit_1(buckets, tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("trainer/", "s3://code/x/"))
+
+    assert main(["submit", str(spec), "--jobs-bucket", "nope", "--artifacts-bucket", "artifacts"]) == 1
+    assert "NoSuchBucket" in capsys.readouterr().err
+
+
+def test_a_stack_that_is_not_lustrains_is_a_usage_error(buckets, tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    cfn = boto3.client("cloudformation", region_name="us-east-1")
+    cfn.create_stack(StackName="other", TemplateBody='{"Resources": {"B": {"Type": "AWS::S3::Bucket"}}}')
+
+    assert main(["submit", str(spec), "--stack", "other"]) == 2
+    assert "not a lustrain stack" in capsys.readouterr().err
