@@ -1,0 +1,116 @@
+"""Hyperparameters and paths under SageMaker's contract, and the local defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from lustrain_trainer.hparams import (
+    PRESETS,
+    HyperparameterError,
+    parse,
+    read_hosts,
+    resolve_paths,
+)
+from lustrain_trainer.model import GPT
+
+
+def test_sagemaker_strings_and_dashes_become_typed_values() -> None:
+    hp, _, warnings = parse(["--max_steps", "3", "--lr", "0.001", "--activation-checkpointing", "true",
+                             "--batch-size=5", "--precision", "FP32"], {})
+    assert (hp.max_steps, hp.lr, hp.activation_checkpointing, hp.batch_size, hp.precision) == (
+        3, 0.001, True, 5, "fp32")
+    assert warnings == []
+
+
+def test_unknown_arguments_are_reported_and_ignored() -> None:
+    hp, _, warnings = parse(["--max_steps", "4", "--sagemaker_extra", "x", "--mystery"], {})
+    assert hp.max_steps == 4
+    assert warnings == ["ignoring arguments this trainer does not know: --sagemaker_extra x --mystery"]
+
+
+def test_command_line_beats_sm_hps_which_beats_the_preset() -> None:
+    sm_hps = json.dumps({"max_steps": 50, "seq_len": "32", "log-interval": 5, "sagemaker_program": "train.py",
+                         "color": "blue"})
+    hp, _, warnings = parse(["--max_steps", "7"], {"SM_HPS": sm_hps})
+    assert (hp.max_steps, hp.seq_len, hp.log_interval) == (7, 32, 5)
+    assert hp.batch_size == PRESETS["tiny"]["batch_size"] and hp.preset == "tiny"
+    assert warnings == ["ignoring SM_HPS key this trainer does not know: color"]
+
+
+def test_a_preset_sets_the_shape_and_single_keys_override_it() -> None:
+    hp, _, _ = parse(["--preset", "85m", "--n_layer", "2"], {})
+    assert (hp.n_layer, hp.n_embd, hp.seq_len) == (2, 768, 1024)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max_steps", "ten"], "hyperparameter max_steps: 'ten' is not an integer"),
+        (["--max_steps", "2.5"], "hyperparameter max_steps: '2.5' is not an integer"),
+        (["--max_steps", "0"], "hyperparameter max_steps: 0 is below the minimum 1"),
+        (["--lr", "fast"], "hyperparameter lr: 'fast' is not a number"),
+        (["--lr", "0"], "hyperparameter lr: 0.0 is not allowed"),
+        (["--activation_checkpointing", "maybe"], "'maybe' is not a boolean (use true or false)"),
+        (["--fsdp", "sometimes"], "hyperparameter fsdp: 'sometimes' is not allowed (use auto | true | false)"),
+        (["--preset", "huge"], "hyperparameter preset: 'huge' is not allowed (use tiny | 85m"),
+        (["--n_embd", "100", "--n_head", "3"], "n_embd: 100 is not a multiple of n_head 3"),
+        (["--dropout", "1"], "hyperparameter dropout: 1.0 is not allowed"),
+    ],
+)
+def test_bad_values_name_the_hyperparameter_and_what_is_allowed(argv: list[str], message: str) -> None:
+    with pytest.raises(HyperparameterError) as exc:
+        parse(argv, {})
+    assert message in str(exc.value)
+
+
+def test_local_runs_write_under_the_working_directory() -> None:
+    warnings: list[str] = []
+    _, given, _ = parse(["--data", "shards"], {})
+    paths = resolve_paths(given, {}, warnings)
+    assert paths.data == Path("shards")
+    assert paths.checkpoints == Path("runs/trainer/checkpoints")
+    assert paths.model == Path("runs/trainer/model") and paths.output == Path("runs/trainer/output")
+
+
+def test_sagemaker_directories_come_from_its_environment() -> None:
+    env = {"SM_CHANNEL_TRAINING": "/opt/ml/input/data/training", "SM_MODEL_DIR": "/opt/ml/model",
+           "SM_OUTPUT_DATA_DIR": "/opt/ml/output/data", "SM_TRAINING_ENV": "{}"}
+    warnings: list[str] = []
+    _, given, _ = parse(["--model_dir", "s3://bucket/model"], env)
+    paths = resolve_paths(given, env, warnings)
+    assert paths.data == Path("/opt/ml/input/data/training")
+    assert paths.checkpoints == Path("/opt/ml/checkpoints")
+    assert paths.model == Path("/opt/ml/model") and paths.output == Path("/opt/ml/output/data")
+    assert warnings == ["ignoring model_dir s3://bucket/model: the model is written to SM_MODEL_DIR and "
+                        "uploaded from it"]
+    _, given, _ = parse(["--checkpoint-dir", "/scratch/ckpt"], env)
+    assert resolve_paths(given, {**env, "SM_CHECKPOINT_DIR": "/other"}, []).checkpoints == Path("/scratch/ckpt")
+    _, given, _ = parse([], env)
+    assert resolve_paths(given, {**env, "SM_CHECKPOINT_DIR": "/other"}, []).checkpoints == Path("/other")
+
+
+def test_no_data_anywhere_says_where_to_give_it() -> None:
+    _, given, _ = parse([], {})
+    with pytest.raises(HyperparameterError, match="pass --data DIR or set SM_CHANNEL_TRAINING"):
+        resolve_paths(given, {}, [])
+
+
+def test_hosts_come_from_sm_hosts_and_the_current_host_must_be_one_of_them() -> None:
+    hosts = read_hosts({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2"})
+    assert hosts.hosts == ("algo-1", "algo-2") and not hosts.is_first
+    with pytest.raises(HyperparameterError, match="SM_CURRENT_HOST 'algo-3' is not one of SM_HOSTS"):
+        read_hosts({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-3"})
+
+
+@pytest.mark.parametrize("name", [name for name in PRESETS if name != "tiny"])
+def test_each_preset_has_the_parameter_count_in_its_name(name: str) -> None:
+    hp, _, _ = parse(["--preset", name], {})
+    with torch.device("meta"):  # shapes only: a 6.4b model is not built in memory
+        model = GPT(hp.model_config())
+    count = sum(p.numel() for p in model.parameters())
+    assert count == hp.model_config().parameter_count()
+    scale = 1e9 if name.endswith("b") else 1e6
+    assert abs(count / scale - float(name[:-1])) / float(name[:-1]) < 0.05, count

@@ -1,0 +1,141 @@
+"""The GPT model, checkpoints on disk, and the metric line with its SageMaker MetricDefinitions."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lustrain_trainer import checkpoint
+from lustrain_trainer.hparams import parse
+from lustrain_trainer.metrics import format_line, metric_definitions
+from lustrain_trainer.model import GPT, GPTConfig
+from lustrain_trainer.trainer import make_optimizer
+
+TRAINER = Path(__file__).resolve().parents[3] / "trainer"
+SMALL = GPTConfig(n_layer=2, n_head=2, n_embd=16, seq_len=8)
+
+
+def test_an_untrained_model_predicts_every_byte_about_equally() -> None:
+    torch.manual_seed(0)
+    model = GPT(SMALL)
+    idx, targets = torch.randint(0, SMALL.vocab_size, (2, 3, 8))
+    assert model(idx).shape == (3, 8, SMALL.vocab_size)
+    assert model(idx, targets).item() == pytest.approx(math.log(SMALL.vocab_size), abs=0.1)
+
+
+def test_activation_checkpointing_changes_memory_not_results() -> None:
+    torch.manual_seed(0)
+    plain, recomputed = GPT(SMALL), GPT(SMALL, activation_checkpointing=True)
+    recomputed.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, SMALL.vocab_size, (2, 8))
+    for model in (plain, recomputed):
+        model(idx, idx).backward()
+    assert torch.allclose(plain.blocks[0].fc.weight.grad, recomputed.blocks[0].fc.weight.grad, atol=1e-6)
+
+
+def test_generate_continues_a_prompt_and_refuses_a_context_too_long() -> None:
+    model = GPT(SMALL).eval()
+    out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=10, temperature=0.8, top_k=5,
+                         generator=torch.Generator().manual_seed(0))
+    assert out.shape == (1, 13) and out[0, :3].tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="longer than the model's seq_len 8"):
+        model(torch.zeros((1, 9), dtype=torch.long))
+
+
+def test_a_config_round_trips_and_unknown_keys_are_named() -> None:
+    assert GPTConfig.from_dict(SMALL.to_dict()) == SMALL
+    with pytest.raises(ValueError, match=r"unknown keys \['n_experts'\]"):
+        GPTConfig.from_dict({**SMALL.to_dict(), "n_experts": 8})
+
+
+def trained_state(steps: int) -> tuple[GPT, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = GPT(SMALL)
+    hp, _, _ = parse([], {})
+    optimizer = make_optimizer(model, hp, torch.device("cpu"))
+    for _ in range(steps):
+        idx = torch.randint(0, SMALL.vocab_size, (2, 8))
+        model(idx, idx).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
+
+
+def save(directory: Path, step: int, model: GPT, optimizer: torch.optim.Optimizer) -> Path:
+    path = checkpoint.checkpoint_path(directory, step)
+    state = checkpoint.optimizer_state_by_name(model, optimizer)
+    checkpoint.save_atomic(checkpoint.make_payload(step, model.state_dict(), state, SMALL.to_dict(), {}), path)
+    return path
+
+
+def test_the_newest_good_checkpoint_wins_and_corrupt_ones_are_set_aside(tmp_path: Path) -> None:
+    model, optimizer = trained_state(2)
+    good = save(tmp_path, 10, model, optimizer)
+    partial = checkpoint.checkpoint_path(tmp_path, 20)
+    partial.write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # a copy cut short
+    checkpoint.checkpoint_path(tmp_path, 30).write_bytes(b"not a checkpoint at all")
+    misnamed = save(tmp_path, 40, model, optimizer)
+    misnamed.rename(checkpoint.checkpoint_path(tmp_path, 50))  # holds step 40, named 50
+    (tmp_path / ".step-000000060.pt.tmp-123").write_bytes(b"a write that never finished")
+    messages: list[str] = []
+
+    loaded = checkpoint.load_latest(tmp_path, messages.append)
+
+    assert loaded is not None and loaded.step == 10 and loaded.path == good
+    assert [m.split(" (")[0] for m in messages] == [
+        "skipping checkpoint step-000000050.pt", "skipping checkpoint step-000000030.pt",
+        "skipping checkpoint step-000000020.pt"]
+    assert "holds step 40 but is named for step 50" in messages[0]
+    assert sorted(p.name for p in tmp_path.glob("*.corrupt")) == [
+        "step-000000020.pt.corrupt", "step-000000030.pt.corrupt", "step-000000050.pt.corrupt"]
+    assert checkpoint.load_latest(tmp_path, messages.append).step == 10  # type: ignore[union-attr]
+
+
+def test_saving_leaves_no_temporary_files_and_prune_keeps_the_newest(tmp_path: Path) -> None:
+    model, optimizer = trained_state(1)
+    for step in (5, 10, 15):
+        save(tmp_path, step, model, optimizer)
+    assert [p.name for p in checkpoint.prune(tmp_path, keep=2)] == ["step-000000005.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000010.pt", "step-000000015.pt"]
+
+
+def test_optimizer_state_keyed_by_name_restores_the_exact_state() -> None:
+    model, optimizer = trained_state(3)
+    by_name = checkpoint.optimizer_state_by_name(model, optimizer)
+    assert set(by_name["state"]) == {name for name, _ in model.named_parameters()}
+    fresh_model, fresh_optimizer = trained_state(0)
+    fresh_optimizer.load_state_dict(checkpoint.optimizer_state_by_id(fresh_model, fresh_optimizer, by_name))
+    for before, after in zip(optimizer.state.values(), fresh_optimizer.state.values(), strict=True):
+        assert torch.equal(before["exp_avg_sq"], after["exp_avg_sq"])
+
+
+def test_metric_definitions_file_is_generated_from_the_log_format() -> None:
+    shipped = json.loads((TRAINER / "metric_definitions.json").read_text())
+    assert shipped == metric_definitions(), "regenerate: python -m lustrain_trainer.metrics > trainer/..."
+
+
+def test_each_metric_regex_reads_its_own_value_from_a_log_line() -> None:
+    line = format_line(120, {"train_loss": 2.34567, "tokens_per_s": 15234.25, "lr": 0.00286, "val_loss": 2.4})
+    assert line == "step=120 train_loss=2.3457 tokens_per_s=15234.2 lr=2.860e-03 val_loss=2.4000"
+    found = {d["Name"]: float(re.search(d["Regex"], line).group(1)) for d in metric_definitions()}  # type: ignore[union-attr]
+    assert found == {"train_loss": 2.3457, "tokens_per_s": 15234.2, "lr": 0.00286, "val_loss": 2.4}
+    assert re.search(metric_definitions()[2]["Regex"], "min_lr=1.0") is None
+
+
+def test_the_trainer_imports_nothing_of_the_control_plane() -> None:
+    allowed = {"torch", "numpy", "lustrain_trainer"}
+    imported = set()
+    for path in TRAINER.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {name for name in imported if name not in sys.stdlib_module_names}
+    assert third_party <= allowed, third_party - allowed

@@ -1,0 +1,123 @@
+"""`python -m lustrain_trainer.prepare SRC OUT`: a tree of text files into token shards plus an index."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lustrain_trainer import prepare as prep
+from lustrain_trainer.shards import DataError, read_index
+from lustrain_trainer.tokenizer import EOS
+
+
+def make_tree(root: Path) -> dict[str, bytes]:
+    files = {
+        "a.py": b"def a():\n    return 1\n",
+        "pkg/b.py": b"class B:\n    pass\n",
+        "pkg/deep/c.txt": "caf\u00e9 au lait\n".encode(),
+        "pkg/image.png": b"\x89PNG\r\n\x1a\n\x00\x00binary",
+        "pkg/__pycache__/b.cpython-311.pyc": b"compiled",
+        "site-packages/vendored.py": b"import everything\n",
+        ".hidden/secret.py": b"x = 1\n",
+    }
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return files
+
+
+def shard_tokens(out: Path, split: str = "train") -> np.ndarray:
+    index = read_index(out)
+    return np.concatenate([np.fromfile(s.path, dtype="<u2") for s in index.splits[split]])
+
+
+def test_text_files_become_shards_of_bytes_and_eos_in_sorted_order(tmp_path: Path) -> None:
+    files = make_tree(tmp_path / "src")
+    assert prep.main([str(tmp_path / "src"), str(tmp_path / "out"), "--val-fraction", "0"]) == 0
+
+    tokens = shard_tokens(tmp_path / "out")
+    assert tokens[-1] == EOS
+    ends = np.flatnonzero(tokens == EOS)
+    starts = [0, *(ends[:-1] + 1)]
+    documents = [bytes(tokens[a:b].astype(np.uint8)) for a, b in zip(starts, ends, strict=True)]
+    # binary files, caches, installed packages and hidden directories are not the tree's own text
+    assert documents == [files["a.py"], files["pkg/b.py"], files["pkg/deep/c.txt"]]
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["splits"]["train"]["documents"] == 3
+    assert index["splits"]["train"]["tokens"] == sum(len(doc) + 1 for doc in documents)
+    assert "val" not in index["splits"]
+
+
+def test_glob_double_star_spans_directories_and_single_star_does_not(tmp_path: Path) -> None:
+    make_tree(tmp_path / "src")
+    everywhere = [rel for rel, _ in prep.source_files(tmp_path / "src", "**/*.py")]
+    top_level = [rel for rel, _ in prep.source_files(tmp_path / "src", "*.py")]
+    assert everywhere == ["a.py", "pkg/b.py"]
+    assert top_level == ["a.py"]
+
+
+def test_stdlib_corpus_is_capped_deterministic_and_split_for_validation(tmp_path: Path) -> None:
+    args = ["stdlib", "--glob", "**/*.py", "--max-bytes", "2MiB", "--shard-size", "512KiB"]
+    assert prep.main([args[0], str(tmp_path / "one"), *args[1:]]) == 0
+    assert prep.main([args[0], str(tmp_path / "two"), *args[1:]]) == 0
+
+    one, two = read_index(tmp_path / "one"), read_index(tmp_path / "two")
+    assert one.raw == two.raw
+    for a, b in zip(one.splits["train"], two.splits["train"], strict=True):
+        assert a.path.read_bytes() == b.path.read_bytes()
+    assert one.raw["source"]["bytes"] == 2 << 20
+    assert len(one.splits["train"]) == 8 and all(s.tokens <= 256 * 1024 for s in one.splits["train"])
+    # whole documents, about the default 1% of the text (one document more at most)
+    val_share = one.tokens("val") / (one.tokens("train") + one.tokens("val"))
+    assert 0.005 < val_share < 0.03
+    # the first document is the first stdlib file in sorted order, byte for byte
+    first_rel, first_path = prep.source_files(prep.stdlib_source_dir(), "**/*.py")[0]
+    tokens = shard_tokens(tmp_path / "one")
+    first_doc = tokens[: int(np.argmax(tokens == EOS))]
+    assert bytes(first_doc.astype(np.uint8)) == first_path.read_bytes()[: len(first_doc)], first_rel
+
+
+def test_rerun_into_the_same_directory_leaves_no_stale_shards(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert prep.main(["stdlib", str(out), "--glob", "**/*.py", "--max-bytes", "200KiB",
+                      "--shard-size", "64KiB"]) == 0
+    many = len(list(out.glob("train-*.bin")))
+    assert prep.main(["stdlib", str(out), "--glob", "**/*.py", "--max-bytes", "20KiB"]) == 0
+    assert many > 1
+    assert sorted(p.name for p in out.glob("train-*.bin")) == ["train-00000.bin"]
+    assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing-dir"], "is not a directory"),
+        (["SRC", "--glob", "**/*.rs"], "match --glob"),
+        (["SRC", "--val-fraction", "0.7"], "--val-fraction 0.7 is not allowed"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              args: list[str], message: str) -> None:
+    make_tree(tmp_path / "src")
+    argv = [str(tmp_path / "src") if a == "SRC" else str(tmp_path / a) if a == "missing-dir" else a for a in args]
+    assert prep.main([argv[0], str(tmp_path / "out"), *argv[1:]]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_size_without_a_known_unit_is_refused_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        prep.main(["stdlib", "out", "--max-bytes", "4 parsecs"])
+    assert exc.value.code == 2
+    assert "use bytes or a unit, e.g. 4MiB" in capsys.readouterr().err
+    assert prep.parse_size("4MiB") == 4 << 20 and prep.parse_size("500kB") == 500_000
+
+
+def test_a_shard_cut_short_is_reported_by_name(tmp_path: Path) -> None:
+    assert prep.main(["stdlib", str(tmp_path), "--glob", "**/*.py", "--max-bytes", "20KiB"]) == 0
+    shard = tmp_path / "train-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(DataError, match=r"train-00000.bin: expected \d+ bytes .* found 1000 bytes"):
+        read_index(tmp_path)

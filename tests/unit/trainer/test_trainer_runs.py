@@ -1,0 +1,207 @@
+"""Real training runs of train.py in subprocesses: alone, under torchrun, killed, stopped with SIGTERM.
+
+Each run uses the SageMaker contract the way the container does: the sourcedir's contents in the working
+directory, `python train.py --key value`, SM_* variables for the directories.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from lustrain_trainer import generate, trainer
+from lustrain_trainer import prepare as prep
+
+pytestmark = pytest.mark.slow
+
+TRAINER = Path(__file__).resolve().parents[3] / "trainer"
+# a model small enough that process start-up, not training, is most of each run
+MICRO = ["--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--seq_len", "32", "--batch_size", "4",
+         "--eval_interval", "0", "--log_interval", "1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shards")
+    assert prep.main(["stdlib", str(out), "--glob", "**/*.py", "--max-bytes", "2MiB"]) == 0
+    return out
+
+
+@pytest.fixture
+def sourcedir(tmp_path: Path) -> Path:
+    """trainer/ as SageMaker extracts sourcedir.tar.gz: its contents at the root of the working directory."""
+    target = tmp_path / "code"
+    shutil.copytree(TRAINER, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def sagemaker_env(root: Path, data: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "LUSTRAIN_"))}
+    env.update({
+        "PYTHONUNBUFFERED": "1",
+        "SM_TRAINING_ENV": "{}",
+        "SM_CHANNEL_TRAINING": str(data),
+        "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DATA_DIR": str(root / "output"),
+        "SM_CHECKPOINT_DIR": str(root / "checkpoints"),
+        "SM_HOSTS": '["algo-1"]',
+        "SM_CURRENT_HOST": "algo-1",
+        **extra,
+    })
+    return env
+
+
+def run(cwd: Path, env: dict[str, str], *args: str, torchrun: int = 0) -> subprocess.CompletedProcess[str]:
+    # --standalone picks a free port: runs in parallel (pytest-xdist, the twin) must not share 29500
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(torchrun)] if torchrun else []
+    return subprocess.run([sys.executable, *launcher, "train.py", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=300)
+
+
+def metric_values(stdout: str, name: str) -> list[float]:
+    definition = next(d for d in json.loads((TRAINER / "metric_definitions.json").read_text())
+                      if d["Name"] == name)
+    return [float(m.group(1)) for line in stdout.splitlines() if (m := re.search(definition["Regex"], line))]
+
+
+def test_training_on_the_stdlib_lowers_the_loss_clearly(data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    env = sagemaker_env(tmp_path, data, SM_HPS=json.dumps({"max_steps": "80", "eval_interval": 40}))
+    # hyperparameters arrive as strings, dashed or not, among arguments the trainer does not know
+    done = run(sourcedir, env, "--preset", "tiny", "--log-interval", "10", "--max_steps", "80",
+               "--sagemaker_extra", "x")
+
+    assert done.returncode == 0, done.stderr
+    losses, val_losses = metric_values(done.stdout, "train_loss"), metric_values(done.stdout, "val_loss")
+    assert len(losses) == 8 and len(val_losses) == 2
+    assert losses[0] > 4.0 and losses[-1] < losses[0] - 1.2, losses  # ln(257) = 5.55 is knowing nothing
+    assert val_losses[-1] < math.log(257) - 2.0, val_losses
+    # only the metric lines carry metric keys, so SageMaker's regexes read nothing else
+    metric_lines = [line for line in done.stdout.splitlines() if line.startswith("step=")]
+    assert len(metric_lines) == 8
+    assert "ignoring arguments this trainer does not know: --sagemaker_extra x" in done.stdout
+
+    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
+    assert (summary["status"], summary["step"], summary["host"]) == ("completed", 80, "algo-1")
+    assert summary["hyperparameters"]["eval_interval"] == 40  # from SM_HPS
+    assert summary["metrics"]["train_loss"] == pytest.approx(losses[-1], abs=1e-4)
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["model"]["n_embd"] == 64 and config["trained_steps"] == 80
+    text = generate.sample(generate.load_model(tmp_path / "model"), "def ", 40, 0.8, 20, seed=1)
+    assert text.startswith("def ") and len(text) > 10
+
+
+def test_two_ranks_under_torchrun_read_disjoint_batches(data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    env = sagemaker_env(tmp_path, data, LUSTRAIN_DATA_TRACE=str(tmp_path / "trace"))
+    done = run(sourcedir, env, *MICRO, "--max_steps", "12", torchrun=2)
+
+    assert done.returncode == 0, done.stderr
+    reads = [(tmp_path / "trace" / f"rank-{rank}.txt").read_text().split("\n")[:-1] for rank in (0, 1)]
+    assert [len(r) for r in reads] == [12, 12]
+    locations = [{tuple(line.split()[1:]) for line in r} for r in reads]
+    assert len(locations[0]) == len(locations[1]) == 12 and not locations[0] & locations[1]
+    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
+    assert (summary["status"], summary["world_size"], summary["tokens_seen"]) == ("completed", 2, 12 * 2 * 4 * 32)
+    assert len(metric_values(done.stdout, "train_loss")) == 12  # rank 0 alone prints metrics
+
+
+def launch(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "train.py", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def lines_until(process: subprocess.Popen[str], pattern: str) -> Iterator[str]:
+    assert process.stdout is not None
+    for line in process.stdout:
+        yield line
+        if re.match(pattern, line):
+            return
+    raise AssertionError(f"the run ended before printing {pattern!r}")
+
+
+def train_in_process(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], *args: str) -> int:
+    """The same main() as train.py, in this process: no second import of torch for a run that is not killed."""
+    with monkeypatch.context() as patch:
+        for key in [k for k in os.environ if k not in env]:
+            patch.delenv(key)
+        for key, value in env.items():
+            patch.setenv(key, value)
+        return trainer.main(list(args))
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_state(
+        data: Path, sourcedir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*MICRO, "--max_steps", "60", "--checkpoint_interval", "5", "--keep_checkpoints", "3"]
+    straight = tmp_path / "straight"
+    assert train_in_process(monkeypatch, sagemaker_env(straight, data), *args) == 0
+
+    interrupted = tmp_path / "interrupted"
+    env = sagemaker_env(interrupted, data)
+    process = launch(sourcedir, env, *args)
+    list(lines_until(process, r"lustrain: checkpoint saved step-000000010\.pt"))
+    list(lines_until(process, r"step=12 "))
+    process.kill()  # no chance to save anything: a lost spot instance
+    process.wait(timeout=60)
+    saved = sorted(p.name for p in (interrupted / "checkpoints").glob("step-*.pt"))
+    assert saved and "step-000000060.pt" not in saved
+    newest = int(saved[-1][5:14])
+    # and a newer checkpoint that was still being copied when the instance went away
+    good = interrupted / "checkpoints" / saved[-1]
+    (interrupted / "checkpoints" / f"step-{newest + 1:09d}.pt").write_bytes(good.read_bytes()[:5000])
+    capsys.readouterr()
+
+    assert train_in_process(monkeypatch, env, *args) == 0
+
+    resumed = capsys.readouterr().out
+    assert f"skipping checkpoint step-{newest + 1:09d}.pt" in resumed
+    assert f"resumed from step-{newest:09d}.pt at step {newest}" in resumed
+    first_step = int(re.search(r"^step=(\d+) ", resumed, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    assert first_step == newest + 1
+    summary = json.loads((interrupted / "output" / "summary.json").read_text())
+    assert (summary["status"], summary["resumed_from_step"], summary["step"]) == ("completed", newest, 60)
+    # same data position, optimizer state and weights: the final model is the uninterrupted run's
+    a = torch.load(straight / "model" / "model.pt", weights_only=True)
+    b = torch.load(interrupted / "model" / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    process = launch(sourcedir, sagemaker_env(tmp_path, data), *MICRO, "--max_steps", "100000",
+                     "--checkpoint_interval", "1000")
+    list(lines_until(process, r"step=5 "))
+    process.send_signal(signal.SIGTERM)  # SageMaker stopping the job; it allows 120 s
+    output, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 0, output
+    saved = re.search(r"checkpoint saved (step-(\d+)\.pt) at step \d+ \(stop requested by SIGTERM", output)
+    assert saved, output
+    payload = torch.load(tmp_path / "checkpoints" / saved.group(1), weights_only=True)
+    assert payload["step"] == int(saved.group(2)) >= 5
+    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
+    assert (summary["status"], summary["step"]) == ("interrupted", payload["step"])
+    assert not (tmp_path / "model" / "model.pt").exists()  # an unfinished run publishes no model
+
+
+def test_a_checkpoint_of_another_model_is_refused_not_loaded(data: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    env = sagemaker_env(tmp_path, data)
+    assert train_in_process(monkeypatch, env, *MICRO, "--max_steps", "2") == 0
+    capsys.readouterr()
+
+    assert train_in_process(monkeypatch, env, *MICRO, "--max_steps", "4", "--n_embd", "16") == 2
+
+    error = capsys.readouterr().err
+    assert "holds {'n_layer': 1, 'n_head': 2, 'n_embd': 32" in error
+    assert "use another checkpoint_dir or the same model hyperparameters" in error
+    assert (tmp_path / "checkpoints" / "step-000000002.pt").exists()  # refused, not set aside as corrupt

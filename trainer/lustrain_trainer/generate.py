@@ -1,0 +1,70 @@
+"""Sample text from a trained model directory (what train.py writes to SM_MODEL_DIR).
+
+    python -m lustrain_trainer.generate MODEL_DIR --prompt "def " [--max-new-tokens 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .model import CONFIG_FILE, GPT, MODEL_FILE, GPTConfig
+from .tokenizer import EOS, TOKENIZER_INFO, decode, encode
+
+
+class ModelDirError(ValueError):
+    pass
+
+
+def load_model(model_dir: Path) -> GPT:
+    config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise ModelDirError(f"{path} not found: MODEL_DIR must hold {MODEL_FILE} and {CONFIG_FILE} from train.py")
+    config = json.loads(config_path.read_text())
+    if config.get("tokenizer") != TOKENIZER_INFO:
+        raise ModelDirError(f"{config_path}: tokenizer {config.get('tokenizer')!r} is not {TOKENIZER_INFO}")
+    model = GPT(GPTConfig.from_dict(config["model"]))
+    model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+    return model.eval()
+
+
+def sample(model: GPT, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> str:
+    # With no prompt the model starts as at a document boundary, which is what EOS means in training.
+    start = encode(prompt.encode("utf-8")).tolist() if prompt else [EOS]
+    idx = torch.tensor(start, dtype=torch.long).unsqueeze(0)
+    generator = torch.Generator().manual_seed(seed)
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+    return decode(out[0].tolist() if prompt else out[0, 1:].tolist())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lustrain_trainer.generate",
+                                     description="Sample text from a model directory written by train.py.")
+    parser.add_argument("model_dir", metavar="MODEL_DIR", type=Path)
+    parser.add_argument("--prompt", default="", help="text to continue (default: start from nothing)")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 picks the likeliest byte each time")
+    parser.add_argument("--top-k", type=int, default=40, help="sample among the k likeliest bytes (0: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens {args.max_new_tokens}: use 1 or more")
+    if args.temperature < 0:
+        parser.error(f"--temperature {args.temperature}: use 0 or more")
+    try:
+        model = load_model(args.model_dir)
+    except (ModelDirError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = sample(model, args.prompt, args.max_new_tokens, args.temperature, args.top_k or None, args.seed)
+    sys.stdout.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

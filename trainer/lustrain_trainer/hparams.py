@@ -1,0 +1,274 @@
+"""Hyperparameters and paths, from SageMaker's contract or the command line.
+
+SageMaker passes hyperparameters as `--key value` strings ("true", "3", "0.001") and again as SM_HPS
+(JSON); names may use dashes or underscores. Precedence: command line, then SM_HPS, then the preset's
+defaults, then the global defaults. Arguments this trainer does not know are reported and ignored, since
+SageMaker and launchers add their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .model import GPTConfig
+from .tokenizer import VOCAB_SIZE
+
+# Model shapes follow GPT-3 (Brown et al., 2020, table 2.1). With a 257-token vocabulary instead of 50,257
+# the embeddings are tiny, so each preset is named for its own parameter count (a test holds them to it).
+# batch_size is per GPU per micro-step for an A100 40 GB; lr is the paper's for that width.
+PRESETS: dict[str, dict[str, Any]] = {
+    # The local default: learns visibly within a minute on two CPU cores. One thread per process, because
+    # at this size OpenMP threads spend more time waiting on each other (and on a busy machine, on other
+    # processes) than computing: measured 2-10x slower with two threads than with one.
+    "tiny": {"n_layer": 2, "n_head": 4, "n_embd": 64, "seq_len": 64, "batch_size": 16, "lr": 3e-3,
+             "max_steps": 600, "warmup_steps": 20, "log_interval": 10, "eval_interval": 100,
+             "checkpoint_interval": 100, "eval_batches": 8, "cpu_threads": 1},
+    "85m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "seq_len": 1024, "batch_size": 16, "lr": 6e-4},
+    "300m": {"n_layer": 24, "n_head": 16, "n_embd": 1024, "seq_len": 1024, "batch_size": 8, "lr": 3e-4},
+    "680m": {"n_layer": 24, "n_head": 16, "n_embd": 1536, "seq_len": 2048, "batch_size": 4, "lr": 2.5e-4},
+    "1.2b": {"n_layer": 24, "n_head": 32, "n_embd": 2048, "seq_len": 2048, "batch_size": 4, "lr": 2e-4,
+             "activation_checkpointing": True},
+    # From here a replica (16 bytes per parameter with Adam) outgrows an A100: fsdp auto shards it.
+    "2.5b": {"n_layer": 32, "n_head": 32, "n_embd": 2560, "seq_len": 2048, "batch_size": 2, "lr": 1.6e-4,
+             "activation_checkpointing": True},
+    "6.4b": {"n_layer": 32, "n_head": 32, "n_embd": 4096, "seq_len": 2048, "batch_size": 1, "lr": 1.2e-4,
+             "activation_checkpointing": True},
+}
+
+CHOICES = {"fsdp": ("auto", "true", "false"), "precision": ("auto", "bf16", "fp32")}
+
+
+class HyperparameterError(ValueError):
+    """A hyperparameter or path is missing or has a value that is not allowed; the message names it."""
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    preset: str = "tiny"
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    seq_len: int = 1024
+    dropout: float = 0.0
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 500
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    max_steps: int = 20000
+    log_interval: int = 10
+    eval_interval: int = 500
+    eval_batches: int = 20
+    checkpoint_interval: int = 500
+    keep_checkpoints: int = 2
+    seed: int = 1337
+    prefetch: int = 4
+    cpu_threads: int = 0
+    fsdp: str = "auto"
+    activation_checkpointing: bool = False
+    precision: str = "auto"
+
+    def model_config(self) -> GPTConfig:
+        return GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, seq_len=self.seq_len,
+                         vocab_size=VOCAB_SIZE, dropout=self.dropout)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    data: Path
+    checkpoints: Path
+    model: Path
+    output: Path
+
+
+@dataclass(frozen=True)
+class Hosts:
+    hosts: tuple[str, ...]
+    current: str
+
+    @property
+    def is_first(self) -> bool:
+        return not self.hosts or self.current == self.hosts[0]
+
+
+PATH_ARGS = ("data", "checkpoint_dir", "model_dir", "output_data_dir")
+SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
+LOCAL_RUN_DIR = Path("runs") / "trainer"
+
+# Minimum allowed value of each numeric hyperparameter (inclusive), so a typo fails before a long job does.
+MINIMUM = {"n_layer": 1, "n_head": 1, "n_embd": 1, "seq_len": 2, "batch_size": 1, "grad_accum": 1,
+           "max_steps": 1, "log_interval": 1, "eval_interval": 0, "eval_batches": 1, "checkpoint_interval": 1,
+           "keep_checkpoints": 1, "prefetch": 1, "warmup_steps": 0, "lr": 0, "weight_decay": 0,
+           "grad_clip": 0, "seed": 0, "cpu_threads": 0}
+BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+
+
+def _convert(name: str, kind: type, raw: Any) -> Any:
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        flag = BOOLEANS.get(str(raw).strip().lower())
+        if flag is None:
+            raise HyperparameterError(f"hyperparameter {name}: {raw!r} is not a boolean (use true or false)")
+        return flag
+    try:
+        if kind is int:
+            number = float(raw)
+            if not number.is_integer():
+                raise ValueError
+            return int(number)
+        if kind is float:
+            return float(raw)
+    except (TypeError, ValueError):
+        what = "an integer" if kind is int else "a number"
+        raise HyperparameterError(f"hyperparameter {name}: {raw!r} is not {what}") from None
+    if name not in CHOICES:
+        return str(raw)
+    choice = str(raw).strip().lower()
+    if choice not in CHOICES[name]:
+        allowed = " | ".join(CHOICES[name])
+        raise HyperparameterError(f"hyperparameter {name}: {raw!r} is not allowed (use {allowed})")
+    return choice
+
+
+def _check(hp: Hyperparameters) -> None:
+    for name, low in MINIMUM.items():
+        if getattr(hp, name) < low:
+            raise HyperparameterError(f"hyperparameter {name}: {getattr(hp, name)} is below the minimum {low}")
+    if hp.lr <= 0:
+        raise HyperparameterError(f"hyperparameter lr: {hp.lr} is not allowed (use a number above 0)")
+    if not 0 <= hp.dropout < 1:
+        raise HyperparameterError(f"hyperparameter dropout: {hp.dropout} is not allowed (use 0 <= dropout < 1)")
+    if not 0 <= hp.min_lr_ratio <= 1:
+        raise HyperparameterError(f"hyperparameter min_lr_ratio: {hp.min_lr_ratio} is not allowed (use 0..1)")
+    if hp.n_embd % hp.n_head:
+        raise HyperparameterError(
+            f"hyperparameter n_embd: {hp.n_embd} is not a multiple of n_head {hp.n_head}"
+        )
+
+
+HELP = {
+    "preset": f"model size and its training defaults: {' | '.join(PRESETS)}",
+    "n_layer": "transformer blocks", "n_head": "attention heads", "n_embd": "model width",
+    "seq_len": "tokens per sequence (the context)", "dropout": "dropout probability",
+    "batch_size": "sequences per rank per micro-step", "grad_accum": "micro-steps per optimizer step",
+    "lr": "peak learning rate", "min_lr_ratio": "final learning rate as a share of lr (cosine decay)",
+    "warmup_steps": "linear warm-up steps", "weight_decay": "AdamW weight decay",
+    "grad_clip": "gradient norm clip (0: off)", "max_steps": "optimizer steps to train",
+    "log_interval": "steps between metric lines", "eval_interval": "steps between validations (0: off)",
+    "eval_batches": "validation batches per rank", "checkpoint_interval": "steps between checkpoints",
+    "keep_checkpoints": "checkpoints kept", "seed": "initialisation and data order",
+    "prefetch": "batches read ahead", "cpu_threads": "torch threads on CPU (0: torch's default)",
+    "fsdp": "auto | true | false (auto: when a replica would not fit one GPU)",
+    "activation_checkpointing": "recompute activations in backward (true | false)",
+    "precision": "auto | bf16 | fp32 (auto: bf16 autocast on GPUs that have it)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="train.py", allow_abbrev=False,
+        description="Train a GPT-style model on lustrain token shards (SageMaker script mode or local). "
+                    "Every hyperparameter also takes dashes (--max-steps) and may come from SM_HPS.",
+    )
+    for f in fields(Hyperparameters):
+        parser.add_argument(f"--{f.name}", *([f"--{f.name.replace('_', '-')}"] if "_" in f.name else []),
+                            dest=f.name, default=None, metavar="VALUE", help=HELP[f.name])
+    parser.add_argument("--data", default=None, help="token shard directory (default: $SM_CHANNEL_TRAINING)")
+    parser.add_argument("--checkpoint_dir", "--checkpoint-dir", dest="checkpoint_dir", default=None,
+                        help="default: $SM_CHECKPOINT_DIR, /opt/ml/checkpoints under SageMaker, "
+                             "else runs/trainer/checkpoints")
+    parser.add_argument("--model_dir", "--model-dir", dest="model_dir", default=None,
+                        help="default: $SM_MODEL_DIR, else runs/trainer/model")
+    parser.add_argument("--output_data_dir", "--output-data-dir", dest="output_data_dir", default=None,
+                        help="default: $SM_OUTPUT_DATA_DIR, else runs/trainer/output")
+    return parser
+
+
+def parse(argv: list[str], env: Mapping[str, str]) -> tuple[Hyperparameters, dict[str, str | None], list[str]]:
+    """Hyperparameters, the path arguments given, and warnings about what was ignored."""
+    warnings: list[str] = []
+    args, unknown = _parser().parse_known_args(argv)
+    if unknown:
+        warnings.append(f"ignoring arguments this trainer does not know: {' '.join(unknown)}")
+    given = {k: v for k, v in vars(args).items() if v is not None}
+
+    from_env: dict[str, Any] = {}
+    if env.get("SM_HPS"):
+        try:
+            hps = json.loads(env["SM_HPS"])
+        except json.JSONDecodeError as exc:
+            raise HyperparameterError(f"SM_HPS is not JSON: {exc}") from exc
+        if not isinstance(hps, dict):
+            raise HyperparameterError("SM_HPS must be a JSON object of hyperparameters")
+        known = {f.name for f in fields(Hyperparameters)} | set(PATH_ARGS)
+        for key, value in hps.items():
+            name = key.replace("-", "_")
+            if name in known:
+                from_env[name] = value
+            elif not name.startswith("sagemaker_"):
+                warnings.append(f"ignoring SM_HPS key this trainer does not know: {key}")
+
+    def pick(name: str) -> Any:
+        return given.get(name, from_env.get(name))
+
+    preset_name = str(pick("preset") or Hyperparameters.preset)
+    if preset_name not in PRESETS:
+        raise HyperparameterError(f"hyperparameter preset: {preset_name!r} is not allowed (use {' | '.join(PRESETS)})")
+    preset = PRESETS[preset_name]
+    values: dict[str, Any] = {}
+    for f in fields(Hyperparameters):
+        raw = pick(f.name)
+        if raw is None:
+            raw = preset.get(f.name)
+        if raw is not None:
+            values[f.name] = _convert(f.name, type(getattr(Hyperparameters, f.name)), raw)
+    values["preset"] = preset_name
+    hp = Hyperparameters(**values)
+    _check(hp)
+    paths = {name: (None if pick(name) is None else str(pick(name))) for name in PATH_ARGS}
+    return hp, paths, warnings
+
+
+def resolve_paths(given: dict[str, str | None], env: Mapping[str, str], warnings: list[str]) -> RunPaths:
+    """SageMaker's directories when it runs us, the working directory's runs/trainer/ otherwise."""
+    in_sagemaker = "SM_TRAINING_ENV" in env or "SM_MODEL_DIR" in env
+    data = given["data"] or env.get("SM_CHANNEL_TRAINING")
+    if not data:
+        raise HyperparameterError("no training data: pass --data DIR or set SM_CHANNEL_TRAINING")
+    model = given["model_dir"]
+    if model and "://" in model:
+        # Some launchers pass the S3 destination as model_dir; SageMaker uploads SM_MODEL_DIR there itself.
+        warnings.append(f"ignoring model_dir {model}: the model is written to SM_MODEL_DIR and uploaded from it")
+        model = None
+    checkpoints = given["checkpoint_dir"] or env.get("SM_CHECKPOINT_DIR") or (
+        SAGEMAKER_CHECKPOINTS if in_sagemaker else str(LOCAL_RUN_DIR / "checkpoints"))
+    return RunPaths(
+        data=Path(data),
+        checkpoints=Path(checkpoints),
+        model=Path(model or env.get("SM_MODEL_DIR") or LOCAL_RUN_DIR / "model"),
+        output=Path(given["output_data_dir"] or env.get("SM_OUTPUT_DATA_DIR") or LOCAL_RUN_DIR / "output"),
+    )
+
+
+def read_hosts(env: Mapping[str, str]) -> Hosts:
+    raw = env.get("SM_HOSTS")
+    try:
+        hosts = tuple(json.loads(raw)) if raw else ()
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise HyperparameterError(f"SM_HOSTS is not a JSON list of host names: {raw!r}") from exc
+    current = env.get("SM_CURRENT_HOST") or (hosts[0] if hosts else os.uname().nodename)
+    if hosts and current not in hosts:
+        raise HyperparameterError(f"SM_CURRENT_HOST {current!r} is not one of SM_HOSTS {list(hosts)}")
+    return Hosts(hosts=hosts, current=current)

@@ -1,0 +1,45 @@
+"""The metric log line and the SageMaker MetricDefinitions that read it, generated from one table.
+
+    step=120 train_loss=2.3456 tokens_per_s=15234.2 lr=2.861e-03 val_loss=2.4012
+
+trainer/metric_definitions.json is this module's output (`python -m lustrain_trainer.metrics`); a test
+keeps the two equal, so the control plane's regexes cannot drift from what the trainer prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+# name -> format of its value. Every value is a plain decimal or exponent number, which NUMBER captures.
+METRICS: dict[str, str] = {
+    "train_loss": "{:.4f}",
+    "tokens_per_s": "{:.1f}",
+    "lr": "{:.3e}",
+    "val_loss": "{:.4f}",
+}
+NUMBER = r"([0-9.eE+-]+)"
+
+
+def format_line(step: int, values: dict[str, float]) -> str:
+    unknown = set(values) - set(METRICS)
+    if unknown:
+        raise KeyError(f"not metrics of this trainer: {sorted(unknown)}")
+    parts = [f"step={step}"]
+    parts += [f"{name}={fmt.format(values[name])}" for name, fmt in METRICS.items() if name in values]
+    return " ".join(parts)
+
+
+def metric_definitions() -> list[dict[str, str]]:
+    # \b keeps "lr=" from matching inside a longer key such as "min_lr=" ("_" is a word character).
+    return [{"Name": name, "Regex": f"\\b{name}={NUMBER}"} for name in METRICS]
+
+
+def main() -> int:
+    json.dump(metric_definitions(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
