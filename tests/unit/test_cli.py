@@ -87,3 +87,20 @@ def test_the_console_script_is_installed():
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["network"]["ips_needed"] > 0
+
+
+def test_data_prepare_makes_token_shards_from_a_text_tree(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def f():\n    return 1\n" * 200)
+    (src / "b.txt").write_text("hello lustre\n" * 300)
+    out = tmp_path / "shards"
+
+    assert main(["data", "prepare", str(src), str(out)]) == 0
+
+    index = json.loads((out / "index.json").read_text())
+    assert index and any(p.suffix == ".bin" for p in out.iterdir())
+
+
+def test_data_prepare_refuses_a_missing_source(tmp_path, capsys):
+    assert main(["data", "prepare", str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
