@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 from lustrain_core.errors import SpecInvalid
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 
 
 def register(sub: Any) -> None:
@@ -39,6 +41,7 @@ def register(sub: Any) -> None:
     up = lsub.add_parser("up", help="serve the twin on 127.0.0.1 so that aws CLI and boto3 work against it")
     up.add_argument("--port", type=int, default=5000)
     up.add_argument("--for-seconds", type=float, help="stop after this long (default: until Ctrl-C)")
+    up.add_argument("--quota", type=int, default=8, help="the twin account's quota of each instance type (8)")
     up.set_defaults(command=cmd_local_up)
     inv = lsub.add_parser("invoke", help="invoke one function of the stack with an event file")
     inv.add_argument("function", help="the handler's name, e.g. register_job")
@@ -96,10 +99,20 @@ def _print_outcome(r: Any) -> None:
 
 def cmd_local_up(args: argparse.Namespace) -> int:
     import requests
+    from lustrain_core.prices import INSTANCE_TYPES
+    from lustrain_core.spec import load_spec_file
     from moto.server import ThreadedMotoServer
 
     from lustrain.twin import patches
-    from lustrain.twin.rehearse import FAST_PARAMETERS, REGION, STACK_NAME, TEMPLATE
+    from lustrain.twin.patches import service_quotas
+    from lustrain.twin.rehearse import (
+        FAST_PARAMETERS,
+        REGION,
+        STACK_NAME,
+        TEMPLATE,
+        _ensure_bucket,
+        _ensure_data,
+    )
     from lustrain.twin.stack import materialise
 
     url = f"http://127.0.0.1:{args.port}"
@@ -112,6 +125,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         MOTO_PORT=str(args.port),
     )
     patches.install()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=args.port, verbose=False)
     server.start()
     try:
@@ -119,11 +133,23 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             f"{url}/moto-api/config", json={"stepfunctions": {"execute_state_machine": True}}, timeout=10
         )
         stack = materialise(TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=FAST_PARAMETERS)
+        for instance_type in INSTANCE_TYPES:
+            service_quotas.set_quota(instance_type, args.quota, REGION)
+        example = load_spec_file(EXAMPLE)
+        _ensure_data(example, print)
+        _ensure_bucket(example.output.s3_uri.removeprefix("s3://").split("/")[0])
         print(f"lustrain twin serving on {url} (region {REGION}, account 123456789012)")
         for name, value in sorted(stack.outputs.items()):
             print(f"  {name:<28} {value}")
         jobs = stack.outputs.get("JobsBucketName", "<jobs bucket>")
-        print(f"start a run:  aws --endpoint-url {url} s3 cp SPEC.yaml s3://{jobs}/jobs/")
+        artifacts = stack.outputs.get("ArtifactsBucketName", "<artifacts bucket>")
+        print(
+            f"start a run:  AWS_ENDPOINT_URL={url} lustrain submit examples/tiny.yaml "
+            f"--jobs-bucket {jobs} --artifacts-bucket {artifacts}"
+        )
+        print(
+            f"          or: aws --endpoint-url {url} s3 cp SPEC.yaml s3://{jobs}/jobs/  (code.source: s3://...)"
+        )
         print("Ctrl-C stops the twin.", flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
