@@ -1,27 +1,39 @@
 """Reading token shards for training: memory-mapped, disjoint per rank, prefetched in the background.
 
-A batch is one contiguous slice of batch_size * seq_len + 1 tokens, so every read is a single sequential
-copy (what Lustre and the page cache serve fastest). The order of those slices is shuffled per epoch with
-a seed every rank shares, and rank r takes every world_size-th slice of that order, so no two ranks read
-the same batch in an epoch. A background thread reads batches a few megabytes at a time into one buffer
-(pinned on a GPU), so the per-batch Python work is small next to the copy itself.
+A batch is one contiguous span of batch_size * seq_len + 1 tokens; spans do not overlap. The order is
+shuffled at two levels, so that the loader reads a few large pieces rather than many scattered batches:
+
+- blocks of adjacent spans (about a megabyte, aligned within a shard) are put in an order shuffled per
+  epoch with a seed every rank shares, and rank r takes the r-th of world_size equal runs of that order,
+  so no two ranks read the same span in an epoch and each span is read at most once per epoch;
+- within a window of a few blocks a rank's batches are shuffled again.
+
+A background thread copies a window's whole blocks with one np.take per shard (a single call without the
+GIL, near the speed of a sequential read; cut blocks at a shard's end or a rank's share are copied run by
+run) into one buffer (pinned on a GPU). It works out the next window while the training loop waits and
+hands a window over in one piece; the loop turns it into batches, views of the buffer, while the thread
+copies the next one.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 import queue
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .shards import DTYPE, DataError, DataIndex
+from .shards import DTYPE, TOKEN_BYTES, DataError, DataIndex
 
-GROUP_BYTES = 4 << 20
-MAX_GROUP = 256
+BLOCK_BYTES = 1 << 20
+WINDOW_BLOCKS = 8
+KEEP_BUFFERS = 8
 
 
 class ShardReader:
@@ -39,42 +51,59 @@ class ShardReader:
         # torch mapping rather than np.memmap: that one keeps a file descriptor open per shard.)
         self._maps = [torch.from_file(str(shard.path), shared=False, size=shard.tokens, dtype=torch.uint16).numpy()
                       for shard in self.shards]
+        self.buffers = _Buffers(keep=KEEP_BUFFERS)
 
-    def read_rows(self, out: np.ndarray, shards: list[int], offsets: list[int]) -> None:
-        """Fill row j of `out` with the tokens at offsets[j] of shard shards[j].
+    def read_into(self, out: np.ndarray, shard: int, offset: int) -> None:
+        """Fill `out` with the tokens from `offset` of shard `shard`: one straight copy, without the GIL.
 
-        One straight copy per row (numpy lets go of the GIL while it copies); for batches of tens of
-        kilobytes the Python per row is small next to the copy. Gathers were tried: numpy fancy indexing
-        copies twice, and torch.index_select spreads a memory-bound copy over every OpenMP thread, which
-        on a busy machine made the loader several times slower.
+        Gathers of many small rows were tried first: the per-row work (and on a busy machine torch's
+        OpenMP gathers) made the loader several times slower than a sequential read.
         """
-        maps, count = self._maps, out.shape[1]
-        for row, shard, offset in zip(out, shards, offsets, strict=True):
-            row[:] = maps[shard][offset : offset + count]
+        out[:] = self._maps[shard][offset : offset + len(out)]
+
+    def blocks(self, shard: int, row_tokens: int) -> np.ndarray:
+        """Shard `shard` as rows of `row_tokens` (its whole blocks), without copying."""
+        whole = len(self._maps[shard]) // row_tokens
+        return self._maps[shard][: whole * row_tokens].reshape(whole, row_tokens)
 
     def read(self, shard: int, offset: int, count: int) -> torch.Tensor:
         return torch.from_numpy(self._maps[shard][offset : offset + count].copy())
 
 
 class BatchPlan:
-    """Where batch number k of this rank lies: a pure function of (seed, epoch, rank, world_size, k)."""
+    """Where batch number k of this rank lies: a pure function of (seed, epoch, rank, world_size, k).
+
+    `block` (spans per block) and `window` (blocks per shuffle window) default to about a megabyte and
+    eight of them; smaller ones shuffle more finely at more copies per window.
+    """
 
     def __init__(self, shard_tokens: list[int], batch_size: int, seq_len: int, rank: int, world_size: int,
-                 seed: int, shuffle: bool = True, split: str = "train") -> None:
+                 seed: int, shuffle: bool = True, split: str = "train", block: int | None = None,
+                 window: int = WINDOW_BLOCKS) -> None:
+        if (block is not None and block < 1) or window < 1:
+            raise DataError(f"block ({block}) and window ({window}) must be at least 1")
         self.batch_size, self.seq_len = batch_size, seq_len
         self.span = batch_size * seq_len
         self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
-        # The +1 token is the last target; it may be the first token of the next batch's slice.
-        counts = [max(0, (tokens - 1) // self.span) for tokens in shard_tokens]
+        # Spans do not overlap (the last target of a batch is not the next batch's first input), so a
+        # block of them is one straight row of a shard: 1 input-target pair in span is not trained on.
+        counts = np.array([tokens // self.batch_tokens for tokens in shard_tokens], dtype=np.int64)
         self._shard_of = np.repeat(np.arange(len(counts)), counts)
-        self._offset_of = np.concatenate([np.arange(n, dtype=np.int64) * self.span for n in counts])
-        self.total = int(sum(counts))
+        firsts = np.cumsum(counts) - counts  # span number of each shard's first span
+        self._offset_of = (np.arange(int(counts.sum())) - np.repeat(firsts, counts)) * self.batch_tokens
+        self.total = int(counts.sum())
         self.per_rank = self.total // world_size
         if self.per_rank == 0:
             raise DataError(
                 f"the {split} split holds {self.total} batches of batch_size {batch_size} x seq_len {seq_len}, "
                 f"fewer than the {world_size} ranks: prepare more data or lower batch_size/seq_len"
             )
+        self.block = block or max(1, BLOCK_BYTES // (self.batch_tokens * TOKEN_BYTES))
+        self.window = self.block * window  # batches
+        # Blocks start at every block-th span of a shard; a shard's last block may be short.
+        self._block_starts = np.concatenate(
+            [first + np.arange(0, n, self.block) for first, n in zip(firsts.tolist(), counts.tolist(), strict=True)])
+        self._block_lengths = np.diff(np.append(self._block_starts, self.total))
         self._orders: dict[int, np.ndarray] = {}
 
     @property
@@ -82,26 +111,84 @@ class BatchPlan:
         return self.span + 1
 
     def _order(self, epoch: int) -> np.ndarray:
+        """The span numbers of this rank's batches in one epoch."""
+        if epoch in self._orders:
+            return self._orders[epoch]
+        lo, hi = self.rank * self.per_rank, (self.rank + 1) * self.per_rank
         if not self.shuffle:
-            return np.arange(self.total)
-        if epoch not in self._orders:
-            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
-            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.total)
-        return self._orders[epoch]
+            return np.arange(lo, hi)
+        blocks = np.random.default_rng([self.seed, epoch]).permutation(len(self._block_starts))
+        starts, lengths = self._block_starts[blocks], self._block_lengths[blocks]
+        ends = np.cumsum(lengths)
+        # Only the blocks that overlap this rank's run of the shuffled order are spelled out span by span.
+        first, last = int(np.searchsorted(ends, lo, "right")), int(np.searchsorted(ends, hi - 1, "right"))
+        starts, lengths = starts[first : last + 1], lengths[first : last + 1]
+        before = ends[first] - lengths[0]
+        spans = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        order = spans[lo - before : hi - before]
+        # Within each window the batches are shuffled again, with a draw of this rank's own.
+        keys = np.random.default_rng([self.seed, epoch, self.rank]).random(self.per_rank)
+        order = order[np.lexsort((keys, np.arange(self.per_rank) // self.window))]
+        self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
+        self._orders[epoch] = order
+        return order
+
+    def spans(self, start: int, count: int) -> np.ndarray:
+        """Span numbers (positions in the split, shard after shard) of this rank's batches start .. +count-1."""
+        epoch, position = divmod(start, self.per_rank)
+        if position + count <= self.per_rank:
+            return self._order(epoch)[position : position + count]
+        epochs, positions = np.divmod(np.arange(start, start + count), self.per_rank)
+        spans = np.empty(count, dtype=np.int64)
+        for epoch in np.unique(epochs):
+            here = epochs == epoch
+            spans[here] = self._order(int(epoch))[positions[here]]
+        return spans
 
     def locations(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """(shard, offset) arrays of this rank's batches start .. start + count - 1."""
-        ks = np.arange(start, start + count)
-        epochs, positions = np.divmod(ks, self.per_rank)
-        globals_ = np.empty(count, dtype=np.int64)
-        for epoch in np.unique(epochs):
-            here = epochs == epoch
-            globals_[here] = self._order(int(epoch))[positions[here] * self.world_size + self.rank]
-        return self._shard_of[globals_], self._offset_of[globals_]
+        return self.locations_of(self.spans(start, count))
+
+    def locations_of(self, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, offset) arrays of the given span numbers."""
+        return self._shard_of[spans], self._offset_of[spans]
 
     def location(self, k: int) -> tuple[int, int]:
         shards, offsets = self.locations(k, 1)
         return int(shards[0]), int(offsets[0])
+
+    def window_end(self, k: int) -> int:
+        """The first batch number after the shuffle window that holds batch k (windows end with the epoch)."""
+        epoch, position = divmod(k, self.per_rank)
+        return epoch * self.per_rank + min(self.per_rank, (position // self.window + 1) * self.window)
+
+    def reads(self, spans: np.ndarray) -> Reads:
+        """How to read the given spans in few straight copies: their whole blocks, then runs of the rest."""
+        ordered = np.sort(spans)
+        shards = self._shard_of[ordered]
+        local = self._offset_of[ordered] // self.batch_tokens  # span number within its shard
+        # A block is whole when its first span is here along with the block - 1 spans after it.
+        ahead, fit = np.full(len(ordered), -1), max(0, len(ordered) - self.block + 1)
+        ahead[:fit] = ordered[self.block - 1 :]
+        whole = (local % self.block == 0) & (ahead == ordered + self.block - 1)
+        whole &= self._shard_of[np.maximum(ahead, 0)] == shards
+        in_whole = np.convolve(whole, np.ones(self.block, dtype=int))[: len(ordered)] > 0
+        blocks = [(int(shard), local[whole & (shards == shard)] // self.block)
+                  for shard in np.unique(shards[whole])]
+        rest, rest_shards = ordered[~in_whole], shards[~in_whole]
+        apart = (rest[1:] - rest[:-1] != 1) | (rest_shards[1:] != rest_shards[:-1])
+        first = np.concatenate(([0], np.flatnonzero(apart) + 1)) if len(rest) else np.empty(0, dtype=np.int64)
+        runs = list(zip(rest_shards[first].tolist(), self._offset_of[rest[first]].tolist(),
+                        np.diff(first, append=len(rest)).tolist(), strict=True))
+        layout = np.concatenate([ordered[in_whole], rest])
+        return Reads(blocks, runs, layout)
+
+
+@dataclass(slots=True)
+class Reads:
+    blocks: list[tuple[int, np.ndarray]]  # (shard, its whole blocks to read), shard by shard
+    runs: list[tuple[int, int, int]]  # (shard, offset, spans) of the other spans, run by run
+    layout: np.ndarray  # the span read into each row of the buffer: the blocks' spans, then the runs'
 
 
 @dataclass(slots=True)
@@ -118,40 +205,61 @@ class Batch:
 
 
 class Prefetcher:
-    """Batches start, start+1, ... read ahead on a background thread, a group of batches at a time.
+    """Batches start, start+1, ... read ahead on a background thread, a shuffle window at a time.
 
-    A group is a few megabytes of batches in one buffer (pinned on a GPU, so the copy to the device
-    overlaps compute), handed over in one piece: the per-batch Python work stays small next to the copy.
-    At least `depth` batches are kept ready.
+    The thread does the reading: one straight copy per run of adjacent spans into one buffer per window
+    (pinned on a GPU, so the copy to the device overlaps compute; the caching host allocator keeps it
+    until those copies are done). The training loop turns a window into batches, views of that buffer,
+    when it takes it: that Python work overlaps the thread's next copy instead of holding the GIL against
+    it. At least `depth` batches are kept ready. A start inside a window (a resumed run) reads only the
+    rest of that window.
     """
 
     def __init__(self, plan: BatchPlan, reader: ShardReader, start: int, depth: int, pin: bool) -> None:
-        self.plan, self.reader, self.pin = plan, reader, pin
-        batch_bytes = plan.batch_tokens * np.dtype(DTYPE).itemsize
-        self.group = max(1, min(MAX_GROUP, GROUP_BYTES // batch_bytes))
-        self._queue: queue.Queue[_Group | BaseException] = queue.Queue(maxsize=max(2, math.ceil(depth / self.group)))
-        self._current: _Group | None = None
-        self._next = 0
+        self.plan, self.reader = plan, reader
+        windows = max(2, math.ceil(depth / plan.window))
+        self._queue: queue.Queue[_Window | BaseException] = queue.Queue(maxsize=windows)
+        self._pin, self._capacity = pin, plan.window * (plan.span + 1)
+        self._ready: collections.deque[Batch] = collections.deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(start,), name="lustrain-prefetch", daemon=True)
         self._thread.start()
 
-    def _read_group(self, start: int) -> _Group:
-        shards, offsets = self.plan.locations(start, self.group)
-        buffer = torch.empty((self.group, self.plan.batch_tokens), dtype=torch.uint16, pin_memory=self.pin)
-        group = _Group(start, shards.tolist(), offsets.tolist(), buffer.unbind(0))
-        self.reader.read_rows(buffer.numpy(), group.shards, group.offsets)
-        return group
+    def _prepare(self, start: int) -> _Window:
+        """Everything but the copy, done while the training loop waits for the window before."""
+        end = self.plan.window_end(start)
+        spans = self.plan.spans(start, end - start)
+        reads = self.plan.reads(spans)
+        buffer = self.reader.buffers.take(len(spans) * self.plan.batch_tokens, self._capacity, self._pin)
+        where = np.argsort(reads.layout)
+        rows = where[np.searchsorted(reads.layout[where], spans)]
+        return _Window(start, end, spans, buffer, reads, rows.tolist())
+
+    def _fill(self, window: _Window) -> None:
+        row_tokens = self.plan.block * self.plan.batch_tokens
+        out, at = window.buffer.numpy(), 0
+        for shard, blocks in window.reads.blocks:
+            # One np.take per shard: a single call that copies every block without taking the GIL back, so
+            # the training loop's Python work runs alongside it.
+            rows = out[at : at + len(blocks) * row_tokens].reshape(len(blocks), row_tokens)
+            np.take(self.reader.blocks(shard, row_tokens), blocks, axis=0, out=rows, mode="clip")
+            at += len(blocks) * row_tokens
+        for shard, offset, n in window.reads.runs:
+            self.reader.read_into(out[at : at + n * self.plan.batch_tokens], shard, offset)
+            at += n * self.plan.batch_tokens
 
     def _run(self, k: int) -> None:
         try:
+            window = self._prepare(k)
             while not self._stop.is_set():
-                self._put(self._read_group(k))
-                k += self.group
+                self._fill(window)
+                after = self._prepare(window.end)
+                self._put(window)
+                window = after
         except BaseException as exc:  # re-raised in the training loop, which owns the process
             self._put(exc)
 
-    def _put(self, item: _Group | BaseException) -> None:
+    def _put(self, item: _Window | BaseException) -> None:
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
@@ -160,14 +268,18 @@ class Prefetcher:
                 continue
 
     def next(self) -> Batch:
-        if self._current is None or self._next == self.group:
+        if not self._ready:
             item = self._queue.get()
             if isinstance(item, BaseException):
                 raise item
-            self._current, self._next = item, 0
-        group, j = self._current, self._next
-        self._next += 1
-        return Batch(group.start + j, group.shards[j], group.offsets[j], group.rows[j])
+            self._ready.extend(self._batches(item))
+        return self._ready.popleft()
+
+    def _batches(self, window: _Window) -> list[Batch]:
+        rows = window.buffer.view(len(window.rows), self.plan.batch_tokens).unbind(0)
+        shards, offsets = self.plan.locations_of(window.spans)
+        return [Batch(k, shard, offset, rows[row]) for k, shard, offset, row
+                in zip(itertools.count(window.start), shards.tolist(), offsets.tolist(), window.rows)]
 
     def close(self) -> None:
         self._stop.set()
@@ -175,8 +287,39 @@ class Prefetcher:
 
 
 @dataclass(slots=True)
-class _Group:
+class _Window:
     start: int
-    shards: list[int]
-    offsets: list[int]
-    rows: tuple[torch.Tensor, ...]
+    end: int
+    spans: np.ndarray  # span numbers of batches start .. end - 1
+    buffer: torch.Tensor  # one row of batch_tokens per span, in the order of reads.layout
+    reads: Reads
+    rows: list[int]  # for each batch, its row
+
+
+class _Buffers:
+    """Buffers for windows; on the CPU each is reused once no tensor made from it is alive any more.
+
+    A fresh buffer of megabytes costs a page fault every 4 KiB, about as long as the copy into it. Pinned
+    buffers come from torch's caching host allocator, which already reuses them, and only once the
+    copies to the GPU that read them are done. Up to `keep` free buffers are kept.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._free: collections.deque[np.ndarray] = collections.deque()
+
+    def take(self, tokens: int, capacity: int, pin: bool) -> torch.Tensor:
+        """A buffer of `tokens`; a new one on the CPU holds `capacity`, so that it fits any window after."""
+        if pin:
+            return torch.empty(tokens, dtype=torch.uint16, pin_memory=True)
+        memory = self._free.pop() if self._free else np.empty(0, dtype=np.uint16)
+        if len(memory) < tokens:
+            memory = np.empty(max(tokens, capacity), dtype=np.uint16)
+        # The tensor (and every view of it) keeps `part` alive; when the last one goes, so does `part`.
+        part = memory[:tokens]
+        weakref.finalize(part, self._give_back, memory)
+        return torch.from_numpy(part)
+
+    def _give_back(self, memory: np.ndarray) -> None:
+        if len(self._free) < self.keep:
+            self._free.append(memory)

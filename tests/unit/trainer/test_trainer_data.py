@@ -21,9 +21,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def plan_for(data: Path, rank: int, world_size: int, seed: int = 7) -> BatchPlan:
+def plan_for(data: Path, rank: int, world_size: int, seed: int = 7, block: int | None = 4,
+             window: int = 3) -> BatchPlan:
+    # Blocks of 4 batches, windows of 3 blocks: many of each in the test data, as in a real data set.
     index = read_index(data)
-    return BatchPlan([s.tokens for s in index.splits["train"]], 4, 32, rank, world_size, seed)
+    return BatchPlan([s.tokens for s in index.splits["train"]], 4, 32, rank, world_size, seed, block=block,
+                     window=window)
 
 
 def test_ranks_read_disjoint_batches_that_cover_the_epoch(data: Path) -> None:
@@ -46,20 +49,50 @@ def test_each_epoch_is_a_new_order_and_the_order_is_the_same_in_every_process(da
     assert list(zip(shards.tolist(), offsets.tolist(), strict=True)) == (first + second)[n - 3 : n + 3]
 
 
+def test_windows_shuffle_blocks_of_adjacent_batches_read_in_few_straight_copies(data: Path) -> None:
+    plan = plan_for(data, 0, 2)
+    blocks = plan.window // plan.block
+    for start in range(0, plan.per_rank, plan.window):
+        spans = plan.spans(start, plan.window_end(start) - start)
+        reads = plan.reads(spans)
+        # whole blocks, plus at most the pieces of blocks cut by a shard's end or this rank's share
+        assert sum(len(b) for _, b in reads.blocks) <= blocks and len(reads.runs) <= 3
+        assert sorted(reads.layout.tolist()) == sorted(spans.tolist())
+        if len(spans) == plan.window:
+            assert spans.tolist() != sorted(spans.tolist())  # shuffled within the window
+    firsts = plan.spans(0, plan.per_rank)[:: plan.block]
+    assert np.any(np.diff(firsts) != plan.block)  # blocks in a shuffled order
+
+
 def test_prefetcher_yields_the_planned_batches_with_their_tokens_from_any_start(data: Path) -> None:
     index = read_index(data)
-    plan, reader = plan_for(data, 1, 2), ShardReader(index, "train")
     shards = [np.fromfile(s.path, dtype="<u2") for s in index.splits["train"]]
-    for start in (0, 5, plan.per_rank - 2):  # a resumed run starts at step * grad_accum
-        prefetch = Prefetcher(plan, reader, start=start, depth=3, pin=False)
-        try:
-            for k in range(start, start + prefetch.group + 10):  # across a group and the epoch's end
-                batch = prefetch.next()
-                assert (batch.number, (batch.shard, batch.offset)) == (k, plan.location(k))
-                expected = shards[batch.shard][batch.offset : batch.offset + plan.batch_tokens]
-                assert np.array_equal(batch.tokens.numpy(), expected)
-        finally:
-            prefetch.close()
+    reader = ShardReader(index, "train")
+    for block in (4, None):  # whole blocks copied by shard rows; everything in runs (one block per shard)
+        plan = plan_for(data, 1, 2, block=block)
+        for start in (0, 5, plan.per_rank - 2):  # a resumed run starts at step * grad_accum
+            prefetch = Prefetcher(plan, reader, start=start, depth=3, pin=False)
+            try:
+                for k in range(start, start + 2 * plan.window + 10):  # across windows and the epoch's end
+                    batch = prefetch.next()
+                    assert (batch.number, (batch.shard, batch.offset)) == (k, plan.location(k))
+                    expected = shards[batch.shard][batch.offset : batch.offset + plan.batch_tokens]
+                    assert np.array_equal(batch.tokens.numpy(), expected)
+            finally:
+                prefetch.close()
+
+
+def test_a_window_buffer_is_reused_only_once_its_batches_are_gone(data: Path) -> None:
+    plan, reader = plan_for(data, 0, 1), ShardReader(read_index(data), "train")
+    prefetch = Prefetcher(plan, reader, start=0, depth=1, pin=False)
+    try:
+        held = [prefetch.next() for _ in range(3 * plan.window)]  # kept across windows
+        copies = [batch.tokens.clone() for batch in held]
+        for _ in range(3 * plan.window):
+            prefetch.next()
+    finally:
+        prefetch.close()
+    assert all(torch.equal(batch.tokens, copy) for batch, copy in zip(held, copies, strict=True))
 
 
 def test_targets_are_the_inputs_shifted_by_one_token(data: Path) -> None:
@@ -75,8 +108,8 @@ def test_targets_are_the_inputs_shifted_by_one_token(data: Path) -> None:
 
 
 def test_a_reader_error_reaches_the_training_loop(data: Path) -> None:
-    plan, reader = plan_for(data, 0, 1), ShardReader(read_index(data), "train")
-    reader.read_rows = None  # type: ignore[assignment,method-assign]
+    plan, reader = plan_for(data, 0, 1, block=None), ShardReader(read_index(data), "train")
+    reader.read_into = None  # type: ignore[assignment,method-assign]
     prefetch = Prefetcher(plan, reader, start=0, depth=2, pin=False)
     try:
         with pytest.raises(TypeError):
