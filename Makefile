@@ -6,11 +6,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SPEC   ?= examples/tiny.yaml
 
-.PHONY: run test install lint validate build unit functional e2e bench clean
+.PHONY: run test install lint validate scan build unit functional e2e bench clean
 
 # aws-sam-cli pins boto3: it gets a virtualenv of its own.
 SAM_VENV := .venv-sam
 SAM      := SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam
+# checkov pins its own boto3 and conflicts with aws-sam-cli: a virtualenv of its own too.
+CHECKOV_VENV := .venv-checkov
+CHECKOV      := $(CHECKOV_VENV)/bin/checkov
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,11 +42,20 @@ validate: install $(SAM_VENV)/bin/sam
 	$(BIN)/cfn-lint template.yaml
 	$(SAM) validate --lint --region us-east-1
 
+$(CHECKOV):
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check checkov==3.3.30 2>&1 \
+	  | { grep -v "is ignored: it is neither" || true; }; test $${PIPESTATUS[0]} -eq 0
+
+## The scanners: checkov (settings in .checkov.yaml; every skip justified in template.yaml's Metadata).
+scan: install $(CHECKOV)
+	$(CHECKOV) --config-file .checkov.yaml -f template.yaml
+
 ## The Lambda bundle for `sam deploy` (python3.12 must be on PATH; pyenv users: PYENV_VERSION=3.11.7:3.12.1).
 build: $(SAM_VENV)/bin/sam
 	$(SAM) build
 
-test: install lint validate
+test: install lint validate scan
 	$(BIN)/python -m pytest
 
 unit: install

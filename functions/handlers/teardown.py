@@ -25,6 +25,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         ec2=clients.client("ec2"),
         fsx=clients.client("fsx"),
         ddb=clients.client("dynamodb"),
+        sagemaker=clients.client("sagemaker"),
         settings=settings,
         clock=teardown.clock_for(context, settings),
     )

@@ -8,9 +8,11 @@ import boto3
 import pytest
 from infra_support import REGION, count_of_job, invoke, job_record, register, spec
 from lustrain_core.steps import records
+from training_support import held_training_jobs, training_input
 
 from lustrain.twin import faults
 from lustrain.twin.patches import fsx as twin_fsx
+from lustrain.twin.patches import service_quotas
 
 NOTHING = {
     "vpcs": 0,
@@ -207,3 +209,99 @@ def test_a_reused_file_system_stays_and_only_the_runs_own_link_on_it_goes(aws):
     assert twin_fsx.linked_paths(shared) == {"/data": "s3://lustrain-test-data/tokens/"}
     assert [r["type"] for r in result["deleted"]] == ["data_repository_association"]
     assert count_of_job(owner["job"]["job_id"])["file_systems"] == 1
+
+
+# --- the run's training job (start_training records it in the ledger before creating it) -------------------
+
+
+@pytest.fixture
+def training(aws):
+    """A run whose training job start_training created on the twin, held InProgress (it never trains)."""
+    service_quotas.set_quota("ml.p4d.24xlarge", 4, REGION)
+    with held_training_jobs():
+        document = training_input()
+        name = invoke("start_training", document)["training_job_name"]
+        del document["task_token"]
+        yield document, name
+
+
+def sagemaker():
+    return boto3.client("sagemaker", region_name=REGION)
+
+
+def test_a_training_job_still_running_is_stopped_and_waited_for_before_anything_is_deleted(training, aws):
+    document, name = training
+    assert sagemaker().describe_training_job(TrainingJobName=name)["TrainingJobStatus"] == "InProgress"
+    document["error"] = {"Error": "States.Timeout", "Cause": "no event from SageMaker"}
+
+    result = tear_down(document)
+
+    assert sagemaker().describe_training_job(TrainingJobName=name)["TrainingJobStatus"] == "Stopped"
+    assert result["stopped"] == [{"type": "training_job", "id": name}]
+    assert result["remaining"] == [] and result["status"] == "FAILED"
+    assert job_record(aws.jobs_table, document["job"]["job_id"])["resources"] == []
+
+
+def test_a_training_job_that_already_stopped_is_handled_not_left_remaining(training):
+    document, name = training
+    sagemaker().stop_training_job(TrainingJobName=name)
+
+    result = tear_down(document)
+
+    assert sagemaker().describe_training_job(TrainingJobName=name)["TrainingJobStatus"] == "Stopped"
+    assert {"type": "training_job", "id": name} in result["already_gone"]
+    assert (result["stopped"], result["remaining"]) == ([], [])
+
+
+@pytest.mark.parametrize("status", ["Completed", "Failed"])
+def test_a_finished_training_job_is_handled_not_left_remaining(training, status):
+    """The bug: a Completed job stayed in teardown's "remaining" list, and the run's notification said so."""
+    from botocore.stub import Stubber
+    from lustrain_core import clients
+
+    document, name = training
+    client = clients.client("sagemaker")
+    ended = client.describe_training_job(TrainingJobName=name)
+    tags = client.list_tags(ResourceArn=ended["TrainingJobArn"])["Tags"]
+    ended = {k: v for k, v in ended.items() if k != "ResponseMetadata"}
+    ended.update(
+        TrainingJobStatus=status,
+        SecondaryStatus=status,
+        ModelArtifacts={"S3ModelArtifacts": f"s3://lustrain-test-results/tiny/{name}/output/model.tar.gz"},
+    )
+    with Stubber(client) as stub:
+        stub.add_response("describe_training_job", ended, {"TrainingJobName": name})
+        stub.add_response("list_tags", {"Tags": tags}, {"ResourceArn": ended["TrainingJobArn"]})
+        result = tear_down(document)
+        stub.assert_no_pending_responses()
+
+    assert {"type": "training_job", "id": name} in result["already_gone"]
+    assert (result["stopped"], result["remaining"]) == ([], [])
+
+
+def test_a_training_job_in_the_ledger_that_was_never_created_counts_as_gone(aws):
+    document = register()
+    never = f"tiny-{document['job']['job_id'].rsplit('-', 1)[1]}-1"
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.add_resources(
+        ddb, aws.jobs_table, document["job"]["job_id"], [{"type": "training_job", "id": never}]
+    )
+
+    result = tear_down(document)
+
+    assert result["already_gone"] == [{"type": "training_job", "id": never}]
+    assert result["remaining"] == []
+
+
+def test_a_training_job_of_another_run_is_never_stopped_even_from_the_ledger(training, aws):
+    _, name = training
+    other = register(spec(name="other"), execution="run-2")
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.add_resources(ddb, aws.jobs_table, other["job"]["job_id"], [{"type": "training_job", "id": name}])
+
+    result = tear_down(other)
+
+    assert sagemaker().describe_training_job(TrainingJobName=name)["TrainingJobStatus"] == "InProgress"
+    assert result["kept"] == [
+        {"type": "training_job", "id": name, "reason": "not tagged as this job's: never stopped"}
+    ]

@@ -38,6 +38,7 @@ HANDLERS = {
     "on_training_event",
     "teardown",
     "notify",
+    "sweep",
 }
 COMPENSATION = "Tear down after failure"
 

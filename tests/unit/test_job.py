@@ -254,6 +254,19 @@ def test_output_and_checkpoints_must_both_lie_under_the_output_prefixes():
     assert error.details["field"] == "output.s3_uri"
 
 
+def test_code_on_s3_must_lie_under_the_code_prefixes_the_stack_allows():
+    policy = Policy.from_env(
+        {"LUSTRAIN_ALLOWED_CODE_PREFIXES": "s3://data-bucket/, s3://stack-artifacts/uploads/"}
+    )
+    policy.check_spec(spec_with(code={"source": "s3://stack-artifacts/uploads/gpt/0123/"}))
+    error = forbidden(policy, spec_with())
+    assert (error.details["rule"], error.details["field"]) == (
+        "LUSTRAIN_ALLOWED_CODE_PREFIXES",
+        "code.source",
+    )
+    assert "s3://code-bucket/gpt/" in error.message and "s3://stack-artifacts/uploads/" in error.message
+
+
 def test_instance_type_and_count_rules_name_their_field():
     policy = Policy.from_env(
         {"LUSTRAIN_ALLOWED_INSTANCE_TYPES": "ml.g5.48xlarge", "LUSTRAIN_MAX_INSTANCES_PER_RUN": "4"}

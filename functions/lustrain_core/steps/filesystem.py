@@ -53,6 +53,11 @@ OUTPUT_ROOT = "/lustrain-output"
 LUSTRE_VERSION = "2.15"
 FAILED_LIFECYCLES = frozenset({"FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"})
 ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
+#: the stack's KMS key (optional), the same setting start_training reads for the job's output and volume
+KMS_KEY_SETTING = "LUSTRAIN_KMS_KEY_ID"
+
+#: On a file system the spec keeps (filesystem.keep), so that a sweep of a run whose record is gone keeps it too.
+TAG_KEEP = "lustrain:keep"
 
 DEFAULT_POLL = {"initial_seconds": 60, "max_seconds": 300, "max_polls": 120}
 
@@ -142,6 +147,9 @@ def create_request(job: Job, network: dict[str, Any], settings: Settings) -> dic
     }
     if kind == "PERSISTENT_2":
         lustre["PerUnitStorageThroughput"] = int(planned["per_unit_storage_throughput"])
+    tags = job.tags(settings.stack_name, "lustre")
+    if job.spec.filesystem.keep:
+        tags.append({"Key": TAG_KEEP, "Value": "true"})
     request: dict[str, Any] = {
         "ClientRequestToken": job.job_id,
         "FileSystemType": "LUSTRE",
@@ -149,9 +157,13 @@ def create_request(job: Job, network: dict[str, Any], settings: Settings) -> dic
         "StorageType": "SSD",
         "SubnetIds": [network["subnet_id"]],
         "SecurityGroupIds": list(network["security_group_ids"]),
-        "Tags": job.tags(settings.stack_name, "lustre"),
+        "Tags": tags,
         "LustreConfiguration": lustre,
     }
+    kms_key_id = settings.extra.get(KMS_KEY_SETTING, "").strip()
+    if kms_key_id and kind.startswith("PERSISTENT"):
+        # FSx takes a customer key on persistent file systems only; scratch ones use an FSx-managed key
+        request["KmsKeyId"] = kms_key_id
     if links.method == "import_path":
         lustre["ImportPath"] = job.spec.data.s3_uri
         lustre["AutoImportPolicy"] = "NEW_CHANGED_DELETED"

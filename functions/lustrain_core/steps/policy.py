@@ -4,6 +4,8 @@ Each rule comes from one environment variable of the stack (comma-separated; uns
 
     LUSTRAIN_ALLOWED_DATA_PREFIXES     data.s3_uri must lie under one of these s3:// prefixes
     LUSTRAIN_ALLOWED_OUTPUT_PREFIXES   output.s3_uri and the checkpoint location likewise
+    LUSTRAIN_ALLOWED_CODE_PREFIXES     code.source (on S3) likewise; the stack sets it to the data prefixes plus
+                                       its own upload locations whenever the data prefixes are limited
     LUSTRAIN_ALLOWED_IMAGE_REGISTRIES  image.uri's registry: a host (123456789012.dkr.ecr.us-east-1.amazonaws.com)
                                        or an account id (123456789012)
     LUSTRAIN_ALLOWED_INSTANCE_TYPES    compute.instance_type
@@ -27,6 +29,7 @@ from lustrain_core.spec import JobSpec
 
 DATA_PREFIXES = "LUSTRAIN_ALLOWED_DATA_PREFIXES"
 OUTPUT_PREFIXES = "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES"
+CODE_PREFIXES = "LUSTRAIN_ALLOWED_CODE_PREFIXES"
 IMAGE_REGISTRIES = "LUSTRAIN_ALLOWED_IMAGE_REGISTRIES"
 INSTANCE_TYPES = "LUSTRAIN_ALLOWED_INSTANCE_TYPES"
 MAX_INSTANCES = "LUSTRAIN_MAX_INSTANCES_PER_RUN"
@@ -59,6 +62,7 @@ def _prefix(uri: str) -> str:
 class Policy:
     data_prefixes: tuple[str, ...] = ()
     output_prefixes: tuple[str, ...] = ()
+    code_prefixes: tuple[str, ...] = ()
     image_registries: tuple[str, ...] = ()
     instance_types: tuple[str, ...] = ()
     max_instances: float | None = None
@@ -66,13 +70,14 @@ class Policy:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Policy:
-        for name in (DATA_PREFIXES, OUTPUT_PREFIXES):
+        for name in (DATA_PREFIXES, OUTPUT_PREFIXES, CODE_PREFIXES):
             for prefix in _list(env, name):
                 if not prefix.startswith("s3://"):
                     raise ValueError(f"stack setting {name}: {prefix!r} is not an s3:// prefix")
         return cls(
             data_prefixes=_list(env, DATA_PREFIXES),
             output_prefixes=_list(env, OUTPUT_PREFIXES),
+            code_prefixes=_list(env, CODE_PREFIXES),
             image_registries=_list(env, IMAGE_REGISTRIES),
             instance_types=_list(env, INSTANCE_TYPES),
             max_instances=_number(env, MAX_INSTANCES, int),
@@ -86,6 +91,8 @@ class Policy:
         self._under(
             spec.checkpoint_s3_uri, self.output_prefixes, "checkpoints.s3_uri", OUTPUT_PREFIXES, "output"
         )
+        if spec.code.source.startswith("s3://"):
+            self._under(spec.code.source, self.code_prefixes, "code.source", CODE_PREFIXES, "code")
         if self.instance_types and spec.compute.instance_type not in self.instance_types:
             raise SpecForbidden(
                 f"compute.instance_type {spec.compute.instance_type} is not allowed by this stack "

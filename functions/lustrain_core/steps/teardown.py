@@ -3,11 +3,15 @@
 What is deleted: the resources in the job record's ledger plus any found by the run's tags (a step that created
 something and failed before recording it). Each one is checked before it is touched: it must carry this job's
 `lustrain:job-id` tag and this stack's `lustrain:created-by` tag, so a foreign or untagged resource is never
-deleted, even if its id somehow reached the ledger. A file system the spec keeps (filesystem.keep) and one the
-run reused (filesystem.file_system_id, never recorded) stay, and so does the network a kept file system lives
-in; the report lists what was kept and why.
+deleted, even if its id somehow reached the ledger. A file system the spec keeps (filesystem.keep, or its
+`lustrain:keep` tag when the job record is gone) and one the run reused (filesystem.file_system_id, never
+recorded) stay, and so does the network a kept file system lives in; the report lists what was kept and why.
 
 Order, as AWS's dependencies dictate:
+0. training jobs (start_training records {type: training_job, id: <name>} before it creates one): one still
+   InProgress is stopped (StopTrainingJob) and waited for until Stopped, because its instances mount the file
+   system and hold network interfaces in the subnet; one that already ended (Completed, Failed, Stopped) holds
+   nothing and counts as already gone, and so does one that was never created.
 1. file systems: when output.to_filesystem, export the output to S3 first (EXPORT_TO_REPOSITORY over the output
    path) and wait for it; wait for any running data repository task (DeleteFileSystem fails while one runs);
    delete the file system's associations, then the file system without a final backup, and wait until it is
@@ -18,6 +22,9 @@ Order, as AWS's dependencies dictate:
    network interfaces are still draining (SageMaker's take minutes): each is retried until the step's time
    budget runs out, then TeardownIncomplete lists what remains so that the state machine retries the step.
 The job record ends with status SUCCEEDED or FAILED (from $.error) and the resources still left.
+
+`teardown` is the state machine's step; `teardown_job` is the same work for one job id, which the sweeper
+(steps/sweep.py) calls for runs that ended without a complete teardown.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import clients
 from lustrain_core.config import Settings
 from lustrain_core.errors import TeardownIncomplete
 from lustrain_core.spec import validate_spec
@@ -36,6 +44,9 @@ from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records, tag_dict
 from lustrain_core.steps import filesystem as fsx_step
 
 NETWORK_ORDER = ("security_group", "vpc_endpoint", "route_table", "subnet", "vpc")
+TRAINING_JOB = "training_job"
+#: A training job in these statuses still holds instances (and mounts the file system).
+TRAINING_RUNNING = frozenset({"InProgress", "Stopping"})
 FS_KINDS = ("file_system", "data_repository_association")
 NOT_FOUND = frozenset(
     {
@@ -116,9 +127,12 @@ class Report:
     kept: list[dict[str, str]] = field(default_factory=list)
     already_gone: list[dict[str, str]] = field(default_factory=list)
     remaining: list[dict[str, str]] = field(default_factory=list)
+    #: training jobs this teardown stopped (a stopped job is not deleted: SageMaker keeps its record)
+    stopped: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "stopped": self.stopped,
             "deleted": self.deleted,
             "kept": self.kept,
             "already_gone": self.already_gone,
@@ -127,9 +141,26 @@ class Report:
 
 
 class Teardown:
-    def __init__(self, *, ec2: Any, fsx: Any, job_id: str, settings: Settings, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        ec2: Any,
+        fsx: Any,
+        job_id: str,
+        settings: Settings,
+        clock: Clock,
+        sagemaker: Any = None,
+    ) -> None:
         self.ec2, self.fsx, self.job_id, self.settings, self.clock = ec2, fsx, job_id, settings, clock
+        self._sagemaker = sagemaker
         self.report = Report()
+
+    @property
+    def sagemaker(self) -> Any:
+        # built only for a run that has a training job: most failures happen before one exists
+        if self._sagemaker is None:
+            self._sagemaker = clients.client("sagemaker")
+        return self._sagemaker
 
     # ----------------------------------------------------------------- ownership
 
@@ -189,6 +220,53 @@ class Teardown:
             return None
         return item
 
+    # ----------------------------------------------------------------- training jobs
+
+    def _training_job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.sagemaker.describe_training_job(TrainingJobName=name))
+        except ClientError as exc:
+            if _training_job_missing(exc):
+                return None
+            raise
+
+    def _training_job_tags(self, arn: str) -> list[dict[str, str]]:
+        tags: list[dict[str, str]] = []
+        params: dict[str, Any] = {"ResourceArn": arn}
+        while True:
+            page = self.sagemaker.list_tags(**params)
+            tags.extend(page.get("Tags", []))
+            if not page.get("NextToken"):
+                return tags
+            params["NextToken"] = page["NextToken"]
+
+    def stop_training_job(self, name: str) -> str | None:
+        """Stop one of the run's training jobs and wait until it has; None when it no longer runs, else why."""
+        entry = {"type": TRAINING_JOB, "id": name}
+        job = self._training_job(name)
+        if job is None:
+            self.report.already_gone.append(entry)
+            return None
+        if not self.ours(self._training_job_tags(job["TrainingJobArn"])):
+            self.report.kept.append({**entry, "reason": "not tagged as this job's: never stopped"})
+            return None
+        asked = False
+        if job["TrainingJobStatus"] == "InProgress":
+            try:
+                self.sagemaker.stop_training_job(TrainingJobName=name)
+                asked = True
+            except ClientError as exc:
+                # it ended (or began stopping) between the two calls: what it is now is read below
+                if _code(exc) != "ValidationException" and not _training_job_missing(exc):
+                    raise
+            job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
+        while job["TrainingJobStatus"] in TRAINING_RUNNING:
+            if not self.clock.wait():
+                return f"training job {name} is still {job['TrainingJobStatus']}"
+            job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
+        (self.report.stopped if asked else self.report.already_gone).append(entry)
+        return None
+
     # ----------------------------------------------------------------- file systems
 
     def _tasks(self, fs_id: str) -> list[dict[str, Any]]:
@@ -243,6 +321,7 @@ class Teardown:
         if not self.ours(fs.get("Tags")):
             self.report.kept.append({**entry, "reason": "not tagged as this job's: never deleted"})
             return None
+        keep = keep or tag_dict(fs.get("Tags")).get(fsx_step.TAG_KEEP) == "true"
         while fs["Lifecycle"] in SETTLING_FS:
             if not self.clock.wait():
                 return f"file system {fs_id} is still {fs['Lifecycle']}"
@@ -405,6 +484,12 @@ class Teardown:
                 return [f"{e['type']} {e['id']} ({code}: still in use)" for e, code in blocked]
 
 
+def _training_job_missing(exc: ClientError) -> bool:
+    # AWS answers ResourceNotFound; moto a ValidationException "Could not find training job"
+    message = str(exc.response.get("Error", {}).get("Message", ""))
+    return _code(exc) == "ResourceNotFound" or "could not find" in message.lower()
+
+
 def _unique(resources: list[dict[str, Any]]) -> list[dict[str, str]]:
     seen: dict[tuple[str, str], dict[str, str]] = {}
     for r in resources:
@@ -413,22 +498,110 @@ def _unique(resources: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def teardown(
-    document: dict[str, Any], *, ec2: Any, fsx: Any, ddb: Any, settings: Settings, clock: Clock
+    document: dict[str, Any],
+    *,
+    ec2: Any,
+    fsx: Any,
+    ddb: Any,
+    settings: Settings,
+    clock: Clock,
+    sagemaker: Any = None,
 ) -> dict[str, Any]:
-    """$.teardown: what was deleted, kept and already gone; TeardownIncomplete while something remains."""
+    """$.teardown: what was stopped, deleted, kept and already gone; TeardownIncomplete while something remains."""
     job = document.get("job") or {}
     status = "FAILED" if document.get("error") else "SUCCEEDED"
     job_id = job.get("job_id")
     if not job_id or job.get("duplicate"):
         # nothing was registered (an invalid spec) or the run is a duplicate: the original run owns the resources
         return {**Report().to_dict(), "job_id": job_id, "status": status}
+    return teardown_job(
+        str(job_id),
+        status=status,
+        error=document.get("error"),
+        fallback_spec=job.get("spec"),
+        ec2=ec2,
+        fsx=fsx,
+        ddb=ddb,
+        sagemaker=sagemaker,
+        settings=settings,
+        clock=clock,
+    )
+
+
+def teardown_job(
+    job_id: str,
+    *,
+    status: str,
+    error: dict[str, Any] | None,
+    ec2: Any,
+    fsx: Any,
+    ddb: Any,
+    settings: Settings,
+    clock: Clock,
+    sagemaker: Any = None,
+    fallback_spec: dict[str, Any] | None = None,
+    found: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """Tear down one job's resources: its ledger, what carries its tags, and `found` (resources a caller found
+    by their tags, such as the sweeper's training jobs). The job record, when there is one, gets `status`,
+    `error` and the resources still left. TeardownIncomplete while something remains."""
     record = records.get(ddb, settings.jobs_table, job_id) or {}
-    spec_doc = record.get("spec") or job.get("spec")
+    spec_doc = record.get("spec") or fallback_spec
     keep = bool(validate_spec(spec_doc).filesystem.keep) if spec_doc else False
     export = record.get("export_on_teardown") or {}
 
-    work = Teardown(ec2=ec2, fsx=fsx, job_id=job_id, settings=settings, clock=clock)
-    resources = _unique(list(record.get("resources", [])) + work.discover())
+    work = Teardown(ec2=ec2, fsx=fsx, job_id=job_id, settings=settings, clock=clock, sagemaker=sagemaker)
+    resources = _unique(list(record.get("resources", [])) + list(found or []) + work.discover())
+    problems: list[str] = []
+    for entry in resources:
+        if entry["type"] == TRAINING_JOB:
+            problem = work.stop_training_job(entry["id"])
+            if problem:
+                problems.append(problem)
+    if problems:
+        # a running job mounts the file system and holds interfaces in the subnet: everything else waits for it
+        problems += [
+            f"{r['type']} {r['id']} (waits for the training job)"
+            for r in resources
+            if r["type"] != TRAINING_JOB
+        ]
+    else:
+        problems += _delete_storage_and_network(work, resources, keep, export)
+
+    gone = {
+        (r["type"], r["id"]) for r in work.report.deleted + work.report.already_gone + work.report.stopped
+    }
+    left = [r for r in resources if (r["type"], r["id"]) not in gone]
+    kept = {(r["type"], r["id"]) for r in work.report.kept}
+    work.report.remaining = [r for r in left if (r["type"], r["id"]) not in kept]
+    changed = (
+        bool(work.report.deleted or work.report.stopped)
+        or record.get("resources") != left
+        or record.get("status") != status
+        or bool(error and record.get("error") != error)
+    )
+    if record and changed:
+        # a teardown that changed nothing (a repeat, or a sweep that found only kept resources) leaves the
+        # record, and its finished_at, as they were
+        fields: dict[str, Any] = {"resources": left, "status": status, "finished_at": records.now_iso()}
+        if error:
+            fields["error"] = error
+        records.set_fields(ddb, settings.jobs_table, job_id, fields)
+    result = {**work.report.to_dict(), "job_id": job_id, "status": status}
+    if problems:
+        raise TeardownIncomplete(
+            f"teardown of {job_id} is not finished; still there: {'; '.join(problems)}",
+            remaining=work.report.remaining,
+            deleted=work.report.deleted,
+            stopped=work.report.stopped,
+        )
+    return result
+
+
+def _delete_storage_and_network(
+    work: Teardown, resources: list[dict[str, str]], keep: bool, export: dict[str, Any]
+) -> list[str]:
+    """File systems (after their export), links on reused ones, then the network; what still blocks."""
     problems: list[str] = []
     for entry in resources:
         if entry["type"] == "file_system":
@@ -457,21 +630,4 @@ def teardown(
         work.report.kept += [{**r, "reason": reason} for r in network]
     else:
         problems += work.delete_network(network)
-
-    gone = {(r["type"], r["id"]) for r in work.report.deleted + work.report.already_gone}
-    left = [r for r in resources if (r["type"], r["id"]) not in gone]
-    kept = {(r["type"], r["id"]) for r in work.report.kept}
-    work.report.remaining = [r for r in left if (r["type"], r["id"]) not in kept]
-    fields: dict[str, Any] = {"resources": left, "status": status, "finished_at": records.now_iso()}
-    if document.get("error"):
-        fields["error"] = document["error"]
-    if record:
-        records.set_fields(ddb, settings.jobs_table, job_id, fields)
-    result = {**work.report.to_dict(), "job_id": job_id, "status": status}
-    if problems:
-        raise TeardownIncomplete(
-            f"teardown of {job_id} is not finished; still there: {'; '.join(problems)}",
-            remaining=work.report.remaining,
-            deleted=work.report.deleted,
-        )
-    return result
+    return problems

@@ -46,6 +46,8 @@ SPOT_RETRY_ATTEMPTS = 2
 TOKEN_GRACE_SECONDS = 24 * 3600
 #: the stack may set a KMS key for the job's output and (where AWS allows) its storage volume
 KMS_KEY_SETTING = "LUSTRAIN_KMS_KEY_ID"
+#: the stack may encrypt the traffic between a job's instances (it slows distributed training down)
+INTER_CONTAINER_ENCRYPTION_SETTING = "LUSTRAIN_INTER_CONTAINER_ENCRYPTION"
 RESOURCE_TYPE = "training_job"
 
 WAITING = "waiting"
@@ -179,6 +181,16 @@ def _resource_config(spec: JobSpec, kms_key_id: str | None) -> dict[str, Any]:
     return config
 
 
+def inter_container_encryption(settings: Settings) -> bool:
+    raw = settings.extra.get(INTER_CONTAINER_ENCRYPTION_SETTING, "").strip().lower()
+    if raw not in {"", "true", "false"}:
+        raise ValueError(
+            f"stack setting {INTER_CONTAINER_ENCRYPTION_SETTING}={raw!r} must be true or false: fix the stack's "
+            "parameter"
+        )
+    return raw == "true"
+
+
 def _required(document: dict[str, Any], section: str, key: str) -> Any:
     value = (document.get(section) or {}).get(key)
     if not value:
@@ -244,7 +256,7 @@ def build_training_request(
         },
         "StoppingCondition": _stopping_condition(spec),
         "CheckpointConfig": {"S3Uri": spec.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
-        "EnableInterContainerTrafficEncryption": False,
+        "EnableInterContainerTrafficEncryption": inter_container_encryption(settings),
         "EnableManagedSpotTraining": spec.compute.spot,
         "Environment": environment(spec),
         "Tags": job.tags(settings.stack_name, "training"),

@@ -1,0 +1,310 @@
+"""sweep: find what runs of this stack left behind and tear it down, on a schedule.
+
+A run cleans up after itself through the state machine's teardown. What escapes it: an execution stopped by hand
+or killed mid-run (StopExecution, a timeout, a States.Runtime error no Catch sees), a teardown that gave up
+(TeardownIncomplete after its retries), or a job record that is gone. The sweeper finds every resource tagged
+`lustrain:created-by` = this stack, groups them by their `lustrain:job-id` tag, and judges each job by its record
+in the jobs table and its execution (`judge`):
+
+- no record at all: an orphan; swept;
+- the execution is no longer RUNNING (SUCCEEDED, FAILED, TIMED_OUT, ABORTED, PENDING_REDRIVE, or gone): whatever
+  still carries the job's tags escaped its teardown; swept;
+- the execution is RUNNING: left alone, unless the run is past its deadline (its record's created_at + the
+  longest the training may take, compute.max_runtime_hours or max_wait_hours for spot, + the stack's grace):
+  then the execution is stopped and the run swept;
+- no execution recorded (a direct invoke): swept once the record is finished or past its deadline.
+
+Sweeping reuses the teardown (steps/teardown.py `teardown_job`) with what was found by tags added to the job's
+ledger: a training job still InProgress is stopped, file systems and the network deleted, and a kept file system
+(filesystem.keep, or its `lustrain:keep` tag when the record is gone) stays with its network. A run the sweeper
+ends gets status FAILED and the error RunAbandoned in its record; a finished run keeps its status.
+
+The result (also logged) is {swept: [...], kept: [...], skipped: [...]}: each resource stopped or deleted and
+why its job was swept, each resource kept and why, and each job left alone (or not finished yet) and why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core.config import Settings
+from lustrain_core.errors import LustrainError, TeardownIncomplete
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records, tag_dict
+from lustrain_core.steps.teardown import TRAINING_JOB, Clock, teardown_job
+
+STATE_MACHINE_SETTING = "LUSTRAIN_STATE_MACHINE_ARN"
+GRACE_SETTING = "LUSTRAIN_SWEEP_GRACE_HOURS"
+DEFAULT_GRACE_HOURS = 6.0
+#: The error a run ended by the sweeper gets in its record.
+ABANDONED = "RunAbandoned"
+FINISHED = frozenset({"SUCCEEDED", "FAILED"})
+ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+#: EC2 resources a run creates: (kind, describe call, result key, id key).
+EC2_KINDS = (
+    ("vpc", "describe_vpcs", "Vpcs", "VpcId"),
+    ("subnet", "describe_subnets", "Subnets", "SubnetId"),
+    ("security_group", "describe_security_groups", "SecurityGroups", "GroupId"),
+    ("route_table", "describe_route_tables", "RouteTables", "RouteTableId"),
+    ("vpc_endpoint", "describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId"),
+)
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+# --------------------------------------------------------------------------- the stack's settings
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    state_machine_arn: str
+    grace_hours: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SweepSettings:
+        raw = settings.extra.get(GRACE_SETTING, "").strip()
+        try:
+            grace = float(raw) if raw else DEFAULT_GRACE_HOURS
+        except ValueError:
+            raise ValueError(f"stack setting {GRACE_SETTING}={raw!r} is not a number of hours") from None
+        if grace <= 0:
+            raise ValueError(f"stack setting {GRACE_SETTING}={raw!r} must be above 0 hours")
+        return cls(settings.extra.get(STATE_MACHINE_SETTING, "").strip(), grace)
+
+    def execution_arn(self, execution: str) -> str | None:
+        """The ARN of a run's execution from the name its record keeps (the state machine's $$.Execution.Name)."""
+        if execution.startswith("arn:"):
+            return execution
+        if not execution or ":stateMachine:" not in self.state_machine_arn:
+            return None
+        return self.state_machine_arn.replace(":stateMachine:", ":execution:", 1) + ":" + execution
+
+
+# --------------------------------------------------------------------------- finding what runs left
+
+
+def _pages(client: Any, operation: str, **params: Any) -> Iterator[dict[str, Any]]:
+    yield from client.get_paginator(operation).paginate(**params)
+
+
+def find_tagged(ec2: Any, fsx: Any, sagemaker: Any, stack_name: str) -> dict[str, list[dict[str, str]]]:
+    """Every resource a run of this stack created that still exists, by job id (from its lustrain:job-id tag)."""
+    found: dict[str, list[dict[str, str]]] = {}
+
+    def note(kind: str, resource_id: str, tags: list[dict[str, str]] | None) -> None:
+        tagged = tag_dict(tags)
+        job_id = tagged.get(TAG_JOB_ID)
+        if job_id and tagged.get(TAG_CREATED_BY) == stack_name:
+            found.setdefault(job_id, []).append({"type": kind, "id": resource_id})
+
+    ours = [{"Name": f"tag:{TAG_CREATED_BY}", "Values": [stack_name]}]
+    for kind, operation, key, id_key in EC2_KINDS:
+        for page in _pages(ec2, operation, Filters=ours):
+            for item in page.get(key, []):
+                if str(item.get("State", "")).lower() not in {"deleted", "deleting"}:
+                    note(kind, item[id_key], item.get("Tags"))
+    for page in _pages(fsx, "describe_file_systems"):
+        for fs in page.get("FileSystems", []):
+            if fs.get("Lifecycle") != "DELETING":
+                note("file_system", fs["FileSystemId"], fs.get("Tags"))
+    params: dict[str, Any] = {}
+    while True:  # botocore has no paginator for this one
+        page = fsx.describe_data_repository_associations(**params)
+        for dra in page.get("Associations", []):
+            if dra.get("Lifecycle") != "DELETING":
+                note("data_repository_association", dra["AssociationId"], dra.get("Tags"))
+        if not page.get("NextToken"):
+            break
+        params["NextToken"] = page["NextToken"]
+    # only a job still InProgress holds instances; ListTrainingJobs has no tag filter, so each one's tags are read
+    for page in _pages(sagemaker, "list_training_jobs", StatusEquals="InProgress"):
+        for summary in page.get("TrainingJobSummaries", []):
+            tags: list[dict[str, str]] = []
+            for tag_page in _pages(sagemaker, "list_tags", ResourceArn=summary["TrainingJobArn"]):
+                tags += tag_page.get("Tags", [])
+            note(TRAINING_JOB, summary["TrainingJobName"], tags)
+    return found
+
+
+# --------------------------------------------------------------------------- judging one job
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the sweeper does with one job: sweep it (stopping its execution first?) or leave it, and why."""
+
+    sweep: bool
+    reason: str
+    stop_execution: bool = False
+
+
+def _started(record: dict[str, Any]) -> float | None:
+    raw = record.get("created_at")
+    if not raw:
+        return None
+    try:
+        return datetime.strptime(str(raw), ISO_FORMAT).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
+    """When a run still going counts as stuck (epoch seconds), or None when its record does not say."""
+    started = _started(record)
+    if started is None:
+        return None
+    compute = (record.get("spec") or {}).get("compute") or {}
+    longest = max(float(compute.get("max_runtime_hours") or 0), float(compute.get("max_wait_hours") or 0))
+    return started + (longest + grace_hours) * 3600
+
+
+def judge(
+    record: dict[str, Any] | None, execution_status: str | None, now: float, grace_hours: float
+) -> Verdict:
+    """Sweep or leave one job, from its record and its execution's status (None: none recorded, or gone)."""
+    if record is None:
+        return Verdict(True, "no job record: an orphan of this stack")
+    execution = str(record.get("execution") or "")
+    due = deadline(record, grace_hours)
+    late = due is not None and now > due
+    past = (
+        f"past its deadline ({_iso(due)}: start + longest training + {grace_hours:g} h grace)" if late else ""
+    )
+    if execution_status == "RUNNING":
+        if late:
+            return Verdict(True, f"its execution {execution} is still RUNNING {past}", stop_execution=True)
+        return Verdict(False, f"its execution {execution} is still running")
+    if execution_status is not None:
+        if record.get("status") in FINISHED:
+            return Verdict(
+                True, f"its teardown did not finish (execution {execution} ended {execution_status})"
+            )
+        return Verdict(True, f"its execution {execution} ended {execution_status} without a teardown")
+    if execution:
+        return Verdict(True, f"its execution {execution} no longer exists")
+    if record.get("status") in FINISHED:
+        return Verdict(True, "its teardown did not finish (no execution recorded)")
+    if late:
+        return Verdict(True, f"no execution recorded and {past}")
+    return Verdict(False, "no execution recorded and not past its deadline")
+
+
+def _iso(moment: float | None) -> str:
+    return datetime.fromtimestamp(moment or 0, UTC).strftime(ISO_FORMAT)
+
+
+def execution_status(sfn: Any, arn: str | None) -> str | None:
+    if arn is None:
+        return None
+    try:
+        return str(sfn.describe_execution(executionArn=arn)["status"])
+    except ClientError as exc:
+        if _code(exc) == "ExecutionDoesNotExist":
+            return None
+        raise
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+@dataclass
+class SweepReport:
+    swept: list[dict[str, Any]]
+    kept: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"swept": self.swept, "kept": self.kept, "skipped": self.skipped}
+
+
+def sweep(
+    *,
+    ec2: Any,
+    fsx: Any,
+    sagemaker: Any,
+    sfn: Any,
+    ddb: Any,
+    settings: Settings,
+    clock: Clock,
+    now: Callable[[], float] = time.time,
+) -> dict[str, Any]:
+    """One sweep over every job that has resources left; {swept, kept, skipped}."""
+    config = SweepSettings.from_settings(settings)
+    report = SweepReport([], [], [])
+    aws = {"ec2": ec2, "fsx": fsx, "sagemaker": sagemaker, "sfn": sfn, "ddb": ddb}
+    for job_id, resources in sorted(find_tagged(ec2, fsx, sagemaker, settings.stack_name).items()):
+        try:
+            _sweep_job(job_id, resources, report, config, now=now(), settings=settings, clock=clock, **aws)
+        except (ClientError, LustrainError) as exc:
+            # one job's failure (a permission, a throttle) must not keep the sweeper from the others
+            report.skipped.append(
+                {"job_id": job_id, "reason": f"could not be swept: {exc}", "resources": resources}
+            )
+    return report.to_dict()
+
+
+def _sweep_job(
+    job_id: str,
+    resources: list[dict[str, str]],
+    report: SweepReport,
+    config: SweepSettings,
+    *,
+    now: float,
+    sfn: Any,
+    ddb: Any,
+    settings: Settings,
+    **teardown_args: Any,
+) -> None:
+    """Judge one job and, when it is to go, tear it down; what happened goes into `report`."""
+    record = records.get(ddb, settings.jobs_table, job_id)
+    arn = config.execution_arn(str((record or {}).get("execution") or ""))
+    verdict = judge(record, execution_status(sfn, arn), now, config.grace_hours)
+    if not verdict.sweep:
+        report.skipped.append({"job_id": job_id, "reason": verdict.reason, "resources": resources})
+        return
+    if verdict.stop_execution and arn is not None:
+        _stop_execution(sfn, arn, verdict.reason)
+    finished = record is not None and record.get("status") in FINISHED
+    status = str(record["status"]) if record is not None and finished else "FAILED"
+    error = None if finished else {"Error": ABANDONED, "Cause": f"swept: {verdict.reason}"}
+    try:
+        result = teardown_job(
+            job_id, status=status, error=error, found=resources, ddb=ddb, settings=settings, **teardown_args
+        )
+    except TeardownIncomplete as exc:
+        # deleting goes on at the next sweep; what this one did is reported now
+        done = exc.details.get("stopped", []) + exc.details.get("deleted", [])
+        report.swept += [_swept(job_id, r, verdict.reason) for r in done]
+        report.skipped.append(
+            {
+                "job_id": job_id,
+                "reason": f"not finished: {exc.message}",
+                "resources": exc.details["remaining"],
+            }
+        )
+        return
+    report.swept += [_swept(job_id, r, verdict.reason) for r in result["stopped"] + result["deleted"]]
+    report.kept += [{"job_id": job_id, **r} for r in result["kept"]]
+
+
+def _stop_execution(sfn: Any, arn: str, reason: str) -> None:
+    try:
+        sfn.stop_execution(
+            executionArn=arn, error=ABANDONED, cause=f"stopped by the sweeper: {reason}"[:32768]
+        )
+    except ClientError as exc:
+        if _code(exc) != "ExecutionDoesNotExist":
+            raise
+
+
+def _swept(job_id: str, resource: dict[str, str], reason: str) -> dict[str, Any]:
+    action = "stopped" if resource["type"] == TRAINING_JOB else "deleted"
+    return {"job_id": job_id, **resource, "action": action, "reason": reason}

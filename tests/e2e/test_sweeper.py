@@ -1,0 +1,186 @@
+"""The sweeper on the twin: runs whose executions are killed mid-run leave everything behind (no teardown runs),
+and one invocation of the sweep function, through the twin's Lambda, leaves nothing of them.
+
+Two runs share one twin: one killed right after its network exists (its file system still being created), one
+killed while its model trains. Everything the real state machine and handlers created for them is then counted
+by tag: VPC, subnet, security group, route table, S3 endpoint, file system, and training jobs InProgress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import yaml
+from lustrain_core.spec import JobSpec, load_spec_file
+
+from lustrain.twin import rehearse
+from lustrain.twin.rehearse import REGION, twin
+
+pytestmark = pytest.mark.slow
+
+QUICK = Path(__file__).with_name("quick.yaml")
+SCHEDULED_EVENT = Path(__file__).resolve().parents[2] / "events" / "sweep.json"
+TEARDOWN_STATES = ("Tear down the run", "Tear down after failure")
+
+
+def spec_file(tmp_path: Path, name: str) -> Path:
+    """quick.yaml on one instance with more steps than it will get to run: it is killed before it ends."""
+    doc = yaml.safe_load(QUICK.read_text())
+    doc["name"] = name
+    doc["compute"]["instance_count"] = 1
+    doc["code"]["distribution"] = "none"
+    doc["code"]["hyperparameters"].update(max_steps=100_000, eval_interval=100_000)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def drop(stack: Any, spec_path: Path) -> tuple[JobSpec, str]:
+    """Drop a spec into the jobs bucket, as `lustrain rehearse` does; the spec and the execution it starts."""
+    spec = load_spec_file(spec_path)
+    rehearse._ensure_data(spec, print)
+    rehearse._ensure_bucket(rehearse._bucket_of(spec.output.s3_uri))
+    doc = rehearse._submittable(spec, spec_path.parent, stack.outputs, print)
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    machine = stack.outputs["StateMachineArn"]
+    before = {e["executionArn"] for e in sfn.list_executions(stateMachineArn=machine)["executions"]}
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=stack.outputs["JobsBucketName"],
+        Key=f"jobs/{spec.name}.yaml",
+        Body=yaml.safe_dump(doc).encode(),
+    )
+    return spec, until(
+        lambda: next(
+            (
+                e["executionArn"]
+                for e in sfn.list_executions(stateMachineArn=machine)["executions"]
+                if e["executionArn"] not in before
+            ),
+            None,
+        ),
+        f"an execution for {spec.name}",
+    )
+
+
+def until(probe: Any, what: str, timeout: float = 180.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while (found := probe()) is None:
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.2)
+    return found
+
+
+def entered(sfn: Any, execution_arn: str) -> list[str]:
+    return [
+        e["stateEnteredEventDetails"]["name"]
+        for e in rehearse._history(sfn, execution_arn)
+        if "stateEnteredEventDetails" in e
+    ]
+
+
+def training_job_of(sagemaker: Any, spec: JobSpec) -> dict[str, Any] | None:
+    for summary in sagemaker.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"]:
+        if summary["TrainingJobName"].startswith(spec.name + "-"):
+            job = sagemaker.describe_training_job(TrainingJobName=summary["TrainingJobName"])
+            return dict(job) if job["SecondaryStatus"] == "Training" else None
+    return None
+
+
+def stopped(sfn: Any, execution_arn: str) -> str:
+    """The status a stopped execution ends with; it must have ended without running a teardown."""
+
+    def ended() -> str | None:
+        status = str(sfn.describe_execution(executionArn=execution_arn)["status"])
+        return None if status == "RUNNING" else status
+
+    status: str = until(ended, "end of the stopped execution", timeout=30)
+    assert not set(entered(sfn, execution_arn)) & set(TEARDOWN_STATES), "a teardown ran: nothing to sweep"
+    return status
+
+
+@pytest.fixture
+def quick_stops():
+    """The stopped trainer gets 20 s to save (SageMaker gives 120), for this test only."""
+    from lustrain.twin import simulator
+
+    before = simulator.settings()
+    simulator.configure(stop_grace_s=20.0)
+    yield
+    simulator.configure(**before.__dict__)
+
+
+def test_runs_killed_mid_run_are_swept_to_nothing(tmp_path, monkeypatch, quick_stops):
+    from lustrain.twin.patches import fsx, service_quotas
+
+    monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.2")
+    with twin() as stack:
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        sagemaker = boto3.client("sagemaker", region_name=REGION)
+        service_quotas.set_quota("ml.p4d.24xlarge", 8, REGION)
+
+        # killed right after create_network: its file system never becomes AVAILABLE
+        fsx.configure(polls=10_000)
+        early, early_arn = drop(stack, spec_file(tmp_path, "early"))
+        until(lambda: "Wait for the file system" in entered(sfn, early_arn) or None, "file system wait")
+        sfn.stop_execution(executionArn=early_arn, error="Killed", cause="killed after create_network")
+        assert stopped(sfn, early_arn) == "ABORTED"
+
+        # killed while its model trains
+        fsx.configure(polls=1)
+        late, late_arn = drop(stack, spec_file(tmp_path, "late"))
+        training = until(lambda: training_job_of(sagemaker, late), "training job in Training")
+        sfn.stop_execution(executionArn=late_arn, error="Killed", cause="killed while training")
+        # moto 5.2.5 may notice a StopExecution of a task waiting for its token only at the task's next heartbeat,
+        # and then ends the execution FAILED (States.Timeout) where AWS aborts it at once: a heartbeat is sent
+        # here so as not to wait for it (InvalidToken: moto noticed already). The sweeper treats every status but
+        # RUNNING alike.
+        token = boto3.client("dynamodb", region_name=REGION).get_item(
+            TableName=stack.ref("TaskTokensTable"),
+            Key={"training_job_name": {"S": training["TrainingJobName"]}},
+        )["Item"]["token"]["S"]
+        with contextlib.suppress(sfn.exceptions.InvalidToken):
+            sfn.send_task_heartbeat(taskToken=token)
+        late_status = stopped(sfn, late_arn)
+        assert late_status in {"ABORTED", "FAILED"}
+
+        runs = ((early, early_arn), (late, late_arn))
+        jobs = {spec.name: rehearse._job_id(rehearse._history(sfn, arn)) for spec, arn in runs}
+        for spec in (early, late):
+            left, _ = rehearse._resources_left(jobs[spec.name], spec)
+            assert len(left) >= 6, left  # VPC, subnet, group, route table, endpoint, file system (+ the job)
+
+        answer = boto3.client("lambda", region_name=REGION).invoke(
+            FunctionName=stack.function_names()["sweep"], Payload=SCHEDULED_EVENT.read_bytes()
+        )
+        payload = answer["Payload"].read()
+        assert "FunctionError" not in answer, payload
+        result = json.loads(payload)
+
+        for spec in (early, late):
+            assert rehearse._resources_left(jobs[spec.name], spec) == ([], []), spec.name
+        name = training["TrainingJobName"]
+        assert sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"] == "Stopped"
+        swept = {(s["job_id"], s["type"], s["id"]): s for s in result["swept"]}
+        assert (jobs["late"], "training_job", name) in swept
+        for spec, status in ((early, "ABORTED"), (late, late_status)):
+            mine = [s for (job_id, *_), s in swept.items() if job_id == jobs[spec.name]]
+            assert {s["type"] for s in mine} >= {
+                "vpc",
+                "subnet",
+                "security_group",
+                "route_table",
+                "vpc_endpoint",
+            }
+            assert "file_system" in {s["type"] for s in mine}, spec.name
+            assert all(s["reason"].endswith(f"ended {status} without a teardown") for s in mine), spec.name
+        assert (result["kept"], result["skipped"]) == ([], [])
+        ddb = boto3.client("dynamodb", region_name=REGION)
+        for job_id in jobs.values():
+            record = ddb.get_item(TableName=stack.ref("JobsTable"), Key={"job_id": {"S": job_id}})["Item"]
+            assert (record["status"]["S"], record["error"]["M"]["Error"]["S"]) == ("FAILED", "RunAbandoned")

@@ -1,0 +1,98 @@
+"""The sweeper's judgement of one job (steps/sweep.py), from its record and its execution's status: pure, no AWS."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from lustrain_core.config import Settings
+from lustrain_core.steps import sweep
+
+STARTED = "2026-05-01T08:00:00Z"
+T0 = datetime(2026, 5, 1, 8, tzinfo=UTC).timestamp()
+HOUR = 3600.0
+MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:lustrain-TrainingJobStateMachine-Ab12"
+
+
+def record(status: str = "RUNNING", execution: str = "run-1", **compute: Any) -> dict[str, Any]:
+    return {
+        "job_id": "gpt-0badc0de",
+        "execution": execution,
+        "status": status,
+        "created_at": STARTED,
+        "spec": {"compute": {"max_runtime_hours": 24, "max_wait_hours": None, **compute}},
+    }
+
+
+def test_a_job_without_a_record_is_an_orphan_and_swept():
+    verdict = sweep.judge(None, None, T0, 6)
+    assert (verdict.sweep, verdict.stop_execution) == (True, False)
+    assert "orphan" in verdict.reason
+
+
+def test_a_running_execution_is_left_alone_until_its_deadline():
+    within = sweep.judge(record(), "RUNNING", T0 + 29 * HOUR, 6)
+    assert (within.sweep, within.reason) == (False, "its execution run-1 is still running")
+    late = sweep.judge(record(), "RUNNING", T0 + 31 * HOUR, 6)
+    assert (late.sweep, late.stop_execution) == (True, True)
+    assert "past its deadline (2026-05-02T14:00:00Z" in late.reason
+
+
+def test_the_deadline_counts_the_spot_wait_and_the_grace():
+    assert sweep.deadline(record(), 6) == T0 + 30 * HOUR
+    assert sweep.deadline(record(spot=True, max_wait_hours=48), 6) == T0 + 54 * HOUR
+    assert sweep.deadline({"status": "RUNNING"}, 6) is None
+    assert sweep.deadline({**record(), "created_at": "yesterday"}, 6) is None
+
+
+@pytest.mark.parametrize("status", ["ABORTED", "FAILED", "TIMED_OUT", "SUCCEEDED", "PENDING_REDRIVE"])
+def test_an_execution_that_ended_without_a_teardown_is_swept_at_once(status):
+    verdict = sweep.judge(record(), status, T0 + HOUR, 6)
+    assert (verdict.sweep, verdict.stop_execution) == (True, False)
+    assert verdict.reason == f"its execution run-1 ended {status} without a teardown"
+
+
+def test_a_finished_record_whose_execution_ended_is_a_teardown_that_gave_up():
+    verdict = sweep.judge(record(status="SUCCEEDED"), "FAILED", T0 + HOUR, 6)
+    assert verdict.sweep and verdict.reason.startswith("its teardown did not finish")
+
+
+def test_a_finished_record_whose_execution_still_runs_is_a_teardown_still_retrying():
+    assert not sweep.judge(record(status="FAILED"), "RUNNING", T0 + HOUR, 6).sweep
+
+
+def test_an_execution_that_no_longer_exists_is_swept():
+    verdict = sweep.judge(record(), None, T0 + HOUR, 6)
+    assert (verdict.sweep, verdict.reason) == (True, "its execution run-1 no longer exists")
+
+
+def test_without_an_execution_the_record_and_the_deadline_decide():
+    assert not sweep.judge(record(execution=""), None, T0 + HOUR, 6).sweep
+    assert sweep.judge(record(execution=""), None, T0 + 31 * HOUR, 6).sweep
+    assert sweep.judge(record(status="FAILED", execution=""), None, T0 + HOUR, 6).sweep
+
+
+def test_without_a_start_time_a_running_execution_is_never_late():
+    stuck = {**record(), "created_at": None}
+    assert not sweep.judge(stuck, "RUNNING", T0 + 1000 * HOUR, 6).sweep
+
+
+def test_the_execution_arn_is_built_from_the_state_machine_and_the_recorded_name():
+    config = sweep.SweepSettings(MACHINE, 6)
+    assert config.execution_arn("run-1") == (
+        "arn:aws:states:us-east-1:123456789012:execution:lustrain-TrainingJobStateMachine-Ab12:run-1"
+    )
+    arn = "arn:aws:states:us-east-1:123456789012:execution:other:x"
+    assert config.execution_arn(arn) == arn
+    assert config.execution_arn("") is None
+    assert sweep.SweepSettings("", 6).execution_arn("run-1") is None
+
+
+def test_the_settings_come_from_the_stack_and_a_broken_grace_is_named():
+    settings = Settings(extra={"LUSTRAIN_STATE_MACHINE_ARN": MACHINE, "LUSTRAIN_SWEEP_GRACE_HOURS": "12"})
+    assert sweep.SweepSettings.from_settings(settings) == sweep.SweepSettings(MACHINE, 12.0)
+    assert sweep.SweepSettings.from_settings(Settings()).grace_hours == sweep.DEFAULT_GRACE_HOURS
+    for raw in ("soon", "0"):
+        with pytest.raises(ValueError, match=f"LUSTRAIN_SWEEP_GRACE_HOURS='{raw}'"):
+            sweep.SweepSettings.from_settings(Settings(extra={"LUSTRAIN_SWEEP_GRACE_HOURS": raw}))
