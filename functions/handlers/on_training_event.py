@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.parser import parse
 from lustrain_core import clients
 from lustrain_core.aws_errors import translate_aws_errors
 from lustrain_core.config import Settings
@@ -19,7 +18,7 @@ logger = Logger(service="lustrain")
 
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    change = parse(event=event, model=events.TrainingJobStateChangeEvent)
+    change = events.parse_state_change(event)
     result = events.on_training_event(
         change,
         sfn=clients.client("stepfunctions"),

@@ -14,7 +14,7 @@ from typing import Any
 
 from lustrain_core.errors import FieldError, SpecInvalid
 from lustrain_core.prices import InstanceType, PriceTable
-from lustrain_core.spec import PERSISTENT_THROUGHPUTS, JobSpec
+from lustrain_core.spec import MAX_STORAGE_GIB, PERSISTENT_THROUGHPUTS, JobSpec
 
 #: addresses AWS reserves in every subnet (network, router, DNS, future, broadcast)
 AWS_RESERVED_IPS = 5
@@ -301,6 +301,15 @@ def _plan_filesystem(
         reason = (
             f"cheapest {kind} that holds {need_gib:,.0f} GiB and serves {demand:,.0f} MB/s: "
             f"{capacity} GiB at {per_tib} MB/s/TiB = {throughput:,.0f} MB/s, sized by {by}"
+        )
+    if capacity > MAX_STORAGE_GIB:
+        errors.append(
+            FieldError(
+                "data.size_gib",
+                data,
+                f"the run needs {capacity:,} GiB of Lustre, more than one FSx for Lustre file system holds "
+                f"({MAX_STORAGE_GIB:,} GiB): split the data into runs",
+            )
         )
     return FilesystemPlan(
         deployment_type=kind,

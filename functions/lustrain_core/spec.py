@@ -16,6 +16,9 @@ from lustrain_core.errors import MISSING, FieldError, SpecInvalid
 MAX_SPEC_BYTES = 1024 * 1024
 MAX_YAML_ALIASES = 64
 MAX_RUNTIME_HOURS = 28 * 24  # SageMaker's MaxRuntimeInSeconds ceiling: 28 days
+#: CreateFileSystem's largest StorageCapacity (botocore's model): no one file system holds more, so no size may be
+#: larger (and the planner's sums stay finite)
+MAX_STORAGE_GIB = 2_147_483_647
 
 NAME_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$"
 S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](?:/.*)?$"
@@ -28,7 +31,8 @@ PERSISTENT_THROUGHPUTS = (125, 250, 500, 1000)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and Infinity pass no limit usefully, and are not JSON: Step Functions would refuse the run's document
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Compute(_Section):
@@ -94,13 +98,13 @@ class Code(_Section):
 
 class Data(_Section):
     s3_uri: S3Uri
-    size_gib: float | None = Field(None, gt=0)
+    size_gib: float | None = Field(None, gt=0, le=MAX_STORAGE_GIB)
     ingest_mb_s_per_gpu: float = Field(100, gt=0, le=100_000)
 
 
 class Filesystem(_Section):
     deployment_type: Literal["scratch", "persistent"] = "scratch"
-    storage_gib: Literal["auto"] | int = "auto"
+    storage_gib: Literal["auto"] | Annotated[int, Field(le=MAX_STORAGE_GIB)] = "auto"
     throughput_per_tib: Literal["auto"] | int = "auto"
     compression: Literal["lz4", "none"] = "lz4"
     mount_path: str = Field("/data", pattern=r"^/[\w./-]*$")
@@ -157,7 +161,7 @@ class Network(_Section):
 
 class Output(_Section):
     s3_uri: S3Uri
-    expected_size_gib: float = Field(10, ge=0)
+    expected_size_gib: float = Field(10, ge=0, le=MAX_STORAGE_GIB)
     to_filesystem: bool = False
 
 

@@ -51,10 +51,10 @@ def test_a_dropped_spec_becomes_a_recorded_job(aws):
     seed_data()
     event = drop(spec(data={"size_gib": 5}))
     job = invoke("register_job", {"execution": "drop-1", "input": event})
-    version = event["detail"]["object"]["version-id"]
+    etag = event["detail"]["object"]["etag"]
     from lustrain_core.steps.job import job_id_for
 
-    assert job["job_id"] == job_id_for("tiny", f"s3://{JOBS_BUCKET}/jobs/tiny.yaml#{version}")
+    assert job["job_id"] == job_id_for("tiny", f"s3://{JOBS_BUCKET}/jobs/tiny.yaml#{etag}")
     assert job["duplicate"] is False
     assert job["spec"]["compute"]["instance_count"] == 2
     assert job["plan"]["network"]["ips_needed"] > 12

@@ -28,7 +28,7 @@ def test_the_s3_drop_sample_is_an_object_created_event_the_handler_reads():
     assert source.kind == "s3-event"
     assert (
         source.identity
-        == "s3://lustrain-jobs-123456789012/jobs/gpt-small.yaml#IYV3p45BhZA2bq4pqhYvFQEJmu2v8vDe"
+        == "s3://lustrain-jobs-123456789012/jobs/gpt-small.yaml#b1946ac92492d2347c6235b4d2611184"
     )
     assert source.execution
 

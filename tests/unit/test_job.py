@@ -61,10 +61,11 @@ def field_of(exc: pytest.ExceptionInfo[SpecInvalid]) -> str:
 # --- how a run starts ---------------------------------------------------------------------------------
 
 
-def test_an_s3_drop_is_identified_by_bucket_key_and_version():
+def test_an_s3_drop_is_identified_by_bucket_key_and_etag():
     source = job.parse_start({"execution": "exec-1", "input": s3_event()})
     assert source.kind == "s3-event"
-    assert source.identity == "s3://jobs-bucket/jobs/gpt.yaml#v-123"
+    # the ETag, not the version: the same spec put twice is one run (a versioned bucket gives each put a version)
+    assert source.identity == "s3://jobs-bucket/jobs/gpt.yaml#0123abcd"
     assert (source.bucket, source.key, source.version_id, source.execution) == (
         "jobs-bucket",
         "jobs/gpt.yaml",
@@ -80,7 +81,7 @@ def test_an_unversioned_drop_is_identified_by_its_etag():
 
 def test_the_unwrapped_event_with_execution_beside_it_is_taken_too():
     source = job.parse_start({**s3_event(), "execution": "exec-2"})
-    assert source.identity.endswith("#v-123") and source.execution == "exec-2"
+    assert source.identity.endswith("#0123abcd") and source.execution == "exec-2"
 
 
 def test_an_s3_event_other_than_object_created_is_refused_naming_detail_type():

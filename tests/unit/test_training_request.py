@@ -88,7 +88,7 @@ def assert_valid_for_sagemaker(request: dict) -> None:
 
 
 def test_the_name_is_spec_name_job_hex_and_attempt():
-    assert training_job_name("gpt-small", "gpt-small-f09cd136", 3) == "gpt-small-f09cd136-3"
+    assert training_job_name("gpt-small", "gpt-small-5ed4fdf7", 3) == "gpt-small-5ed4fdf7-3"
 
 
 def test_a_40_char_spec_name_still_makes_a_valid_63_char_name():

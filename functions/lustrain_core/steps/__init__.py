@@ -3,15 +3,32 @@
 Steps take boto3 clients (and the state document's pieces) as arguments and never build clients themselves, so a
 test hands them moto's or an in-memory fake. What every step shares lives here: how the job of a state document
 is read back, and how everything a run creates is tagged.
+
+The state document is the steps' input, and input is checked: `Job.from_document` checks $.job (its id, spec and
+plan) and the shape of every other part a step reads ($.network, $.filesystem, $.code, $.poll), so a document
+that did not come from the steps before (a hand-made event, a console start with the wrong input) fails with
+SpecInvalid naming the field, before anything is created, and never with a KeyError or TypeError halfway.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
-from lustrain_core.errors import MISSING, SpecInvalid
-from lustrain_core.spec import JobSpec, validate_spec
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
+
+from lustrain_core.errors import MISSING, FieldError, SpecInvalid
+from lustrain_core.spec import S3_URI_PATTERN, JobSpec, validate_spec
 
 #: Tag keys on everything a run creates: teardown deletes only what carries this job's id.
 TAG_JOB_ID = "lustrain:job-id"
@@ -29,6 +46,130 @@ def tag_dict(tags: list[dict[str, str]] | None) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in tags or []}
 
 
+class _Shape(BaseModel):
+    """A part of the state document as the steps read it: the fields they use are checked, the rest passed on."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+_ShapeT = TypeVar("_ShapeT", bound=_Shape)
+
+
+class _PlannedNetwork(_Shape):
+    ips_needed: NonNegativeInt
+    ips_per_instance: NonNegativeInt
+    vpc_cidr: str | None = None
+    subnet_cidr: str | None = None
+
+
+class _PlannedFilesystem(_Shape):
+    deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"]
+    storage_gib: PositiveInt | None = None
+    per_unit_storage_throughput: PositiveInt | None = None
+
+
+class _Plan(_Shape):
+    network: _PlannedNetwork
+    filesystem: _PlannedFilesystem
+
+
+class _Network(_Shape):
+    subnet_id: str = Field(pattern=r"^subnet-[0-9a-f]{8,17}$")
+    security_group_ids: list[Annotated[str, Field(pattern=r"^sg-[0-9a-f]{8,17}$")]] = Field(
+        min_length=1, max_length=5
+    )
+    vpc_id: str | None = None
+
+
+class _Link(_Shape):
+    path: str | None = None
+    lifecycle: str | None = None
+
+
+class _Filesystem(_Shape):
+    file_system_id: str = Field(pattern=r"^fs-[0-9a-f]{8,21}$")
+    mount_name: str | None = None
+    file_system_lifecycle: str | None = None
+    polls: NonNegativeInt = 0
+    backoff: NonNegativeInt | None = None
+    created: bool = False
+    links: list[_Link] = Field(default_factory=list)
+
+
+class _MetricDefinition(_Shape):
+    Name: str
+    Regex: str
+
+
+class _Code(_Shape):
+    submit_directory: str = Field(pattern=S3_URI_PATTERN)
+    metric_definitions: list[_MetricDefinition] = Field(default_factory=list)
+
+
+class _Poll(_Shape):
+    """Absent keys take the poll loop's defaults (filesystem.DEFAULT_POLL); a given one must be a whole number."""
+
+    initial_seconds: PositiveInt | None = None
+    max_seconds: PositiveInt | None = None
+    max_polls: PositiveInt | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _given(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("a whole number of at least 1, or leave it out")
+        return value
+
+
+#: The parts of the state document besides $.job that steps read, and the step that makes each.
+SECTIONS: dict[str, tuple[type[_Shape], str]] = {
+    "network": (_Network, "create_network"),
+    "filesystem": (_Filesystem, "create_filesystem / check_filesystem"),
+    "code": (_Code, "upload_code"),
+    "poll": (_Poll, "the state machine's Parameters"),
+}
+
+
+def _checked(model: type[_ShapeT], value: Any, where: str) -> _ShapeT:
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise SpecInvalid(
+            [
+                FieldError(".".join([where, *map(str, e["loc"])]), e.get("input", MISSING), e["msg"])
+                for e in exc.errors()
+            ]
+        ) from None
+
+
+def _check_plan(job_id: str, spec: JobSpec, plan: Any) -> None:
+    if not re.fullmatch(rf"{re.escape(spec.name)}-[0-9a-f]{{8}}", job_id):
+        raise SpecInvalid.one(
+            "job.job_id",
+            job_id,
+            f"a job id of the form {spec.name}-<8 hex digits> (spec name, then its hash)",
+        )
+    checked = _checked(_Plan, plan, "job.plan")
+    if spec.network.subnet_id is None:
+        for key in ("vpc_cidr", "subnet_cidr"):
+            cidr = getattr(checked.network, key)
+            try:
+                ipaddress.IPv4Network(cidr or "", strict=True)
+            except ValueError:
+                raise SpecInvalid.one(
+                    f"job.plan.network.{key}", cidr, "an IPv4 CIDR block: a new network is planned"
+                ) from None
+    planned = checked.filesystem
+    if spec.filesystem.file_system_id is None and planned.storage_gib is None:
+        raise SpecInvalid.one(
+            "job.plan.filesystem.storage_gib", MISSING, "a new file system needs its capacity"
+        )
+    if planned.deployment_type == "PERSISTENT_2" and planned.per_unit_storage_throughput is None:
+        raise SpecInvalid.one(
+            "job.plan.filesystem.per_unit_storage_throughput", MISSING, "PERSISTENT_2 needs its throughput"
+        )
+
+
 @dataclass(frozen=True)
 class Job:
     """The job a state document carries ($.job from register_job): its id, its spec and its plan."""
@@ -38,11 +179,24 @@ class Job:
     plan: dict[str, Any]
 
     @classmethod
-    def from_document(cls, document: dict[str, Any]) -> Job:
+    def from_document(cls, document: Any, *needs: str) -> Job:
+        """$.job of a state document, checked with every part of the document steps read (those in `needs`
+        must be there); SpecInvalid names the first field that is missing or wrong."""
+        if not isinstance(document, dict):
+            raise SpecInvalid.one("", document, "the state document must be a JSON object")
         job = document.get("job")
         if not isinstance(job, dict) or not job.get("job_id"):
             raise SpecInvalid.one("job", MISSING, "the state document has no registered job ($.job.job_id)")
-        return cls(str(job["job_id"]), validate_spec(job.get("spec") or {}), dict(job.get("plan") or {}))
+        spec = validate_spec(job.get("spec") or {})
+        if not isinstance(job["job_id"], str):
+            raise SpecInvalid.one("job.job_id", job["job_id"], "the job id register_job gave, a string")
+        _check_plan(job["job_id"], spec, job.get("plan"))
+        for name, (model, made_by) in SECTIONS.items():
+            if name in document:
+                _checked(model, document[name], name)
+            elif name in needs:
+                raise SpecInvalid.one(name, MISSING, f"the state document lacks $.{name} (made by {made_by})")
+        return cls(job["job_id"], spec, dict(job["plan"]))
 
     def tags(self, stack_name: str, what: str) -> list[dict[str, str]]:
         return job_tags(self.job_id, stack_name, dict(self.spec.tags), what)

@@ -23,10 +23,19 @@ from typing import Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lustrain_core.config import Settings
-from lustrain_core.errors import CapacityError, MountFailed, QuotaExceeded, TrainingFailed, TrainingStopped
+from lustrain_core.errors import (
+    MISSING,
+    CapacityError,
+    FieldError,
+    MountFailed,
+    QuotaExceeded,
+    SpecInvalid,
+    TrainingFailed,
+    TrainingStopped,
+)
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
 from lustrain_core.steps.training import CALLBACK_SENT, WAITING, error_code, get_token_item, token_key
@@ -67,7 +76,11 @@ class TrainingJobStateChange(BaseModel):
         if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?", value):
             value = float(value)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return datetime.fromtimestamp(value / 1000, tz=UTC)
+            try:
+                return datetime.fromtimestamp(value / 1000, tz=UTC)
+            except (OverflowError, OSError, ValueError):
+                # pydantic reports a ValueError as the field's error; the others would escape it
+                raise ValueError(f"epoch milliseconds out of range: {value!r}") from None
         return value
 
 
@@ -75,6 +88,24 @@ class TrainingJobStateChangeEvent(EventBridgeModel):
     source: Literal["aws.sagemaker"]
     detail_type: Literal["SageMaker Training Job State Change"] = Field(alias="detail-type")
     detail: TrainingJobStateChange
+
+
+def parse_state_change(event: Any) -> TrainingJobStateChangeEvent:
+    """The event, checked. The stack's rule sends SageMaker's events only, but a function can be invoked with
+    anything: what is not one fails with SpecInvalid naming each wrong field."""
+    try:
+        return TrainingJobStateChangeEvent.model_validate(event)
+    except ValidationError as exc:
+        raise SpecInvalid(
+            [
+                FieldError(
+                    ".".join(map(str, e["loc"])),
+                    e.get("input", MISSING),
+                    f"{e['msg']} (not a SageMaker Training Job State Change event)",
+                )
+                for e in exc.errors()
+            ]
+        ) from None
 
 
 # Checked in order; the first match names the error. Texts are SageMaker's FailureReason wordings.

@@ -350,7 +350,8 @@ def _result(
 
 def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
     """Create the run's file system (or validate the one to reuse); returns $.filesystem for the poll loop."""
-    job = Job.from_document(document)
+    job = Job.from_document(document, "network")
+    records.require(ddb, settings.jobs_table, job.job_id)
     network = document["network"]
     poll = poll_settings(document)
     links = link_for(job.spec, job.job_id)
@@ -451,6 +452,7 @@ def ensure_links(
 def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
     """One turn of the poll loop: the file system's lifecycle, its links, and how long to wait for the next."""
     job = Job.from_document(document)
+    records.require(ddb, settings.jobs_table, job.job_id)
     previous = document.get("filesystem") or {}
     fs_id = previous.get("file_system_id")
     if not fs_id:

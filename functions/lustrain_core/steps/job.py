@@ -6,10 +6,13 @@ A run starts from one of:
 The state machine passes either as {"execution": <its execution name>, "input": <the execution input>}; the
 unwrapped input with "execution" beside it is taken too (a direct invoke).
 
-The job id is `<spec name>-<8 hex of sha256(source identity)>`; the identity is "s3://bucket/key#version-or-etag"
-for a dropped spec and the execution name for an inline start. The job record is written with a conditional put
-on that id, so S3 delivering the same event twice (it may) starts one run: the second ends as a duplicate. A
-retry of register_job inside the same execution finds its own record and carries on.
+The job id is `<spec name>-<8 hex of sha256(source identity)>`; the identity is "s3://bucket/key#etag" for a
+dropped spec and the execution name for an inline start. The job record is written with a conditional put on
+that id, so S3 delivering the same event twice (it may) starts one run: the second ends as a duplicate. So does
+the same spec put twice (an uploader's retry, a sync tool copying it again): the jobs bucket is versioned, so
+each put is a new version, but the ETag is the content's (MD5 under the bucket's SSE-S3), and the same content
+is the same run. To run an unchanged spec again, change it (a comment will do) or start it inline. A retry of
+register_job inside the same execution finds its own record and carries on.
 
 Nothing is created before the spec passed every check (SpecInvalid, SpecForbidden).
 """
@@ -37,6 +40,8 @@ from lustrain_core.steps.policy import Policy
 
 #: Measuring a prefix lists every object; beyond this many the user must give data.size_gib.
 MAX_MEASURED_OBJECTS = 2_000_000
+#: S3 keys are 1 to 1024 bytes of UTF-8.
+MAX_S3_KEY_BYTES = 1024
 #: The spec and plan travel in every state's input (Step Functions passes at most 256 KiB between states).
 MAX_STATE_SPEC_BYTES = 64 * 1024
 
@@ -80,6 +85,8 @@ class SpecSource:
 
 def parse_start(event: dict[str, Any]) -> SpecSource:
     """The execution input, whichever way the run was started."""
+    if not isinstance(event, dict):
+        raise SpecInvalid.one("", event, "a run starts from a JSON object: an S3 event, {spec} or {spec_s3_uri}")
     if isinstance(event.get("input"), dict):
         event = {**event["input"], "execution": event.get("execution")}
     if "detail-type" in event:
@@ -93,10 +100,14 @@ def parse_start(event: dict[str, Any]) -> SpecSource:
             )
         obj = drop.detail.object
         bucket = drop.detail.bucket.name
-        version = obj.version_id or obj.etag
+        split_s3_uri(f"s3://{bucket}/", "detail.bucket.name")
+        if not obj.key or len(obj.key.encode()) > MAX_S3_KEY_BYTES:
+            raise SpecInvalid.one(
+                "detail.object.key", obj.key, f"the key of the dropped spec, 1 to {MAX_S3_KEY_BYTES} bytes"
+            )
         return SpecSource(
             kind="s3-event",
-            identity=f"s3://{bucket}/{obj.key}#{version}",
+            identity=f"s3://{bucket}/{obj.key}#{obj.etag}",
             execution=drop.execution,
             bucket=bucket,
             key=obj.key,

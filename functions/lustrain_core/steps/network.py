@@ -184,6 +184,7 @@ def _live(items: list[dict[str, Any]], state_key: str = "State") -> list[dict[st
 
 
 def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict[str, Any]:
+    records.require(ddb, settings.jobs_table, job.job_id)
     net = job.plan["network"]
     filters = _tag_filters(job.job_id, settings.stack_name)
     created: list[dict[str, str]] = []

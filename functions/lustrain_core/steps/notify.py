@@ -7,6 +7,7 @@ programs; the message attributes `outcome` and `job_id` let subscriptions filter
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from lustrain_core.config import Settings
@@ -34,25 +35,39 @@ def _subject(outcome: str, job_id: str) -> str:
     return printable[:MAX_SUBJECT]
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """A part of the document that should be a JSON object; anything else counts as absent (notify reports
+    whatever state the run ended in, a broken document included, and must not fail on it)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
+
+
 def _billed_compute_usd(spec: dict[str, Any], billable_seconds: Any) -> float | None:
     """BillableTimeInSeconds x instance count x the on-demand hourly price (spot savings already show in the time)."""
-    compute = spec.get("compute") or {}
+    compute = _object(spec.get("compute"))
     itype = INSTANCE_TYPES.get(str(compute.get("instance_type")))
-    if itype is None or not isinstance(billable_seconds, int | float):
+    seconds, count = _number(billable_seconds), _number(compute.get("instance_count", 1))
+    if itype is None or seconds is None or count is None:
         return None
-    return round(billable_seconds * int(compute.get("instance_count", 1)) * itype.hourly_usd / 3600, 2)
+    return round(seconds * count * itype.hourly_usd / 3600, 2)
 
 
 def summary(document: dict[str, Any]) -> dict[str, Any]:
     """The facts of a finished run, from its state document."""
-    job = document.get("job") or {}
-    spec = job.get("spec") or {}
-    error = document.get("error") or None
-    training = document.get("training") or {}
-    teardown = document.get("teardown") or {}
-    cost = (job.get("plan") or {}).get("cost") or {}
+    document = _object(document)
+    job = _object(document.get("job"))
+    spec = _object(job.get("spec"))
+    error = _object(document.get("error")) or None
+    training = _object(document.get("training"))
+    teardown = _object(document.get("teardown"))
+    cost = _object(_object(job.get("plan")).get("cost"))
     return {
-        "job_id": job.get("job_id") or document.get("execution") or "unknown job",
+        "job_id": str(job.get("job_id") or document.get("execution") or "unknown job"),
         "outcome": "failed" if error else "succeeded",
         "spec_name": spec.get("name"),
         "error": error.get("Error") if error else None,
@@ -60,18 +75,22 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "training_job_name": training.get("training_job_name"),
         "archive_s3_uri": training.get("archive_s3_uri"),
         "manifest_s3_uri": training.get("manifest_s3_uri"),
-        "metrics": training.get("metrics") or {},
-        "deleted": teardown.get("deleted") or [],
-        "kept": teardown.get("kept") or [],
-        "remaining": teardown.get("remaining") or [],
+        "metrics": _object(training.get("metrics")),
+        "deleted": _listed(teardown.get("deleted")),
+        "kept": _listed(teardown.get("kept")),
+        "remaining": _listed(teardown.get("remaining")),
         # a teardown that failed leaves its own {Error, Cause} where its report would be
         "teardown_error": (
             f"{teardown['Error']}: {_cause_text(teardown.get('Cause'))}" if teardown.get("Error") else None
         ),
-        "estimated_cost_usd": cost.get("total_usd"),
+        "estimated_cost_usd": _number(cost.get("total_usd")),
         "billed_compute_usd": _billed_compute_usd(spec, training.get("billable_seconds")),
         "prices_as_of": cost.get("prices_as_of"),
     }
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _resources(entries: list[Any]) -> str:

@@ -17,6 +17,8 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
+from lustrain_core.errors import SpecInvalid
+
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
@@ -64,6 +66,19 @@ def get(ddb: Any, table: str, job_id: str) -> dict[str, Any] | None:
     answer = ddb.get_item(TableName=table, Key={"job_id": {"S": job_id}}, ConsistentRead=True)
     item = answer.get("Item")
     return from_item(item) if item else None
+
+
+def require(ddb: Any, table: str, job_id: str) -> dict[str, Any]:
+    """The record of a registered job. Steps that create resources ask first: what they create goes into the
+    record's ledger, and a job register_job never wrote (a hand-made document) has none to hold it."""
+    record = get(ddb, table, job_id)
+    if record is None:
+        raise SpecInvalid.one(
+            "job.job_id",
+            job_id,
+            f"no such job in {table}: the state document must come from register_job, which records the job",
+        )
+    return record
 
 
 def add_resources(ddb: Any, table: str, job_id: str, resources: list[dict[str, str]]) -> None:

@@ -509,6 +509,12 @@ def teardown(
 ) -> dict[str, Any]:
     """$.teardown: what was stopped, deleted, kept and already gone; TeardownIncomplete while something remains."""
     job = document.get("job") or {}
+    if not isinstance(job, dict):
+        # register_job's result is an object; anything else was written by hand and names no run to clean up
+        raise TeardownIncomplete(
+            f"$.job must be the object register_job returned, with job_id; got {type(job).__name__}",
+            field="job",
+        )
     status = "FAILED" if document.get("error") else "SUCCEEDED"
     job_id = job.get("job_id")
     if not job_id or job.get("duplicate"):

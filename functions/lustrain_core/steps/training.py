@@ -372,10 +372,11 @@ def start_training(
     """Start (or adopt) the run's training job; returns {training_job_name, attempt} while the task waits."""
     job = Job.from_document(document)
     token = document.get("task_token")
-    if not token:
+    if not token or not isinstance(token, str):
         raise SpecInvalid.one(
-            "task_token", MISSING, "start_training runs as a waitForTaskToken task: pass $$.Task.Token"
+            "task_token", token or MISSING, "start_training runs as a waitForTaskToken task: pass $$.Task.Token"
         )
+    records.require(ddb, settings.jobs_table, job.job_id)
     adopted = _adopt_running(ddb, sagemaker, settings, job, token)
     if adopted is not None:
         return adopted
