@@ -93,6 +93,17 @@ class TrainingStopped(LustrainError):
     """The training job was stopped: by hand, or when it reached its maximum runtime."""
 
 
+class TrainingTimedOut(LustrainError):
+    """The training job stopped reporting (no heartbeat in time) or outlived the task's timeout.
+
+    Raised by the state machine, not by a handler: Step Functions names it States.Timeout, a name a Fail state may
+    not re-raise; the original error and cause are in the run's Cause."""
+
+
+class StepFunctionsError(LustrainError):
+    """Step Functions itself failed a task (any other States.* error); the run's Cause keeps its name and cause."""
+
+
 class AwsThrottled(LustrainError):
     """AWS asked us to slow down; Step Functions retries this with backoff."""
 
@@ -122,6 +133,8 @@ ALL_ERRORS: dict[str, type[LustrainError]] = {
         MountFailed,
         TrainingFailed,
         TrainingStopped,
+        TrainingTimedOut,
+        StepFunctionsError,
         AwsThrottled,
         AwsUnavailable,
         TeardownIncomplete,

@@ -358,7 +358,12 @@ def test_a_failure_is_torn_down_then_notified_and_fails_the_run_with_its_error(m
     assert run["status"] == "FAILED"
     assert run["error"] == "NetworkInvalid"
     assert "the run needs 20" in run["cause"]
-    assert entered(run)[-3:] == ["Tear down after failure", "Notify of the failure", "Fail the run"]
+    assert entered(run)[-4:] == [
+        "Tear down after failure",
+        "Notify of the failure",
+        "Which error ends the run?",
+        "Fail the run",
+    ]
     (teardown,) = SCENARIO.called("teardown")
     assert teardown["error"]["Error"] == "NetworkInvalid"
     (notify,) = SCENARIO.called("notify")

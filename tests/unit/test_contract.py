@@ -144,7 +144,7 @@ def test_error_names_are_lustrain_errors_or_aws_ones() -> None:
         for field in ("Retry", "Catch"):
             for i, rule in enumerate(state.get(field, [])):
                 for error in rule["ErrorEquals"]:
-                    known = error in ALL_ERRORS or error.startswith(("States.", "Lambda."))
+                    known = error in ALL_ERRORS or error.startswith(("States.", "Lambda.", "Sandbox."))
                     assert known, f"{name!r} {field}[{i}] names {error!r}: not in lustrain_core.errors"
                 if "States.ALL" in rule["ErrorEquals"]:
                     assert rule["ErrorEquals"] == ["States.ALL"], f"{name!r}: States.ALL must stand alone"
@@ -232,6 +232,20 @@ def test_the_run_fails_with_the_error_that_started_the_compensation() -> None:
     assert fail == {**fail, "Type": "Fail", "ErrorPath": "$.error.Error", "CausePath": "$.error.Cause"}
 
 
+def test_step_functions_errors_end_the_run_under_a_lustrain_name() -> None:
+    """A Fail state may not raise States.*: those reach a Fail with a static lustrain error instead."""
+    states = DEFINITION["States"]
+    assert states["Notify of the failure"]["Next"] == "Which error ends the run?"
+    choice = states["Which error ends the run?"]
+    assert choice["Default"] == "Fail the run"
+    routes = {}
+    for rule in choice["Choices"]:
+        test = next(c for c in rule["And"] if "StringEquals" in c or "StringMatches" in c)
+        assert test["Variable"] == "$.error.Error"
+        routes[test.get("StringEquals") or test.get("StringMatches")] = states[rule["Next"]]["Error"]
+    assert routes == {"States.Timeout": "TrainingTimedOut", "States.*": "StepFunctionsError"}
+
+
 def test_lambda_errors_and_throttling_are_retried_and_teardown_waits_longer() -> None:
     for name, state in all_states():
         if state["Type"] != "Task":
@@ -244,6 +258,9 @@ def test_lambda_errors_and_throttling_are_retried_and_teardown_waits_longer() ->
             "Lambda.TooManyRequestsException",
         }
         assert lambda_errors | {"AwsThrottled", "AwsUnavailable"} <= retried, name
+        # a function that hit its timeout gets one more try (handlers are idempotent), not six: twice is a hang
+        (timed_out,) = [r for r in state["Retry"] if r["ErrorEquals"] == ["Sandbox.Timedout"]]
+        assert 1 <= timed_out["MaxAttempts"] <= 2, name
         if lambda_function_of(state) == "TeardownFunctionArn":
             (rule,) = [r for r in state["Retry"] if r["ErrorEquals"] == ["TeardownIncomplete"]]
             others = [r for r in state["Retry"] if r is not rule]
