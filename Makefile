@@ -55,21 +55,26 @@ scan: install $(CHECKOV)
 build: $(SAM_VENV)/bin/sam
 	$(SAM) build
 
+# Two workers (the machine's cores); a test file stays on one worker, so a module's shared twin is built once.
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile
+
 test: install lint validate scan
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 unit: install
-	$(BIN)/python -m pytest tests/unit
+	$(PYTEST) tests/unit
 
 functional: install
-	$(BIN)/python -m pytest tests/functional
+	$(PYTEST) tests/functional
 
 e2e: install
-	$(BIN)/python -m pytest tests/e2e
+	$(PYTEST) tests/e2e
 
 bench: install
 	$(BIN)/python bench/trainer_data.py
 	$(BIN)/python bench/control_plane.py
+	$(BIN)/python bench/fault_matrix.py
+	$(BIN)/python bench/load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

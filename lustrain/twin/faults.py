@@ -8,19 +8,34 @@ Who fires what:
 - the twin's FSx (patches/fsx.py): `fsx-failed`, the file system created by create_filesystem goes FAILED;
 - the twin's Service Quotas (patches/service_quotas.py): `quota`, every SageMaker quota reads 0 while it is
   armed (it looks with `active`: a quota stays low for the whole run, and for every read of it);
-- the SageMaker simulator: `capacity-error`, `training-error`, `stopped` (MaxRuntime) for start_training;
-- the botocore hook (patches/throttling.py): `throttling` / `throttling-always`, the handler of STEP gets a
-  ThrottlingException ClientError from its next AWS call. The hook knows which handler is running
-  because the in-process Lambda runner (patches/lambda_invoke.py) wraps each invocation in `running_step`.
+- the SageMaker simulator, for the job start_training creates: `capacity-error`, `training-error`, `stopped`
+  (MaxRuntime), `silent` (the job never reports: it sends no event and holds its instances until it is stopped
+  or reaches MaxRuntime) and `repeat-events` (each of its events is delivered three times);
+- the botocore hook (patches/throttling.py): `throttling` / `throttling-always` (a ThrottlingException) and
+  `service-error` (a 500 InternalError), from the handler of STEP's next AWS call;
+- the in-process Lambda runner (patches/lambda_invoke.py): `lambda-timeout`, the handler of STEP runs to its
+  end (what it did stays done) but the invocation answers `Sandbox.Timedout`, as Lambda does when a function
+  is stopped at its Timeout. The runner also marks each invocation with `running_step`, which is how the
+  botocore hook, FSx, Service Quotas and the simulator know whose fault is theirs.
+
+on_training_event runs once per SageMaker event. A fault armed there waits for the event that ends the job
+(Completed, Failed or Stopped): handling that one (archive, callback) is what the fault puts at risk; a
+heartbeat that fails changes nothing.
+
+Several runs can share one twin (the fault matrix, the load bench): `inject(step, fault, run=NAME)` arms a
+fault for the run of the spec named NAME only. The runner reads the run of each invocation from its event
+(`run_of`); a fault armed without `run` fires in whichever run reaches the step first.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
 
 #: The states of the run, by handler module name (functions/handlers/).
 STEPS: tuple[str, ...] = (
@@ -37,18 +52,21 @@ STEPS: tuple[str, ...] = (
 )
 
 _THROTTLING = ("throttling", "throttling-always")
+#: Faults of the handler's own invocation or AWS calls: they can happen at any step.
+ANY_STEP: tuple[str, ...] = (*_THROTTLING, "service-error", "lambda-timeout")
+TRAINING_JOB_FAULTS: tuple[str, ...] = ("capacity-error", "training-error", "stopped", "silent")
 
 #: Each fault and the steps it can be injected at.
 FAULTS: dict[str, tuple[str, ...]] = {
     "fsx-failed": ("create_filesystem",),
-    "capacity-error": ("start_training",),
-    "training-error": ("start_training",),
-    "stopped": ("start_training",),
+    **{name: ("start_training",) for name in (*TRAINING_JOB_FAULTS, "repeat-events")},
     "quota": ("check_quota",),
-    **{name: STEPS for name in _THROTTLING},
+    **{name: STEPS for name in ANY_STEP},
 }
 
 _PERSISTENT = frozenset({"throttling-always"})
+#: SageMaker statuses after which a training job sends no more events.
+_JOB_ENDED = frozenset({"Completed", "Failed", "Stopped"})
 
 
 class FaultSpecInvalid(ValueError):
@@ -59,15 +77,24 @@ class FaultSpecInvalid(ValueError):
 class Fault:
     step: str
     fault: str
+    #: the spec name of the one run the fault is armed for; None: any run
+    run: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.step}:{self.fault}"
+        return f"{self.step}:{self.fault}" + (f"@{self.run}" if self.run else "")
+
+
+@dataclass(frozen=True)
+class _Invocation:
+    step: str
+    run: str | None
+    eligible: bool
 
 
 _lock = threading.Lock()
 _armed: set[Fault] = set()
 _fired: list[Fault] = []
-_current_step: ContextVar[str | None] = ContextVar("lustrain_twin_current_step", default=None)
+_current: ContextVar[_Invocation | None] = ContextVar("lustrain_twin_current_invocation", default=None)
 
 
 def parse(spec: str) -> Fault:
@@ -78,21 +105,24 @@ def parse(spec: str) -> Fault:
     return _validated(step.strip(), fault.strip())
 
 
-def _validated(step: str, fault: str) -> Fault:
+def _validated(step: str, fault: str, run: str | None = None) -> Fault:
     if fault not in FAULTS:
-        raise FaultSpecInvalid(f"unknown fault {fault!r}; faults: {', '.join(sorted(FAULTS))}")
+        specific = sorted(name for name in FAULTS if name not in ANY_STEP)
+        raise FaultSpecInvalid(
+            f"unknown fault {fault!r}; faults: {', '.join(specific)}; at any step: {', '.join(sorted(ANY_STEP))}"
+        )
     if step not in STEPS:
         raise FaultSpecInvalid(f"unknown step {step!r}; steps: {', '.join(STEPS)}")
     if step not in FAULTS[fault]:
         raise FaultSpecInvalid(
             f"fault {fault!r} cannot happen at step {step!r}; it happens at: {', '.join(FAULTS[fault])}"
         )
-    return Fault(step, fault)
+    return Fault(step, fault, run)
 
 
-def inject(step: str, fault: str) -> Fault:
-    """Arm `fault` for `step` (validated: a typo in --inject must not pass silently)."""
-    armed = _validated(step, fault)
+def inject(step: str, fault: str, run: str | None = None) -> Fault:
+    """Arm `fault` for `step` (validated: a typo in --inject must not pass silently), for one run or any."""
+    armed = _validated(step, fault, run)
     with _lock:
         _armed.add(armed)
     return armed
@@ -105,22 +135,33 @@ def clear() -> None:
         _fired.clear()
 
 
+def _candidates(step: str, fault: str) -> list[Fault]:
+    """The armed faults that may fire here: for any run, and for the run of the invocation in this thread."""
+    invocation = _current.get()
+    if invocation is not None and invocation.step == step and not invocation.eligible:
+        return []
+    keys = [Fault(step, fault)]
+    if invocation is not None and invocation.run:
+        keys.insert(0, Fault(step, fault, invocation.run))
+    return keys
+
+
 def active(step: str, fault: str) -> bool:
-    """Whether `fault` is armed for `step`, without firing it."""
+    """Whether `fault` is armed for `step` (and this thread's run), without firing it."""
     with _lock:
-        return Fault(step, fault) in _armed
+        return any(key in _armed for key in _candidates(step, fault))
 
 
 def consume(step: str, fault: str) -> bool:
     """Fire `fault` at `step` if armed: True once (always, for a persistent fault), then False."""
-    key = Fault(step, fault)
     with _lock:
-        if key not in _armed:
-            return False
-        if fault not in _PERSISTENT:
-            _armed.discard(key)
-        _fired.append(key)
-        return True
+        for key in _candidates(step, fault):
+            if key in _armed:
+                if fault not in _PERSISTENT:
+                    _armed.discard(key)
+                _fired.append(key)
+                return True
+        return False
 
 
 def armed() -> list[Fault]:
@@ -136,19 +177,68 @@ def fired() -> list[Fault]:
 
 def current_step() -> str | None:
     """The step whose handler is running in this thread, if any."""
-    return _current_step.get()
+    invocation = _current.get()
+    return None if invocation is None else invocation.step
+
+
+def current_run() -> str | None:
+    """The spec name of the run whose handler is running in this thread, if known."""
+    invocation = _current.get()
+    return None if invocation is None else invocation.run
 
 
 @contextmanager
-def running_step(step: str) -> Iterator[None]:
-    """Mark the handler of `step` as running in this thread (and threads copying its context)."""
-    token = _current_step.set(step)
+def running_step(step: str, event: Any = None) -> Iterator[None]:
+    """Mark the handler of `step` as running in this thread (and threads copying its context).
+
+    With the invocation's `event`, the run it serves is known (scoped faults fire in it only), and so is
+    whether the step's faults may fire at all (on_training_event: only at the event that ends the job).
+    """
+    token = _current.set(_Invocation(step, run_of(event), _eligible(step, event)))
     try:
         yield
     finally:
-        _current_step.reset(token)
+        _current.reset(token)
 
 
 def consume_throttling(step: str) -> bool:
     """Fire a throttling fault armed for `step`: the one-shot one first, else the persistent one."""
     return any(consume(step, name) for name in _THROTTLING)
+
+
+def _eligible(step: str, event: Any) -> bool:
+    if step != "on_training_event" or not isinstance(event, Mapping):
+        return True
+    detail = event.get("detail")
+    return isinstance(detail, Mapping) and detail.get("TrainingJobStatus") in _JOB_ENDED
+
+
+def run_of(event: Any) -> str | None:
+    """The spec name of the run an invocation serves, read from its event (the state document's contract).
+
+    The state document carries $.job (spec.name, or job_id "<name>-<8 hex>"); register_job gets the execution
+    input (a dropped spec "jobs/<name>.yaml", or an inline spec); on_training_event gets SageMaker's event,
+    whose TrainingJobName is "<name>-<8 hex>-<attempt>".
+    """
+    if not isinstance(event, Mapping):
+        return None
+    job = event.get("job")
+    if isinstance(job, Mapping):
+        spec = job.get("spec")
+        if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
+            return str(spec["name"])
+        if isinstance(job.get("job_id"), str):
+            return str(job["job_id"]).rsplit("-", 1)[0]
+    detail = event.get("detail")
+    if isinstance(detail, Mapping) and isinstance(detail.get("TrainingJobName"), str):
+        return str(detail["TrainingJobName"]).rsplit("-", 2)[0]
+    start = event.get("input")
+    if isinstance(start, Mapping):
+        spec = start.get("spec")
+        if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
+            return str(spec["name"])
+        detail = start.get("detail")
+        obj = detail.get("object") if isinstance(detail, Mapping) else None
+        if isinstance(obj, Mapping) and isinstance(obj.get("key"), str):
+            return PurePosixPath(str(obj["key"])).stem
+    return None

@@ -70,6 +70,8 @@ _FAILURE_REASON_MAX = 1024
 CURRENT_HOST = "algo-1"
 #: The longest a job waits for the Lambda invocation that created it to return (Lambda's maximum timeout).
 CREATOR_WAIT_S = 900.0
+#: How many times the `repeat-events` fault delivers each event.
+REPEATED_EVENT_COPIES = 3
 
 #: SageMaker's StatusMessage for each secondary status (as seen in DescribeTrainingJob).
 _STATUS_MESSAGES = {
@@ -181,6 +183,8 @@ class SimulatedJob:
         self.model_artifacts: str | None = None
         self.metrics: dict[str, tuple[float, datetime]] = {}
         self.fault: str | None = None
+        #: How many times each event is emitted (the `repeat-events` fault: SageMaker may send one more than once).
+        self.event_copies = 1
         self.stop_reason: str | None = None
         self.workdir: Path | None = None
         self.log_path: Path | None = None
@@ -338,10 +342,12 @@ class Simulator:
         """Take a job just created; its life starts in a thread after `start_delay_s`, never in the caller's."""
         from lustrain.twin import faults
 
-        for fault in ("capacity-error", "training-error", "stopped"):
+        for fault in faults.TRAINING_JOB_FAULTS:
             if faults.consume(FAULT_STEP, fault):
                 job.fault = fault
                 break
+        if faults.consume(FAULT_STEP, "repeat-events"):
+            job.event_copies = REPEATED_EVENT_COPIES
         thread = threading.Thread(
             target=_JobRun(job, self).run, name=f"sagemaker-job-{job.name}", daemon=True
         )
@@ -419,6 +425,9 @@ class _JobRun:
             if job._stop.wait(self.settings.start_delay_s):
                 self._finish_stopped(upload=False)
                 return
+            if job.fault == "silent":
+                self._hold_silently()
+                return
             self._publish()
             if job.fault == "capacity-error":
                 raise JobFailure(CAPACITY_ERROR)
@@ -457,13 +466,16 @@ class _JobRun:
         from lustrain.twin.patches import eventbridge
 
         job = self.job
+        if job.fault == "silent":
+            return
         with job._lock:
             detail = job.event_detail()
             job.events.append((job.status, job.secondary_status))
         try:
-            eventbridge.emit(
-                EVENT_SOURCE, EVENT_DETAIL_TYPE, detail, job.region, job.account, resources=[job.arn]
-            )
+            for _ in range(job.event_copies):
+                eventbridge.emit(
+                    EVENT_SOURCE, EVENT_DETAIL_TYPE, detail, job.region, job.account, resources=[job.arn]
+                )
         except Exception:
             # As on AWS, an event that cannot be delivered does not change the job's fate.
             log.exception("could not emit %s/%s of %s", job.status, job.secondary_status, job.name)
@@ -484,6 +496,17 @@ class _JobRun:
     def _finish(self, status: str, secondary: str, failure_reason: str | None = None) -> None:
         self.job._move(status, secondary, failure_reason)
         self._publish()
+
+    def _hold_silently(self) -> None:
+        """The `silent` fault: no event ever leaves the job, which holds its instances until it is stopped (or
+        reaches MaxRuntimeInSeconds), as a job whose events are lost looks to whoever waits for them."""
+        job = self.job
+        max_runtime = float((job.request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", 86400))
+        if not job._stop.wait(max_runtime):
+            with job._lock:
+                job.stop_reason = "MaxRuntimeExceeded"
+                job._move("Stopping", "Stopping")
+        self._finish_stopped(upload=False)
 
     def _finish_stopped(self, *, upload: bool, layout: _Layout | None = None) -> None:
         self._publish_stopping()
@@ -823,7 +846,9 @@ def _training_env(
         "network_interface_name": "eth0",
         "log_level": 20,
     }
-    env = dict(os.environ)
+    from lustrain.twin.patches.lambda_invoke import environment_copy
+
+    env = environment_copy()
     env.update({str(k): str(v) for k, v in (job.request.get("Environment") or {}).items()})
     env.update(
         {

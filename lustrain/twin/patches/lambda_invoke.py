@@ -24,12 +24,26 @@ Timeout: AWS stops a function at its Timeout and answers Invoke with FunctionErr
 as Lambda.Unknown, as its documentation still says). Step Functions therefore sees the error
 "Sandbox.Timedout", which Retry/Catch can name, and which States.ALL and States.TaskFailed also match. The twin
 answers the same way when the handler runs past the function's Timeout. A Python thread cannot be killed: the
-handler keeps running in the background, outside the environment lock, until it returns on its own.
+handler keeps running in the background, outside the environment lock, until it returns on its own. The
+`lambda-timeout` fault (faults.py) gives the same answer for one invocation without the wait: the handler runs to
+its end, so what it did stays done, and only its answer is lost (the hardest case for whoever retries or
+compensates: everything was created, nothing was reported).
+
+Asynchronous invocations (InvocationType Event: EventBridge's deliveries, S3 notifications) that fail are
+retried as Lambda retries them: up to the function's MaximumRetryAttempts (its EventInvokeConfig; AWS's default
+is 2), after ASYNC_RETRY_DELAYS_S, the twin's seconds for AWS's one and two minutes. The caller's thread waits
+for the retries; what it gets is the last attempt's answer.
 
 The process has one environment, so invocations are serialised by a lock while the function's Environment
 Variables (plus AWS_REGION, AWS_DEFAULT_REGION, AWS_LAMBDA_FUNCTION_NAME, ...) are applied; they are restored
 afterwards. An invocation made from inside a handler in this process (mock_aws: the nested call runs in the
-handler's own thread) re-enters without the lock. In moto's server mode a nested *synchronous* invoke arrives
+handler's own thread) re-enters without the lock. Other threads go on meanwhile (the state machine engine, the
+training simulator, EventBridge deliveries), and some read the whole environment: botocore looks up proxies in
+it each time a client is created, iterating the variables one by one, so a variable the runner removes halfway
+through is a KeyError in a thread that has nothing to do with the invocation (the fault matrix met it: a run
+failed "Exception: 'LUSTRAIN_KMS_KEY_ID'"). The runner's changes and those reads therefore hold
+ENVIRONMENT_LOCK (`environment_copy()` is the twin's own way to read it all). In moto's server mode a nested
+*synchronous* invoke arrives
 on another server thread and would wait for the lock forever; it fails after LOCK_WAIT_S instead. In server
 mode the handler's boto3 calls go to the server: AWS_ENDPOINT_URL is set to http://localhost:$MOTO_PORT unless
 the process or the function already sets it. Handler output goes to the process's stdout, not CloudWatch; the
@@ -53,6 +67,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import botocore.endpoint
 from moto import settings as moto_settings
 from moto.awslambda.models import LambdaFunction
 from moto.core.models import botocore_stubber
@@ -61,9 +76,16 @@ from lustrain.twin import faults
 
 #: How long an invocation waits for another one to release the process environment.
 LOCK_WAIT_S = 900.0
+#: The waits before each retry of a failed asynchronous invocation (AWS: about 1 and 2 minutes).
+ASYNC_RETRY_DELAYS_S: tuple[float, ...] = (1.0, 2.0)
+#: Lambda retries a failed asynchronous invocation this many times unless the function's EventInvokeConfig
+#: says otherwise.
+DEFAULT_ASYNC_RETRIES = 2
 
 _PATCHED = "_lustrain_twin_in_process"
 _env_lock = threading.Lock()
+#: Held while the process environment changes, and by whoever reads all of it (see the module's notes).
+ENVIRONMENT_LOCK = threading.RLock()
 _inside_invocation: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "lustrain_twin_inside_invocation", default=False
 )
@@ -165,18 +187,35 @@ def _environment(fn: LambdaFunction) -> dict[str, str]:
     return env
 
 
+def environment_copy() -> dict[str, str]:
+    """The whole process environment, read while no invocation changes it."""
+    with ENVIRONMENT_LOCK:
+        return dict(os.environ)
+
+
 @contextmanager
 def _applied(env: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+    with ENVIRONMENT_LOCK:
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        with ENVIRONMENT_LOCK:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def _reading_whole_environment(read: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(read)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with ENVIRONMENT_LOCK:
+            return read(*args, **kwargs)
+
+    return locked
 
 
 @contextmanager
@@ -224,12 +263,15 @@ def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
     )
     box: list[_Outcome] = []
     handler = str(fn.handler)
+    step = _step_of(handler)
 
     def invocation() -> None:
         _inside_invocation.set(True)
-        with faults.running_step(_step_of(handler)):
+        with faults.running_step(step, event):
+            timed_out = faults.consume(step, "lambda-timeout")
             loaded = _load_handler(handler, request_id)
-            box.append(loaded if isinstance(loaded, _Outcome) else _call(loaded, event, context))
+            outcome = loaded if isinstance(loaded, _Outcome) else _call(loaded, event, context)
+            box.append(_timed_out(request_id, timeout_s) if timed_out else outcome)
 
     with _serialised(fn.function_name), _applied(_environment(fn)):
         worker = threading.Thread(
@@ -240,10 +282,19 @@ def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
         )
         worker.start()
         worker.join(timeout_s)
-    if box:
-        return box[0]
+    return box[0] if box else _timed_out(request_id, timeout_s)
+
+
+def _timed_out(request_id: str, timeout_s: float) -> _Outcome:
     message = f"RequestId: {request_id} Error: Task timed out after {timeout_s:.2f} seconds"
     return _Outcome(json.dumps({"errorType": "Sandbox.Timedout", "errorMessage": message}), True, message)
+
+
+def _async_retries(fn: LambdaFunction) -> int:
+    for config in getattr(fn, "event_invoke_config", None) or []:
+        if "MaximumRetryAttempts" in config.config:
+            return int(config.config["MaximumRetryAttempts"])
+    return DEFAULT_ASYNC_RETRIES
 
 
 def invoke_in_process(self: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
@@ -270,12 +321,21 @@ def install() -> None:
         return
     setattr(invoke_in_process, _PATCHED, True)
     LambdaFunction._invoke_lambda = invoke_in_process  # type: ignore[method-assign]
+    # every client creation, in any thread, reads the whole environment here (proxy variables)
+    botocore.endpoint.get_environ_proxies = _reading_whole_environment(botocore.endpoint.get_environ_proxies)
 
     original_invoke = LambdaFunction.invoke
 
     @functools.wraps(original_invoke)
     def invoke(self: LambdaFunction, body: str, request_headers: Any, response_headers: Any) -> str | bytes:
         result = original_invoke(self, body, request_headers, response_headers)
+        if request_headers.get("x-amz-invocation-type") == "Event":
+            for delay in ASYNC_RETRY_DELAYS_S[: _async_retries(self)]:
+                if not response_headers.get("x-amz-function-error"):
+                    break
+                time.sleep(delay)
+                response_headers.pop("x-amz-function-error", None)
+                result = original_invoke(self, body, request_headers, response_headers)
         # An exception the handler does not catch is "Unhandled" on AWS's Python runtime.
         if response_headers.get("x-amz-function-error") == "Handled":
             response_headers["x-amz-function-error"] = "Unhandled"

@@ -1,10 +1,12 @@
-"""The throttling fault: the handler of a step gets ThrottlingException from its next AWS call.
+"""Transient AWS faults: the handler of a step gets ThrottlingException, or a 500 InternalError, from its next call.
 
-The hook wraps `botocore.client.BaseClient._make_api_call`, the one method every boto3 client's operations go
-through, so it reaches clients created before the twin started (lustrain_core.clients caches them). It raises
-before the request is built: nothing reaches moto, so the throttled call has no side effect, and botocore's own
-retries (which sit below this method) do not swallow it; the handler sees the error as it would after AWS
-kept throttling through every botocore retry, and Step Functions' Retry is what clears it.
+`throttling` / `throttling-always` raise ThrottlingException (HTTP 400, what most services answer when they
+throttle); `service-error` raises InternalError (HTTP 500, what S3, EC2 and others answer when they fail a
+request). The hook wraps `botocore.client.BaseClient._make_api_call`, the one method every boto3 client's
+operations go through, so it reaches clients created before the twin started (lustrain_core.clients caches
+them). It raises before the request is built: nothing reaches moto, so the failed call has no side effect, and
+botocore's own retries (which sit below this method) do not swallow it; the handler sees the error as it would
+after AWS kept failing through every botocore retry, and Step Functions' Retry is what clears it.
 """
 
 from __future__ import annotations
@@ -20,13 +22,23 @@ from lustrain.twin import faults
 _PATCHED = "_lustrain_twin_throttling"
 
 
-def throttling_error(operation_name: str) -> ClientError:
+def _client_error(operation_name: str, code: str, message: str, status: int) -> ClientError:
     return ClientError(
         {
-            "Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-            "ResponseMetadata": {"HTTPStatusCode": 400, "RequestId": "lustrain-twin-throttled"},
+            "Error": {"Code": code, "Message": message},
+            "ResponseMetadata": {"HTTPStatusCode": status, "RequestId": f"lustrain-twin-{code}"},
         },
         operation_name,
+    )
+
+
+def throttling_error(operation_name: str) -> ClientError:
+    return _client_error(operation_name, "ThrottlingException", "Rate exceeded", 400)
+
+
+def service_error(operation_name: str) -> ClientError:
+    return _client_error(
+        operation_name, "InternalError", "We encountered an internal error. Please try again.", 500
     )
 
 
@@ -38,8 +50,11 @@ def install() -> None:
     @functools.wraps(original)
     def make_api_call(self: BaseClient, operation_name: str, api_params: dict[str, Any]) -> Any:
         step = faults.current_step()
-        if step is not None and faults.consume_throttling(step):
-            raise throttling_error(operation_name)
+        if step is not None:
+            if faults.consume_throttling(step):
+                raise throttling_error(operation_name)
+            if faults.consume(step, "service-error"):
+                raise service_error(operation_name)
         return original(self, operation_name, api_params)
 
     setattr(make_api_call, _PATCHED, True)

@@ -1,0 +1,37 @@
+"""A stand-in training entry point for the twin's fault, duplicate and load tests: no torch, done in milliseconds.
+
+It keeps SageMaker's contract the way the real trainer does: reads the Lustre channel (SM_CHANNEL_TRAINING),
+writes the model under SM_MODEL_DIR, and prints one metric line. The model names the training job, so a test
+can tell which run's archive holds which job's model. `--sleep_s N` (a hyperparameter) keeps it busy for N
+seconds first, for a run that must still be training when something stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sleep_s", type=float, default=0.0)
+    args, _ = parser.parse_known_args()
+    time.sleep(args.sleep_s)
+    channel = Path(os.environ["SM_CHANNEL_TRAINING"])
+    files = sorted(p for p in channel.rglob("*") if p.is_file())
+    model_dir = Path(os.environ["SM_MODEL_DIR"])
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model = {
+        "training_job_name": os.environ.get("TRAINING_JOB_NAME", ""),
+        "files_read": len(files),
+        "bytes_read": sum(p.stat().st_size for p in files),
+    }
+    (model_dir / "model.pt").write_text(json.dumps(model), encoding="utf-8")
+    print("step=1 train_loss=1.0 tokens_per_s=1", flush=True)
+
+
+if __name__ == "__main__":
+    main()

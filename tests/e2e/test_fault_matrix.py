@@ -1,0 +1,73 @@
+"""The fault matrix on the twin: every forward state x {throttling, service error, Lambda timeout}, plus FSx
+failure, quota, capacity, training error, stop and a training job that never reports. Each case is a whole run of
+the real state machine and handlers (bench/fault_matrix.py runs them, several at once per twin); each must end
+as the state machine says it should and leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import fault_matrix  # noqa: E402 - the bench lives beside the tests, not in a package
+
+pytestmark = pytest.mark.slow
+
+CASES = fault_matrix.cases()
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, fault_matrix.Result]:
+    return {str(r.case): r for r in fault_matrix.run_matrix(CASES)}
+
+
+def test_the_matrix_tries_every_forward_state_with_every_transient_fault():
+    tried = {(c.step, c.fault) for c in CASES}
+    for step in fault_matrix.faults.STEPS:
+        assert {(step, "throttling"), (step, "service-error"), (step, "lambda-timeout")} <= tried
+    assert {
+        ("create_filesystem", "fsx-failed"),
+        ("check_quota", "quota"),
+        ("start_training", "capacity-error"),
+        ("start_training", "training-error"),
+        ("start_training", "stopped"),
+        ("start_training", "silent"),
+    } <= tried
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.fault != "silent"], ids=str)
+def test_each_fault_ends_the_run_as_the_state_machine_says_and_leaves_nothing(results, case):
+    result = results[str(case)]
+
+    assert result.fired, f"{case} never fired"
+    assert (result.status, result.error) == (case.status, case.error), result.task_errors
+    assert result.leftovers == []
+    if case.raised is not None:
+        assert case.raised in result.task_errors
+    if case.status == "SUCCEEDED":
+        assert {"manifest.json", "model.tar.gz"} <= set(result.archived)
+    assert result.training_jobs <= 1, "a retried start must adopt its training job, not start a second fleet"
+
+
+def test_a_start_whose_answer_was_lost_adopts_the_job_it_started(results):
+    result = results["start_training:lambda-timeout"]
+
+    assert "Sandbox.Timedout" in result.task_errors
+    assert (result.status, result.training_jobs) == ("SUCCEEDED", 1)
+
+
+def test_a_training_job_that_never_reports_times_out_and_the_teardown_stops_it(results):
+    result = results["start_training:silent"]
+
+    assert result.fired
+    assert "States.Timeout" in result.task_errors
+    # a Fail state may not raise States.Timeout: the run ends under lustrain's name for it
+    assert (result.status, result.error) == ("FAILED", "TrainingTimedOut")
+    # the job was still InProgress when the heartbeat fired: only the teardown's StopTrainingJob ended it
+    assert result.leftovers == []
