@@ -40,12 +40,12 @@ from lustrain_core.spec import JobSpec, validate_spec
 from lustrain.twin import faults
 from lustrain.twin.rehearse import (
     REGION,
-    _archive,
-    _ensure_bucket,
-    _ensure_data,
-    _history,
-    _resources_left,
-    _submittable,
+    archived_objects,
+    ensure_bucket,
+    ensure_data,
+    execution_history,
+    resources_left,
+    submittable,
     twin,
 )
 
@@ -244,11 +244,11 @@ def watch(
             if execution["status"] == "RUNNING" or arn in ended:
                 continue
             described = sfn.describe_execution(executionArn=arn)
-            history = _history(sfn, arn)
+            history = execution_history(sfn, arn)
             job = _registered_job(history)
             duplicate = bool(job.get("duplicate"))
             spec = specs.get(names[arn])
-            left = _resources_left(job.get("job_id"), spec)[0] if spec is not None and not duplicate else []
+            left = resources_left(job.get("job_id"), spec)[0] if spec is not None and not duplicate else []
             ended[arn] = Ended(
                 name=names[arn],
                 execution_arn=arn,
@@ -305,9 +305,9 @@ def run_group(
         simulator.configure(stopped_fault_runtime_s=1.0)
         for case in group:
             faults.inject(case.step, case.fault, run=case.name)
-        _ensure_data(any_spec, say)
-        _ensure_bucket("lustrain-example-results")
-        docs = {name: _submittable(spec, E2E, stack.outputs, lambda _: None) for name, spec in specs.items()}
+        ensure_data(any_spec, say)
+        ensure_bucket("lustrain-example-results")
+        docs = {name: submittable(spec, E2E, stack.outputs, lambda _: None) for name, spec in specs.items()}
         drop_specs(stack, docs)
         say(
             f"twin: {len(group)} runs dropped at once ({', '.join(sorted(parameters)) or 'default settings'})"
@@ -322,7 +322,7 @@ def run_group(
         results = []
         for case in group:
             runs = [e for e in ended if e.name == case.name]
-            archive = [o["key"] for o in _archive(stack, runs[0].job_id)[1]]
+            archive = [o["key"] for o in archived_objects(stack, runs[0].job_id)[1]]
             # `quota` is read, never consumed: it took effect if check_quota refused a run the account has room for
             took_effect = case.name in fired or (
                 case.fault == "quota" and "QuotaExceeded" in runs[0].task_errors

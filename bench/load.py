@@ -212,7 +212,7 @@ def _judge(report: LoadReport, outputs: dict[str, str], sfn: Any) -> None:
             report.refused += 1
         else:
             report.wrong.append(f"{run.name}: {run.status} {run.error}")
-        for resource in _teardown_report(fault_matrix._history(sfn, run.execution_arn)):
+        for resource in _teardown_report(fault_matrix.execution_history(sfn, run.execution_arn)):
             owner = deleted_by.setdefault(str(resource["id"]), run.name)
             if owner != run.name:
                 report.crossed.append(f"{resource['id']} was deleted by both {owner} and {run.name}")

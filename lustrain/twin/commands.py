@@ -110,8 +110,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         REGION,
         STACK_NAME,
         TEMPLATE,
-        _ensure_bucket,
-        _ensure_data,
+        ensure_bucket,
+        ensure_data,
     )
     from lustrain.twin.stack import materialise
 
@@ -136,8 +136,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         for instance_type in INSTANCE_TYPES:
             service_quotas.set_quota(instance_type, args.quota, REGION)
         example = load_spec_file(EXAMPLE)
-        _ensure_data(example, print)
-        _ensure_bucket(example.output.s3_uri.removeprefix("s3://").split("/")[0])
+        ensure_data(example, print)
+        ensure_bucket(example.output.s3_uri.removeprefix("s3://").split("/")[0])
         print(f"lustrain twin serving on {url} (region {REGION}, account 123456789012)")
         for name, value in sorted(stack.outputs.items()):
             print(f"  {name:<28} {value}")

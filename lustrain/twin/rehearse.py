@@ -165,9 +165,9 @@ def rehearse(
             f"{the_plan.filesystem.deployment_type} {the_plan.filesystem.storage_gib} GiB, "
             f"/{the_plan.network.subnet_prefix_length} subnet, up to ${the_plan.cost.total_usd:,.2f}"
         )
-        _ensure_data(spec, say)
-        _ensure_bucket(_bucket_of(spec.output.s3_uri))
-        doc = _submittable(spec, Path(spec_path).parent, stack.outputs, say)
+        ensure_data(spec, say)
+        ensure_bucket(bucket_of(spec.output.s3_uri))
+        doc = submittable(spec, Path(spec_path).parent, stack.outputs, say)
         log_tail: list[str] = []
         unsubscribe = simulator.subscribe(_training_printer(say, log_tail))
         try:
@@ -178,9 +178,9 @@ def rehearse(
         finally:
             unsubscribe()
         output = json.loads(description.get("output") or "{}")
-        job_id = _job_id(history)
-        archive, objects = _archive(stack, job_id)
-        leftovers, kept = _resources_left(job_id, spec)
+        job_id = job_id_of(history)
+        archive, objects = archived_objects(stack, job_id)
+        leftovers, kept = resources_left(job_id, spec)
         status = description["status"]
         result = Rehearsal(
             status=status,
@@ -209,7 +209,7 @@ def rehearse(
 # ---------------------------------------------------------------------------------------------- the steps
 
 
-def _bucket_of(uri: str) -> str:
+def bucket_of(uri: str) -> str:
     return uri.removeprefix("s3://").split("/", 1)[0]
 
 
@@ -218,16 +218,16 @@ def _key_of(uri: str) -> str:
     return rest[1] if len(rest) > 1 else ""
 
 
-def _ensure_bucket(name: str) -> None:
+def ensure_bucket(name: str) -> None:
     s3 = boto3.client("s3", region_name=REGION)
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=name)
 
 
-def _ensure_data(spec: JobSpec, say: Printer) -> None:
+def ensure_data(spec: JobSpec, say: Printer) -> None:
     """An empty data prefix is filled with token shards of Python's standard library (cached between runs)."""
-    bucket, prefix = _bucket_of(spec.data.s3_uri), _key_of(spec.data.s3_uri)
-    _ensure_bucket(bucket)
+    bucket, prefix = bucket_of(spec.data.s3_uri), _key_of(spec.data.s3_uri)
+    ensure_bucket(bucket)
     s3 = boto3.client("s3", region_name=REGION)
     if s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
         return
@@ -268,7 +268,7 @@ def example_shards(max_bytes: str = "3MiB") -> Path:
     return cache
 
 
-def _submittable(spec: JobSpec, base: Path, outputs: dict[str, str], say: Printer) -> dict[str, Any]:
+def submittable(spec: JobSpec, base: Path, outputs: dict[str, str], say: Printer) -> dict[str, Any]:
     """What the CLI uploads: a local code.source goes to the artifacts bucket first, as `lustrain submit` does."""
     doc = spec.model_dump(mode="json", exclude_none=False)
     source = spec.code.source
@@ -316,7 +316,7 @@ def _watch(
     open_states: dict[str, StateRun] = {}
     deadline = time.monotonic() + timeout_s
     while True:
-        history = _history(sfn, execution_arn)
+        history = execution_history(sfn, execution_arn)
         for event in history[seen:]:
             now = time.monotonic() - started
             kind = event["type"]
@@ -334,7 +334,7 @@ def _watch(
         seen = len(history)
         description = sfn.describe_execution(executionArn=execution_arn)
         if description["status"] != "RUNNING":
-            return states, _history(sfn, execution_arn), description
+            return states, execution_history(sfn, execution_arn), description
         if time.monotonic() > deadline:
             sfn.stop_execution(
                 executionArn=execution_arn, error="RehearsalTimeout", cause=f"over {timeout_s} s"
@@ -342,7 +342,7 @@ def _watch(
         time.sleep(0.2)
 
 
-def _history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
+def execution_history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn):
         events += page["events"]
@@ -367,7 +367,7 @@ def _training_printer(say: Printer, tail: list[str]) -> Callable[..., None]:
     return on_line
 
 
-def _job_id(history: list[dict[str, Any]]) -> str | None:
+def job_id_of(history: list[dict[str, Any]]) -> str | None:
     for event in history:
         details = event.get("stateExitedEventDetails") or {}
         if details.get("name") and details.get("output"):
@@ -378,7 +378,7 @@ def _job_id(history: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _archive(stack: Any, job_id: str | None) -> tuple[str | None, list[dict[str, Any]]]:
+def archived_objects(stack: Any, job_id: str | None) -> tuple[str | None, list[dict[str, Any]]]:
     if not job_id:
         return None, []
     bucket = stack.outputs.get("ArtifactsBucketName") or next(
@@ -393,7 +393,7 @@ def _archive(stack: Any, job_id: str | None) -> tuple[str | None, list[dict[str,
     return f"s3://{bucket}/{prefix}", objects
 
 
-def _resources_left(job_id: str | None, spec: JobSpec) -> tuple[list[str], list[str]]:
+def resources_left(job_id: str | None, spec: JobSpec) -> tuple[list[str], list[str]]:
     """Everything tagged with the job id that still exists (and is not kept on purpose), across services."""
     if not job_id:
         return [], []

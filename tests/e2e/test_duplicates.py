@@ -81,7 +81,7 @@ def _same_event_again(sfn: Any, events: Any, machine: str, name: str) -> None:
 def observed() -> Observed:
     from lustrain.twin import faults
     from lustrain.twin.patches import eventbridge, fsx, service_quotas
-    from lustrain.twin.rehearse import _ensure_bucket, _ensure_data, _submittable, twin
+    from lustrain.twin.rehearse import ensure_bucket, ensure_data, submittable, twin
 
     names = (PUT_TWICE, EVENT_TWICE, EVENTS_THRICE)
     specs = {name: fault_matrix.spec_for(name) for name in names}
@@ -90,9 +90,9 @@ def observed() -> Observed:
         fsx.configure(polls=1)
         eventbridge.reset()
         faults.inject("start_training", "repeat-events", run=EVENTS_THRICE)
-        _ensure_data(specs[PUT_TWICE], lambda _: None)
-        _ensure_bucket("lustrain-example-results")
-        docs = {n: _submittable(s, fault_matrix.E2E, stack.outputs, lambda _: None) for n, s in specs.items()}
+        ensure_data(specs[PUT_TWICE], lambda _: None)
+        ensure_bucket("lustrain-example-results")
+        docs = {n: submittable(s, fault_matrix.E2E, stack.outputs, lambda _: None) for n, s in specs.items()}
         machine = stack.outputs["StateMachineArn"]
         sfn = boto3.client("stepfunctions", region_name=REGION)
 
@@ -127,7 +127,7 @@ def observed() -> Observed:
                 1
                 for e in ended
                 if e.name == name and not e.duplicate
-                for event in fault_matrix._history(sfn, e.execution_arn)
+                for event in fault_matrix.execution_history(sfn, e.execution_arn)
                 if event["type"] == "TaskSucceeded"
             )
             for name in names

@@ -44,9 +44,9 @@ def spec_file(tmp_path: Path, name: str) -> Path:
 def drop(stack: Any, spec_path: Path) -> tuple[JobSpec, str]:
     """Drop a spec into the jobs bucket, as `lustrain rehearse` does; the spec and the execution it starts."""
     spec = load_spec_file(spec_path)
-    rehearse._ensure_data(spec, print)
-    rehearse._ensure_bucket(rehearse._bucket_of(spec.output.s3_uri))
-    doc = rehearse._submittable(spec, spec_path.parent, stack.outputs, print)
+    rehearse.ensure_data(spec, print)
+    rehearse.ensure_bucket(rehearse.bucket_of(spec.output.s3_uri))
+    doc = rehearse.submittable(spec, spec_path.parent, stack.outputs, print)
     sfn = boto3.client("stepfunctions", region_name=REGION)
     machine = stack.outputs["StateMachineArn"]
     before = {e["executionArn"] for e in sfn.list_executions(stateMachineArn=machine)["executions"]}
@@ -79,7 +79,7 @@ def until(probe: Any, what: str, timeout: float = 180.0) -> Any:
 def entered(sfn: Any, execution_arn: str) -> list[str]:
     return [
         e["stateEnteredEventDetails"]["name"]
-        for e in rehearse._history(sfn, execution_arn)
+        for e in rehearse.execution_history(sfn, execution_arn)
         if "stateEnteredEventDetails" in e
     ]
 
@@ -150,9 +150,9 @@ def test_runs_killed_mid_run_are_swept_to_nothing(tmp_path, monkeypatch, quick_s
         assert late_status in {"ABORTED", "FAILED"}
 
         runs = ((early, early_arn), (late, late_arn))
-        jobs = {spec.name: rehearse._job_id(rehearse._history(sfn, arn)) for spec, arn in runs}
+        jobs = {spec.name: rehearse.job_id_of(rehearse.execution_history(sfn, arn)) for spec, arn in runs}
         for spec in (early, late):
-            left, _ = rehearse._resources_left(jobs[spec.name], spec)
+            left, _ = rehearse.resources_left(jobs[spec.name], spec)
             assert len(left) >= 6, left  # VPC, subnet, group, route table, endpoint, file system (+ the job)
 
         answer = boto3.client("lambda", region_name=REGION).invoke(
@@ -163,7 +163,7 @@ def test_runs_killed_mid_run_are_swept_to_nothing(tmp_path, monkeypatch, quick_s
         result = json.loads(payload)
 
         for spec in (early, late):
-            assert rehearse._resources_left(jobs[spec.name], spec) == ([], []), spec.name
+            assert rehearse.resources_left(jobs[spec.name], spec) == ([], []), spec.name
         name = training["TrainingJobName"]
         assert sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"] == "Stopped"
         swept = {(s["job_id"], s["type"], s["id"]): s for s in result["swept"]}
