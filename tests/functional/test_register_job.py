@@ -166,3 +166,16 @@ def test_the_stack_budget_is_checked_against_the_plans_estimate(aws, monkeypatch
     with pytest.raises(SpecForbidden, match="LUSTRAIN_MAX_BUDGET_USD"):
         invoke("register_job", {"execution": "f", "input": {"spec": spec()}})
     assert records_in(aws.jobs_table) == []
+
+
+def test_a_file_system_the_stack_does_not_allow_is_forbidden_before_anything_is_recorded(aws, monkeypatch):
+    seed_data()
+    monkeypatch.setenv("LUSTRAIN_ALLOWED_EXISTING_RESOURCES", "none")
+    reuse = spec(filesystem={"file_system_id": "fs-0123456789abcdef0"})
+    with pytest.raises(SpecForbidden) as exc:
+        invoke("register_job", {"execution": "f", "input": {"spec": reuse}})
+    assert (exc.value.details["rule"], exc.value.details["field"]) == (
+        "LUSTRAIN_ALLOWED_EXISTING_RESOURCES",
+        "filesystem.file_system_id",
+    )
+    assert records_in(aws.jobs_table) == []

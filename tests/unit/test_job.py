@@ -304,6 +304,33 @@ def test_custom_images_must_come_from_an_allowed_registry_host_or_account():
     other.check_spec(spec_with())  # a framework_version image is SageMaker's own
 
 
+def test_existing_network_and_file_system_must_be_allow_listed_by_id():
+    reuse = spec_with(
+        network={"subnet_id": "subnet-0123456789abcdef0", "security_group_ids": ["sg-0123456789abcdef0"]},
+        filesystem={"file_system_id": "fs-0123456789abcdef0"},
+    )
+    Policy.from_env({}).check_spec(reuse)
+    allowed = "subnet-0123456789abcdef0,sg-0123456789abcdef0,fs-0123456789abcdef0"
+    Policy.from_env({"LUSTRAIN_ALLOWED_EXISTING_RESOURCES": allowed}).check_spec(reuse)
+    # the stack's default: nothing existing may be used, and a run that names nothing is not affected
+    none = Policy.from_env({"LUSTRAIN_ALLOWED_EXISTING_RESOURCES": "none"})
+    none.check_spec(spec_with())
+    error = forbidden(none, reuse)
+    assert (error.details["rule"], error.details["field"]) == (
+        "LUSTRAIN_ALLOWED_EXISTING_RESOURCES",
+        "network.subnet_id",
+    )
+    assert "subnet-0123456789abcdef0" in error.message and "creates its own" in error.message
+    only_network = Policy.from_env(
+        {"LUSTRAIN_ALLOWED_EXISTING_RESOURCES": "subnet-0123456789abcdef0,sg-0123456789abcdef0"}
+    )
+    assert forbidden(only_network, reuse).details["field"] == "filesystem.file_system_id"
+    other_group = Policy.from_env(
+        {"LUSTRAIN_ALLOWED_EXISTING_RESOURCES": "subnet-0123456789abcdef0,fs-0123456789abcdef0"}
+    )
+    assert forbidden(other_group, reuse).details["field"] == "network.security_group_ids"
+
+
 def test_an_estimate_above_the_stack_budget_is_forbidden_naming_the_rule():
     policy = Policy.from_env({"LUSTRAIN_MAX_BUDGET_USD": "1000"})
     policy.check_plan({"cost": {"total_usd": 999.5}})

@@ -474,3 +474,28 @@ def test_a_kept_file_system_carries_the_keep_tag_the_sweeper_honours_without_a_r
     document["job"]["spec"]["filesystem"]["keep"] = True
     kept = create_request(Job.from_document(document), net, settings())
     assert {"Key": "lustrain:keep", "Value": "true"} in kept["Tags"]
+
+
+@pytest.mark.parametrize(
+    ("given", "env"),
+    [
+        (None, "none"),  # the default: a spec may not name an existing subnet, group or file system
+        ("*", ""),  # any: the policy's "no limit"
+        ("subnet-0123456789abcdef0,fs-0123456789abcdef0", "subnet-0123456789abcdef0,fs-0123456789abcdef0"),
+    ],
+)
+def test_existing_resources_a_spec_may_name_reach_register_job_and_default_to_none(given, env):
+    from lustrain.twin.stack import _Resolver
+
+    params = {name: ",".join(p["Default"]) if isinstance(p.get("Default"), list) else str(p.get("Default", ""))
+              for name, p in PARAMETERS.items()}
+    if given is not None:
+        params["AllowedExistingResources"] = given
+    for name, p in PARAMETERS.items():
+        if p["Type"] == "CommaDelimitedList":
+            params[name] = params[name].split(",")  # type: ignore[assignment]
+    resolver = _Resolver(TEMPLATE, "lustrain-test", "us-east-1", params)
+    wired = function_env("RegisterJobFunction")["LUSTRAIN_ALLOWED_EXISTING_RESOURCES"]
+    assert resolver.resolve(wired) == env
+    pattern = re.compile(PARAMETERS["AllowedExistingResources"]["AllowedPattern"])
+    assert all(pattern.fullmatch(v) for v in env.split(",") if v)

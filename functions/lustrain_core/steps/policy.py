@@ -11,10 +11,15 @@ Each rule comes from one environment variable of the stack (comma-separated; uns
     LUSTRAIN_ALLOWED_INSTANCE_TYPES    compute.instance_type
     LUSTRAIN_MAX_INSTANCES_PER_RUN     compute.instance_count at most this
     LUSTRAIN_MAX_BUDGET_USD            the plan's estimated cost at most this
+    LUSTRAIN_ALLOWED_EXISTING_RESOURCES  network.subnet_id, network.security_group_ids and
+                                       filesystem.file_system_id: existing resources a run may use, by id
+                                       ("none" matches no id: every run builds its own network and file system)
 
 A prefix matches at a path boundary: "s3://data/team" allows s3://data/team/x/ but not s3://data/team-b/.
 The registry rule applies to custom images (image.uri); framework_version images are SageMaker's own Deep
 Learning Containers, resolved per region by start_training, and are not a registry the user picks.
+Reusing an existing file system mounts whatever it holds into the training job, and an existing subnet and
+security groups decide what the job can reach: whoever can drop a spec would otherwise choose them.
 A spec outside a rule raises SpecForbidden naming the rule, its variable and the field.
 """
 
@@ -34,6 +39,7 @@ IMAGE_REGISTRIES = "LUSTRAIN_ALLOWED_IMAGE_REGISTRIES"
 INSTANCE_TYPES = "LUSTRAIN_ALLOWED_INSTANCE_TYPES"
 MAX_INSTANCES = "LUSTRAIN_MAX_INSTANCES_PER_RUN"
 MAX_BUDGET = "LUSTRAIN_MAX_BUDGET_USD"
+EXISTING_RESOURCES = "LUSTRAIN_ALLOWED_EXISTING_RESOURCES"
 
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -67,6 +73,7 @@ class Policy:
     instance_types: tuple[str, ...] = ()
     max_instances: float | None = None
     max_budget_usd: float | None = None
+    existing_resources: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Policy:
@@ -82,6 +89,7 @@ class Policy:
             instance_types=_list(env, INSTANCE_TYPES),
             max_instances=_number(env, MAX_INSTANCES, int),
             max_budget_usd=_number(env, MAX_BUDGET, float),
+            existing_resources=_list(env, EXISTING_RESOURCES),
         )
 
     def check_spec(self, spec: JobSpec) -> None:
@@ -118,6 +126,23 @@ class Policy:
                     rule=IMAGE_REGISTRIES,
                     field="image.uri",
                 )
+
+        if self.existing_resources:
+            named = (
+                ("network.subnet_id", [spec.network.subnet_id]),
+                ("network.security_group_ids", list(spec.network.security_group_ids)),
+                ("filesystem.file_system_id", [spec.filesystem.file_system_id]),
+            )
+            for field, ids in named:
+                for resource in ids:
+                    if resource is not None and resource not in self.existing_resources:
+                        raise SpecForbidden(
+                            f"{field} {resource} is not one of the existing resources this stack lets a run use "
+                            f"({EXISTING_RESOURCES}): allowed: {', '.join(self.existing_resources)}; leave it "
+                            "out and the run creates its own",
+                            rule=EXISTING_RESOURCES,
+                            field=field,
+                        )
 
     def check_plan(self, plan: dict[str, Any]) -> None:
         """The rules that need the plan (its cost estimate); run before the job is recorded."""
