@@ -26,7 +26,6 @@ import copy
 import io
 import json
 import os
-import signal
 import socket
 import sys
 import tarfile
@@ -51,6 +50,7 @@ from bench import fault_matrix  # run as a script, the bench directory is not a 
 from lustrain.cli import main as lustrain
 from lustrain.submit import upload_code_dir
 from lustrain.twin import simulator
+from lustrain.twin.commands import stop_local_up
 from lustrain.twin.patches import service_quotas
 
 RUNS = 20
@@ -257,7 +257,6 @@ def run_load(runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = Non
     # `local up` sets the process's endpoint, credentials and moto's config for good: put them back after it
     saved_env = dict(os.environ)
     saved_moto_config = copy.deepcopy(default_user_config)
-    saved_term = signal.getsignal(signal.SIGTERM)
 
     def drive() -> None:
         try:
@@ -265,26 +264,20 @@ def run_load(runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = Non
         except BaseException as exc:
             failure.append(exc)
         finally:
-            # `local up` stops on SIGTERM, as it would under a process manager
-            os.kill(os.getpid(), signal.SIGTERM)
+            # what SIGTERM does to `local up` under a process manager, without a signal to this process
+            stop_local_up()
 
-    def stop_early(*_: Any) -> None:
-        # a SIGTERM before `local up` has set its own handler: stop it as Ctrl-C would
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop_early)
     driver = threading.Thread(target=drive, name="load-driver", daemon=True)
     driver.start()
     code = 0
     try:
-        with contextlib.redirect_stdout(tee), contextlib.suppress(KeyboardInterrupt):
+        with contextlib.redirect_stdout(tee):
             code = lustrain(
                 ["local", "up", "--port", str(free_port()), "--for-seconds", str(TIMEOUT_S + 180)]
             )
         driver.join(30)
         simulator.reset()
     finally:
-        signal.signal(signal.SIGTERM, saved_term)
         os.environ.clear()
         os.environ.update(saved_env)
         default_user_config.clear()

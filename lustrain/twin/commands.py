@@ -97,6 +97,15 @@ def _print_outcome(r: Any) -> None:
     print(f"{r.resources_left} resources left")
 
 
+#: Set to stop a `local up` serving in this process: SIGTERM sets it, and so can a program that runs the command in
+#: a thread of its own (bench/load.py), without sending signals to its own process.
+STOP = threading.Event()
+
+
+def stop_local_up() -> None:
+    STOP.set()
+
+
 def cmd_local_up(args: argparse.Namespace) -> int:
     import requests
     from lustrain_core.prices import INSTANCE_TYPES
@@ -115,6 +124,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     )
     from lustrain.twin.stack import materialise
 
+    STOP.clear()
     url = f"http://127.0.0.1:{args.port}"
     os.environ.update(
         AWS_ACCESS_KEY_ID="twin",
@@ -150,16 +160,17 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         print(
             f"          or: aws --endpoint-url {url} s3 cp SPEC.yaml s3://{jobs}/jobs/  (code.source: s3://...)"
         )
+        previous = signal.signal(signal.SIGTERM, lambda *_: STOP.set())
         print("Ctrl-C stops the twin.", flush=True)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         deadline = time.monotonic() + args.for_seconds if args.for_seconds else None
         try:
-            while not stop.wait(0.5):
+            while not STOP.wait(0.5):
                 if deadline and time.monotonic() > deadline:
                     break
         except KeyboardInterrupt:
             pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
         server.stop()
     return EXIT_OK
