@@ -25,7 +25,6 @@ import contextlib
 import copy
 import io
 import json
-import os
 import socket
 import sys
 import tarfile
@@ -51,7 +50,7 @@ from lustrain.cli import main as lustrain
 from lustrain.submit import upload_code_dir
 from lustrain.twin import simulator
 from lustrain.twin.commands import stop_local_up
-from lustrain.twin.patches import service_quotas
+from lustrain.twin.patches import lambda_invoke, service_quotas
 
 RUNS = 20
 QUOTA = 8
@@ -255,7 +254,7 @@ def run_load(runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = Non
     failure: list[BaseException] = []
     tee = _Tee(sys.stdout)
     # `local up` sets the process's endpoint, credentials and moto's config for good: put them back after it
-    saved_env = dict(os.environ)
+    saved_env = lambda_invoke.environment_copy()
     saved_moto_config = copy.deepcopy(default_user_config)
 
     def drive() -> None:
@@ -278,8 +277,7 @@ def run_load(runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = Non
         driver.join(30)
         simulator.reset()
     finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
+        lambda_invoke.restore_environment(saved_env)
         default_user_config.clear()
         default_user_config.update(saved_moto_config)
     if failure:

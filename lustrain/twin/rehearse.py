@@ -85,9 +85,10 @@ def twin(parameters: dict[str, str] | None = None) -> Iterator[Any]:
     from moto import mock_aws
 
     from lustrain.twin import faults, patches, simulator
+    from lustrain.twin.patches import lambda_invoke
     from lustrain.twin.stack import materialise
 
-    saved = dict(os.environ)
+    saved = lambda_invoke.environment_copy()
     os.environ.update(
         AWS_ACCESS_KEY_ID="twin",
         AWS_SECRET_ACCESS_KEY="twin",  # noqa: S106 - moto's fake credentials
@@ -116,8 +117,7 @@ def twin(parameters: dict[str, str] | None = None) -> Iterator[Any]:
     finally:
         faults.clear()
         clients.reset()
-        os.environ.clear()
-        os.environ.update(saved)
+        lambda_invoke.restore_environment(saved)
 
 
 def _drain_events(timeout: float = 30) -> None:

@@ -251,3 +251,28 @@ def test_a_reused_file_system_that_does_not_exist_is_named(aws):
         FileSystemFailed, match=r"filesystem\.file_system_id: fs-0123456789abcdef0 does not exist"
     ):
         invoke("create_filesystem", reusing(document, "fs-0123456789abcdef0"))
+
+
+def test_a_reused_persistent_file_system_runs_and_its_output_link_is_recorded_even_if_found_on_a_retry(aws):
+    from lustrain_core.steps import records
+
+    document = prepared()
+    fs_id = team_file_system(document)
+    again = register(
+        spec(filesystem={"file_system_id": fs_id, "deployment_type": "persistent"}, output={"to_filesystem": True}),
+        execution="reuse-persistent",
+    )
+    reuse = {**again, "network": document["network"], "poll": POLL}
+    job_id = reuse["job"]["job_id"]
+    reuse["filesystem"] = invoke("create_filesystem", reuse)
+    until_ready(reuse)
+    link = {"type": "data_repository_association"}
+    recorded = [r for r in job_record(aws.jobs_table, job_id)["resources"] if r["type"] == link["type"]]
+    assert len(recorded) == 1  # the run's output link on the team's file system, and nothing of the team's
+
+    # the ledger write of that link was lost (a throttled write, an answer lost at a timeout): the retry finds
+    # the link it made and records it after all
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.set_fields(ddb, aws.jobs_table, job_id, {"resources": []})
+    reuse["filesystem"] = invoke("check_filesystem", reuse)
+    assert job_record(aws.jobs_table, job_id)["resources"] == recorded

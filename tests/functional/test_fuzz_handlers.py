@@ -202,8 +202,17 @@ def test_every_handler_is_fuzzed():
     assert set(HANDLERS) == {*DOCUMENT_HANDLERS, *CLEANUP_HANDLERS, "register_job", "on_training_event"}
 
 
+#: A Lambda may be invoked with any JSON value, not only an object.
+NOT_OBJECTS = [None, [], [{"job": {}}], "jobs/gpt.yaml", 7, 0.5, True]
+
+
 @pytest.mark.usefixtures("run_document")
 class TestRunHandlers:
+    @pytest.mark.parametrize("handler", [*DOCUMENT_HANDLERS, "register_job", "on_training_event"])
+    @pytest.mark.parametrize("event", NOT_OBJECTS, ids=repr)
+    def test_a_json_value_that_is_not_an_object(self, handler, event):
+        call_and_check(handler, event)
+
     @pytest.mark.parametrize("handler", [*DOCUMENT_HANDLERS, "register_job", "on_training_event"])
     @fuzz(25)
     @given(event=json_objects)
@@ -236,6 +245,11 @@ class TestRunHandlers:
 
 @pytest.mark.usefixtures("empty_world")
 class TestCleanupHandlers:
+    @pytest.mark.parametrize("handler", CLEANUP_HANDLERS)
+    @pytest.mark.parametrize("event", NOT_OBJECTS, ids=repr)
+    def test_a_json_value_that_is_not_an_object(self, handler, event):
+        call_and_check(handler, event)
+
     @pytest.mark.parametrize("handler", CLEANUP_HANDLERS)
     @fuzz(25)
     @given(event=json_objects)

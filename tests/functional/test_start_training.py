@@ -126,3 +126,25 @@ def test_throttling_becomes_aws_throttled_for_the_state_machines_retry(aws):
     finally:
         faults.clear()
     assert boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"] == []
+
+
+def test_a_job_created_though_sagemaker_answered_an_error_is_kept_not_started_twice(p4d_quota, monkeypatch):
+    from botocore.exceptions import ClientError
+
+    settings = p4d_quota
+    event = training_input()
+    sagemaker = clients.client("sagemaker")
+    create = sagemaker.create_training_job
+
+    def committed_then_500(**request):
+        create(**request)  # SageMaker committed the job; the answer is a 500 (or botocore's retry meets it)
+        raise ClientError({"Error": {"Code": "InternalFailure", "Message": "try again"}}, "CreateTrainingJob")
+
+    monkeypatch.setattr(sagemaker, "create_training_job", committed_then_500)
+    result = invoke("start_training", event)
+
+    name = result["training_job_name"]
+    assert (result["attempt"], result["adopted"]) == (1, True)
+    assert token_item(settings.tokens_table, name)["token"] == TOKEN  # the job's end will find its token
+    jobs = boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"]
+    assert [j["TrainingJobName"] for j in jobs] == [name]

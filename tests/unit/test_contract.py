@@ -240,10 +240,16 @@ def test_step_functions_errors_end_the_run_under_a_lustrain_name() -> None:
     assert choice["Default"] == "Fail the run"
     routes = {}
     for rule in choice["Choices"]:
-        test = next(c for c in rule["And"] if "StringEquals" in c or "StringMatches" in c)
-        assert test["Variable"] == "$.error.Error"
-        routes[test.get("StringEquals") or test.get("StringMatches")] = states[rule["Next"]]["Error"]
-    assert routes == {"States.Timeout": "TrainingTimedOut", "States.*": "StepFunctionsError"}
+        tests = [c for part in rule["And"] for c in part.get("Or", [part])]
+        for test in tests:
+            if "StringEquals" in test or "StringMatches" in test:
+                assert test["Variable"] == "$.error.Error"
+                routes[test.get("StringEquals") or test.get("StringMatches")] = states[rule["Next"]]["Error"]
+    assert routes == {
+        "States.Timeout": "TrainingTimedOut",
+        "States.HeartbeatTimeout": "TrainingTimedOut",
+        "States.*": "StepFunctionsError",
+    }
 
 
 def test_lambda_errors_and_throttling_are_retried_and_teardown_waits_longer() -> None:

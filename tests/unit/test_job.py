@@ -79,6 +79,17 @@ def test_an_unversioned_drop_is_identified_by_its_etag():
     assert source.identity == "s3://jobs-bucket/jobs/gpt.yaml#0123abcd"
 
 
+def test_a_drop_without_an_etag_is_identified_by_its_version_or_refused():
+    event = s3_event()
+    del event["detail"]["object"]["etag"]
+    assert job.parse_start({"execution": "e", "input": event}).identity.endswith("#v-123")
+    event = s3_event(version_id=None)
+    del event["detail"]["object"]["etag"]
+    with pytest.raises(SpecInvalid) as exc:
+        job.parse_start({"execution": "e", "input": event})
+    assert field_of(exc) == "detail.object.etag"
+
+
 def test_the_unwrapped_event_with_execution_beside_it_is_taken_too():
     source = job.parse_start({**s3_event(), "execution": "exec-2"})
     assert source.identity.endswith("#0123abcd") and source.execution == "exec-2"

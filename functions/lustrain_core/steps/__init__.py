@@ -164,7 +164,8 @@ def _check_plan(job_id: str, spec: JobSpec, plan: Any) -> None:
         raise SpecInvalid.one(
             "job.plan.filesystem.storage_gib", MISSING, "a new file system needs its capacity"
         )
-    if planned.deployment_type == "PERSISTENT_2" and planned.per_unit_storage_throughput is None:
+    new_persistent = planned.deployment_type == "PERSISTENT_2" and spec.filesystem.file_system_id is None
+    if new_persistent and planned.per_unit_storage_throughput is None:
         raise SpecInvalid.one(
             "job.plan.filesystem.per_unit_storage_throughput", MISSING, "PERSISTENT_2 needs its throughput"
         )

@@ -418,17 +418,20 @@ def ensure_links(
             dra = fsx.create_data_repository_association(**dra_request(job, fs_id, link, settings))[
                 "Association"
             ]
-            records.add_resources(
-                ddb,
-                settings.jobs_table,
-                job.job_id,
-                [{"type": "data_repository_association", "id": dra["AssociationId"]}],
-            )
         elif _prefix(dra["DataRepositoryPath"]) != _prefix(link.s3_uri):
             raise FileSystemFailed(
                 f"{fs_id} already links {link.path} to {dra['DataRepositoryPath']}, not {link.s3_uri}",
                 file_system_id=fs_id,
             )
+        # Recorded whether created now or found: a link this run made, whose ledger entry was lost with an
+        # answer (a throttled write, a timed-out invocation), is found on the retry and must still be torn down.
+        # (Found links are the run's: its own file system's, or its own output path on a reused one.)
+        records.add_resources(
+            ddb,
+            settings.jobs_table,
+            job.job_id,
+            [{"type": "data_repository_association", "id": dra["AssociationId"]}],
+        )
         if dra.get("Lifecycle") in FAILED_LIFECYCLES:
             raise FileSystemFailed(
                 f"the link of {link.path} on {fs_id} to {link.s3_uri} is {dra['Lifecycle']}: "

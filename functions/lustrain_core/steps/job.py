@@ -105,9 +105,16 @@ def parse_start(event: dict[str, Any]) -> SpecSource:
             raise SpecInvalid.one(
                 "detail.object.key", obj.key, f"the key of the dropped spec, 1 to {MAX_S3_KEY_BYTES} bytes"
             )
+        # S3's events always carry the ETag; a relayed or hand-made one without it falls back to the version, and
+        # with neither every later drop of the key would pass for a duplicate of the first.
+        fingerprint = obj.etag or obj.version_id
+        if not fingerprint:
+            raise SpecInvalid.one(
+                "detail.object.etag", MISSING, "the dropped object's ETag (or its version-id), as S3 sends them"
+            )
         return SpecSource(
             kind="s3-event",
-            identity=f"s3://{bucket}/{obj.key}#{obj.etag}",
+            identity=f"s3://{bucket}/{obj.key}#{fingerprint}",
             execution=drop.execution,
             bucket=bucket,
             key=obj.key,

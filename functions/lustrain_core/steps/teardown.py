@@ -38,7 +38,7 @@ from botocore.exceptions import ClientError
 
 from lustrain_core import clients
 from lustrain_core.config import Settings
-from lustrain_core.errors import TeardownIncomplete
+from lustrain_core.errors import SpecInvalid, TeardownIncomplete
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records, tag_dict
 from lustrain_core.steps import filesystem as fsx_step
@@ -508,13 +508,13 @@ def teardown(
     sagemaker: Any = None,
 ) -> dict[str, Any]:
     """$.teardown: what was stopped, deleted, kept and already gone; TeardownIncomplete while something remains."""
+    if not isinstance(document, dict):
+        raise SpecInvalid.one("", document, "the state document must be a JSON object")
     job = document.get("job") or {}
     if not isinstance(job, dict):
-        # register_job's result is an object; anything else was written by hand and names no run to clean up
-        raise TeardownIncomplete(
-            f"$.job must be the object register_job returned, with job_id; got {type(job).__name__}",
-            field="job",
-        )
+        # register_job's result is an object; anything else was written by hand and names no run to clean up.
+        # SpecInvalid, not TeardownIncomplete: waiting an hour of retries would not make it valid.
+        raise SpecInvalid.one("job", job, "the object register_job returned, with job_id")
     status = "FAILED" if document.get("error") else "SUCCEEDED"
     job_id = job.get("job_id")
     if not job_id or job.get("duplicate"):

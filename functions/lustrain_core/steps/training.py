@@ -389,6 +389,11 @@ def start_training(
     try:
         sagemaker.create_training_job(**request)
     except ClientError as exc:
+        if _job_status(sagemaker, name) is not None:
+            # The job exists though the answer was an error: a 5xx after SageMaker committed it, or botocore's
+            # retry meeting the job its first try created. It is this run's, and its token already waits for it:
+            # starting another attempt would pay for a second fleet.
+            return {"training_job_name": name, "attempt": attempt, "adopted": True}
         ddb.delete_item(TableName=settings.tokens_table, Key=token_key(name))
         if error_code(exc) == "ResourceLimitExceeded":
             compute = job.spec.compute

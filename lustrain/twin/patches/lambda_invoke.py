@@ -193,6 +193,17 @@ def environment_copy() -> dict[str, str]:
         return dict(os.environ)
 
 
+def restore_environment(saved: dict[str, str]) -> None:
+    """Put the process environment back to `saved`, key by key and while no invocation changes it: threads that
+    outlive a twin (a handler past its timeout, a Lambda retry) never see it empty."""
+    with ENVIRONMENT_LOCK:
+        for key in set(os.environ) - set(saved):
+            os.environ.pop(key, None)
+        for key, value in saved.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
 @contextmanager
 def _applied(env: dict[str, str]) -> Iterator[None]:
     with ENVIRONMENT_LOCK:
@@ -291,7 +302,8 @@ def _timed_out(request_id: str, timeout_s: float) -> _Outcome:
 
 
 def _async_retries(fn: LambdaFunction) -> int:
-    for config in getattr(fn, "event_invoke_config", None) or []:
+    # moto appends a config per Put/Update call: the latest one is in force
+    for config in reversed(getattr(fn, "event_invoke_config", None) or []):
         if "MaximumRetryAttempts" in config.config:
             return int(config.config["MaximumRetryAttempts"])
     return DEFAULT_ASYNC_RETRIES
