@@ -34,6 +34,7 @@ from .shards import DTYPE, TOKEN_BYTES, DataError, DataIndex
 BLOCK_BYTES = 1 << 20
 WINDOW_BLOCKS = 8
 KEEP_BUFFERS = 8
+PLANNED_WINDOWS = 16
 
 
 class ShardReader:
@@ -105,6 +106,7 @@ class BatchPlan:
             [first + np.arange(0, n, self.block) for first, n in zip(firsts.tolist(), counts.tolist(), strict=True)])
         self._block_lengths = np.diff(np.append(self._block_starts, self.total))
         self._orders: dict[int, np.ndarray] = {}
+        self._planned: tuple[tuple[int, int], list[tuple[np.ndarray, Reads, np.ndarray]]] | None = None
 
     @property
     def batch_tokens(self) -> int:
@@ -128,7 +130,11 @@ class BatchPlan:
         order = spans[lo - before : hi - before]
         # Within each window the batches are shuffled again, with a draw of this rank's own.
         keys = np.random.default_rng([self.seed, epoch, self.rank]).random(self.per_rank)
-        order = order[np.lexsort((keys, np.arange(self.per_rank) // self.window))]
+        # (A stable sort of each window's keys: the order of np.lexsort((keys, position // window)).)
+        full = self.per_rank - self.per_rank % self.window
+        within = keys[:full].reshape(-1, self.window).argsort(axis=1, kind="stable")
+        within += np.arange(0, full, self.window)[:, None]
+        order = order[np.concatenate((within.ravel(), full + keys[full:].argsort(kind="stable")))]
         self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
         self._orders[epoch] = order
         return order
@@ -162,26 +168,89 @@ class BatchPlan:
         epoch, position = divmod(k, self.per_rank)
         return epoch * self.per_rank + min(self.per_rank, (position // self.window + 1) * self.window)
 
+    def window_reads(self, start: int) -> tuple[int, np.ndarray, Reads, list[int]]:
+        """(end, spans, reads, rows) of the batches from `start` to the end of its window: rows[i] is the row of
+        the buffer that reads.layout puts the i-th batch in.
+
+        Windows are planned PLANNED_WINDOWS at a time with one set of numpy calls, not one set per window: the
+        prefetch thread works this out between two copies, and a window's numpy calls on a few hundred spans
+        cost about a third of its copy, most of it per call. A start inside a window (a resumed run) plans
+        the rest of that window alone.
+        """
+        end = self.window_end(start)
+        epoch, position = divmod(start, self.per_rank)
+        if position % self.window:
+            spans = self.spans(start, end - start)
+            (reads,), rows = self._grouped_reads(spans, np.zeros(len(spans), dtype=np.int64), 1)
+            return end, spans, reads, rows.tolist()
+        window = position // self.window
+        key = (epoch, window // PLANNED_WINDOWS)
+        planned = self._planned  # one read: another thread may plan the same windows meanwhile
+        if planned is None or planned[0] != key:
+            first = key[1] * PLANNED_WINDOWS * self.window
+            spans = self._order(epoch)[first : first + PLANNED_WINDOWS * self.window]
+            groups = np.arange(len(spans)) // self.window
+            reads, rows = self._grouped_reads(spans, groups, int(groups[-1]) + 1)
+            bounds = range(0, len(spans), self.window)
+            planned = self._planned = (key, [(spans[b : b + self.window], r, rows[b : b + self.window])
+                                             for b, r in zip(bounds, reads, strict=True)])
+        spans, reads, rows = planned[1][window % PLANNED_WINDOWS]
+        return end, spans, reads, rows.tolist()
+
     def reads(self, spans: np.ndarray) -> Reads:
         """How to read the given spans in few straight copies: their whole blocks, then runs of the rest."""
-        ordered = np.sort(spans)
+        (reads,), _ = self._grouped_reads(spans, np.zeros(len(spans), dtype=np.int64), 1)
+        return reads
+
+    def _grouped_reads(self, spans: np.ndarray, groups: np.ndarray, count: int) -> tuple[list[Reads], np.ndarray]:
+        """reads() of each group of spans (groups: 0 .. count - 1, none empty), and the row of each span in its
+        group's layout."""
+        n = len(spans)
+        by = np.argsort(groups * self.total + spans)  # by group, then by span
+        ordered, group = spans[by], groups[by]
         shards = self._shard_of[ordered]
         local = self._offset_of[ordered] // self.batch_tokens  # span number within its shard
-        # A block is whole when its first span is here along with the block - 1 spans after it.
-        ahead, fit = np.full(len(ordered), -1), max(0, len(ordered) - self.block + 1)
+        # A block is whole when its first span is here along with the block - 1 spans after it, in its group.
+        ahead, fit = np.full(n, -1), max(0, n - self.block + 1)
         ahead[:fit] = ordered[self.block - 1 :]
         whole = (local % self.block == 0) & (ahead == ordered + self.block - 1)
         whole &= self._shard_of[np.maximum(ahead, 0)] == shards
-        in_whole = np.convolve(whole, np.ones(self.block, dtype=int))[: len(ordered)] > 0
-        blocks = [(int(shard), local[whole & (shards == shard)] // self.block)
-                  for shard in np.unique(shards[whole])]
-        rest, rest_shards = ordered[~in_whole], shards[~in_whole]
-        apart = (rest[1:] - rest[:-1] != 1) | (rest_shards[1:] != rest_shards[:-1])
+        whole[:fit] &= group[self.block - 1 :] == group[:fit]
+        # A span is in a whole block when one starts at it or at one of the block - 1 spans before it.
+        starts_here = np.cumsum(whole)
+        starts_here[self.block :] -= starts_here[: -self.block].copy()
+        in_whole = starts_here > 0
+        # Each group's layout: the spans of its whole blocks, then the rest, both in order.
+        sizes, whole_sizes = np.bincount(group, minlength=count), np.bincount(group[in_whole], minlength=count)
+        starts, whole_starts = np.cumsum(sizes) - sizes, np.cumsum(whole_sizes) - whole_sizes
+        whole_before = np.cumsum(in_whole) - in_whole  # spans in whole blocks before each, over all groups
+        rest_before = np.arange(n) - whole_before
+        row = np.where(in_whole, whole_before - whole_starts[group],
+                       whole_sizes[group] + rest_before - (starts - whole_starts)[group])
+        layout = np.empty_like(ordered)
+        layout[starts[group] + row] = ordered
+        rows = np.empty_like(row)
+        rows[by] = row
+        # Whole blocks, group by group and shard by shard.
+        at = np.flatnonzero(whole)
+        block_groups, block_shards, numbers = group[at], shards[at], local[at] // self.block
+        cut = np.flatnonzero((block_groups[1:] != block_groups[:-1]) | (block_shards[1:] != block_shards[:-1])) + 1
+        firsts = np.concatenate(([0], cut)) if len(at) else np.empty(0, dtype=np.int64)
+        blocks: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(count)]
+        for g, shard, a, length in zip(block_groups[firsts].tolist(), block_shards[firsts].tolist(), firsts.tolist(),
+                                       np.diff(firsts, append=len(at)).tolist(), strict=True):
+            blocks[g].append((shard, numbers[a : a + length]))
+        # The other spans, run by run.
+        rest, rest_shards, rest_groups = ordered[~in_whole], shards[~in_whole], group[~in_whole]
+        apart = (rest[1:] - rest[:-1] != 1) | (rest_shards[1:] != rest_shards[:-1]) | (rest_groups[1:] != rest_groups[:-1])
         first = np.concatenate(([0], np.flatnonzero(apart) + 1)) if len(rest) else np.empty(0, dtype=np.int64)
-        runs = list(zip(rest_shards[first].tolist(), self._offset_of[rest[first]].tolist(),
-                        np.diff(first, append=len(rest)).tolist(), strict=True))
-        layout = np.concatenate([ordered[in_whole], rest])
-        return Reads(blocks, runs, layout)
+        runs: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
+        for g, shard, offset, length in zip(rest_groups[first].tolist(), rest_shards[first].tolist(),
+                                            self._offset_of[rest[first]].tolist(),
+                                            np.diff(first, append=len(rest)).tolist(), strict=True):
+            runs[g].append((shard, offset, length))
+        bounds = np.append(starts, n).tolist()
+        return [Reads(blocks[g], runs[g], layout[bounds[g] : bounds[g + 1]]) for g in range(count)], rows
 
 
 @dataclass(slots=True)
@@ -227,13 +296,9 @@ class Prefetcher:
 
     def _prepare(self, start: int) -> _Window:
         """Everything but the copy, done while the training loop waits for the window before."""
-        end = self.plan.window_end(start)
-        spans = self.plan.spans(start, end - start)
-        reads = self.plan.reads(spans)
+        end, spans, reads, rows = self.plan.window_reads(start)
         buffer = self.reader.buffers.take(len(spans) * self.plan.batch_tokens, self._capacity, self._pin)
-        where = np.argsort(reads.layout)
-        rows = where[np.searchsorted(reads.layout[where], spans)]
-        return _Window(start, end, spans, buffer, reads, rows.tolist())
+        return _Window(start, end, spans, buffer, reads, rows)
 
     def _fill(self, window: _Window) -> None:
         row_tokens = self.plan.block * self.plan.batch_tokens

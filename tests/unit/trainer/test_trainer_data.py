@@ -126,3 +126,37 @@ def test_too_little_data_for_the_ranks_names_the_sizes(data: Path) -> None:
 def test_a_directory_without_an_index_says_how_to_make_one(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"python -m lustrain_trainer\.prepare SRC OUT"):
         read_index(tmp_path)
+
+
+def _one_window(plan: BatchPlan, start: int) -> tuple[int, np.ndarray, list, list, np.ndarray, list[int]]:
+    """The window from `start` planned on its own, the plain way: reads() of its spans, rows by search."""
+    end = plan.window_end(start)
+    spans = plan.spans(start, end - start)
+    reads = plan.reads(spans)
+    where = np.argsort(reads.layout)
+    rows = where[np.searchsorted(reads.layout[where], spans)]
+    blocks = [(shard, numbers.tolist()) for shard, numbers in reads.blocks]
+    return end, spans, blocks, reads.runs, reads.layout, rows.tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_windows_planned_in_groups_read_what_each_window_planned_alone_reads(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    shards = rng.integers(1, 4000, size=int(rng.integers(1, 6))).tolist()
+    world = int(rng.integers(1, 4))
+    try:
+        plan = BatchPlan(shards, int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(world)), world,
+                         seed, shuffle=bool(rng.random() < 0.8), block=[None, 1, 2, 3, 7][seed % 5],
+                         window=int(rng.integers(1, 6)))
+    except DataError:
+        return
+    # every window of three epochs, in order and backwards (the cache of planned groups moves both ways),
+    # and starts inside windows (a resumed run)
+    starts = [k for k in range(3 * plan.per_rank) if k % plan.per_rank % plan.window == 0]
+    for start in [*starts, *rng.integers(3 * plan.per_rank, size=5).tolist(), *starts[::-1]]:
+        end, spans, reads, rows = plan.window_reads(start)
+        expected = _one_window(plan, start)
+        assert (end, spans.tolist(), [(s, n.tolist()) for s, n in reads.blocks], reads.runs) == (
+            expected[0], expected[1].tolist(), expected[2], expected[3])
+        assert reads.layout.tolist() == expected[4].tolist() and rows == expected[5]
+

@@ -114,6 +114,33 @@ def test_two_ranks_under_torchrun_read_disjoint_batches(data: Path, sourcedir: P
     assert len(metric_values(done.stdout, "train_loss")) == 12  # rank 0 alone prints metrics
 
 
+def test_fsdp_trains_the_model_ddp_trains_and_its_checkpoint_resumes_without_it(
+    data: Path, sourcedir: Path, tmp_path: Path
+) -> None:
+    """FSDP (fully_shard, over gloo on CPU) on 2 ranks: the same weights as DDP after the same steps, and a
+    sharded run's checkpoint resumes in an unsharded one (a job may move between instance types)."""
+    models = {}
+    for fsdp in ("true", "false"):
+        root = tmp_path / f"fsdp-{fsdp}"
+        env = sagemaker_env(root, data)
+        done = run(sourcedir, env, *MICRO, "--max_steps", "6", "--checkpoint_interval", "3", "--fsdp", fsdp,
+                   torchrun=2)
+        assert done.returncode == 0, done.stderr
+        assert f"fsdp {fsdp.title()}" in done.stdout
+        models[fsdp] = torch.load(root / "model" / "model.pt", weights_only=True)
+    assert models["true"].keys() == models["false"].keys()
+    for name, tensor in models["true"].items():
+        torch.testing.assert_close(tensor, models["false"][name], rtol=1e-5, atol=1e-6)
+
+    sharded = tmp_path / "fsdp-true"
+    done = run(sourcedir, sagemaker_env(sharded, data), *MICRO, "--max_steps", "9", "--checkpoint_interval", "3",
+               "--fsdp", "false", torchrun=2)
+    assert done.returncode == 0, done.stderr
+    assert "resumed from step-000000006.pt at step 6" in done.stdout
+    summary = json.loads((sharded / "output" / "summary.json").read_text())
+    assert (summary["status"], summary["resumed_from_step"], summary["step"]) == ("completed", 6, 9)
+
+
 def launch(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "train.py", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
