@@ -15,6 +15,8 @@ logger = Logger(service="lustrain")
 
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    result = notify.notify(event, sns=clients.client("sns"), settings=Settings.from_env())
+    result = notify.notify(
+        event, sns=clients.client("sns"), settings=Settings.from_env(), ddb=clients.client("dynamodb")
+    )
     logger.info("outcome published", extra=result)
     return result

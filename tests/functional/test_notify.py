@@ -95,3 +95,30 @@ def test_without_a_topic_nothing_is_sent_and_the_run_carries_on(aws, monkeypatch
     document = json.loads((EVENTS / "notify.json").read_text())
     result = invoke("notify", document)
     assert result["message_id"] is None and result["outcome"] == "succeeded"
+
+
+def test_a_retry_of_a_notify_whose_answer_was_lost_sends_nothing_more(aws):
+    from infra_support import job_record, register, seed_data, spec
+
+    queue = subscribed_queue(aws.notify_topic_arn)
+    seed_data()
+    document = {**json.loads((EVENTS / "notify.json").read_text()), "job": register(spec())["job"]}
+
+    first = invoke("notify", document)
+    again = invoke("notify", document)  # Step Functions' retry after Sandbox.Timedout
+
+    assert len(received(queue)) == 1
+    assert again == {**first, "already_sent": True}
+    assert job_record(aws.jobs_table, document["job"]["job_id"])["notified"]["message_id"] == first["message_id"]
+
+
+def test_what_the_runs_teardown_deleted_is_reported_even_when_its_retry_deleted_nothing(aws):
+    queue = subscribed_queue(aws.notify_topic_arn)
+    document = json.loads((EVENTS / "notify.json").read_text())
+    deleted = [{"type": "vpc", "id": "vpc-0123456789abcdef0"}]
+    document["teardown"] = {**document["teardown"], "deleted": [], "torn_down": {"deleted": deleted, "stopped": []}}
+
+    invoke("notify", document)
+
+    (envelope,) = received(queue)
+    assert "Teardown deleted: vpc vpc-0123456789abcdef0" in envelope["Message"]

@@ -152,6 +152,8 @@ def test_teardown_twice_is_safe_and_the_second_deletes_nothing(aws):
     assert len(first["deleted"]) == 7
     assert (second["deleted"], second["kept"], second["remaining"]) == ([], [], [])
     assert count_of_job(document["job"]["job_id"]) == NOTHING
+    # a retry whose first answer was lost still reports what the run's teardown deleted, for the notification
+    assert second["torn_down"]["deleted"] == first["deleted"] == first["torn_down"]["deleted"]
 
 
 def tasks_of(fs_id: str) -> list[dict[str, Any]]:

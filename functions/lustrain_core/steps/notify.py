@@ -2,19 +2,30 @@
 
 The message reads as a short report (email subscribers see it as is) followed by the same facts as JSON for
 programs; the message attributes `outcome` and `job_id` let subscriptions filter without parsing the body.
+
+A run is announced once: the message id is noted on the job record after the publish, so a retry of a notify
+whose answer was lost (a Lambda timeout after SNS took the message) finds it and sends nothing more. (A retry
+after a failure between the publish and the note can still send a second copy: SNS standard topics take no
+deduplication id.)
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from lustrain_core.config import Settings
 from lustrain_core.prices import INSTANCE_TYPES
+from lustrain_core.steps import records
 
 #: SNS subjects: printable ASCII, no line breaks, fewer than 100 characters
 MAX_SUBJECT = 99
+#: register_job's job ids (`<spec name>-<8 hex>`): only such a run has a record to note the notification on
+_JOB_ID = re.compile(r"^[a-z0-9-]{1,40}-[0-9a-f]{8}$")
 
 
 def _cause_text(cause: Any) -> str:
@@ -76,7 +87,8 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "archive_s3_uri": training.get("archive_s3_uri"),
         "manifest_s3_uri": training.get("manifest_s3_uri"),
         "metrics": _object(training.get("metrics")),
-        "deleted": _listed(teardown.get("deleted")),
+        # all the run's teardowns deleted: a retried teardown (its first answer lost) itself deleted nothing
+        "deleted": _listed(_object(teardown.get("torn_down")).get("deleted")) or _listed(teardown.get("deleted")),
         "kept": _listed(teardown.get("kept")),
         "remaining": _listed(teardown.get("remaining")),
         # a teardown that failed leaves its own {Error, Cause} where its report would be
@@ -123,11 +135,24 @@ def message(facts: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n" + json.dumps(facts, indent=2, sort_keys=True, default=str)
 
 
-def notify(document: dict[str, Any], *, sns: Any, settings: Settings) -> dict[str, Any]:
-    """Publish the run's outcome; returns $.notify ({message_id, outcome}); message_id None when no topic is set."""
+def _registered_job_id(document: Any) -> str | None:
+    job = _object(_object(document).get("job"))
+    job_id = job.get("job_id")
+    return job_id if isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) else None
+
+
+def notify(document: dict[str, Any], *, sns: Any, settings: Settings, ddb: Any = None) -> dict[str, Any]:
+    """Publish the run's outcome; returns $.notify ({message_id, outcome}); message_id None when no topic is set.
+
+    With `ddb`, a run already announced (its record notes the message) is not announced again."""
     facts = summary(document)
     if not settings.notify_topic_arn:
         return {"message_id": None, "outcome": facts["outcome"], "skipped": "no NOTIFY_TOPIC_ARN"}
+    job_id = _registered_job_id(document) if ddb is not None else None
+    if job_id is not None:
+        sent = _object((records.get(ddb, settings.jobs_table, job_id) or {}).get("notified"))
+        if sent.get("message_id"):
+            return {"message_id": sent["message_id"], "outcome": facts["outcome"], "already_sent": True}
     answer = sns.publish(
         TopicArn=settings.notify_topic_arn,
         Subject=_subject(facts["outcome"], facts["job_id"]),
@@ -137,4 +162,12 @@ def notify(document: dict[str, Any], *, sns: Any, settings: Settings) -> dict[st
             "job_id": {"DataType": "String", "StringValue": facts["job_id"]},
         },
     )
+    if job_id is not None:
+        note = {"message_id": answer["MessageId"], "outcome": facts["outcome"], "at": records.now_iso()}
+        try:
+            records.set_fields(ddb, settings.jobs_table, job_id, {"notified": note})
+        except ClientError as exc:
+            # no record to note it on (a document not from register_job): the message is out all the same
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
     return {"message_id": answer["MessageId"], "outcome": facts["outcome"]}

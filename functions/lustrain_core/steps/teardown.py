@@ -586,14 +586,28 @@ def teardown_job(
         or record.get("status") != status
         or bool(error and record.get("error") != error)
     )
+    # What earlier teardowns of this job deleted and stopped: a retry after a lost answer finds nothing left, and
+    # its report must still say what the run's teardown did.
+    previous = record.get("torn_down")
+    earlier: dict[str, Any] = previous if isinstance(previous, dict) else {}
+    torn_down = {
+        "deleted": _merged(earlier.get("deleted"), work.report.deleted),
+        "stopped": _merged(earlier.get("stopped"), work.report.stopped),
+    }
     if record and changed:
         # a teardown that changed nothing (a repeat, or a sweep that found only kept resources) leaves the
         # record, and its finished_at, as they were
-        fields: dict[str, Any] = {"resources": left, "status": status, "finished_at": records.now_iso()}
+        fields: dict[str, Any] = {
+            "resources": left,
+            "status": status,
+            "finished_at": records.now_iso(),
+            "torn_down": torn_down,
+        }
         if error:
             fields["error"] = error
         records.set_fields(ddb, settings.jobs_table, job_id, fields)
-    result = {**work.report.to_dict(), "job_id": job_id, "status": status}
+    # deleted/stopped: what this invocation did; torn_down: all the job's teardowns did, for the run's report
+    result = {**work.report.to_dict(), "torn_down": torn_down, "job_id": job_id, "status": status}
     if problems:
         raise TeardownIncomplete(
             f"teardown of {job_id} is not finished; still there: {'; '.join(problems)}",
@@ -602,6 +616,15 @@ def teardown_job(
             stopped=work.report.stopped,
         )
     return result
+
+
+def _merged(earlier: Any, now: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Report entries of an earlier teardown, then this one's, each (type, id) once."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for entry in [*(earlier if isinstance(earlier, list) else []), *now]:
+        if isinstance(entry, dict) and "type" in entry and "id" in entry:
+            seen.setdefault((str(entry["type"]), str(entry["id"])), entry)
+    return list(seen.values())
 
 
 def _delete_storage_and_network(
