@@ -10,6 +10,9 @@ security group, no file system, and no training job still InProgress when the ru
 Expected endings, as the state machine (statemachine/training_job.asl.json) decides them:
 - throttling, service-error: every Task state retries AwsThrottled / AwsUnavailable, and a failed asynchronous
   invocation of on_training_event is retried by Lambda -> SUCCEEDED;
+- lost-create (create_network, create_filesystem, check_filesystem, start_training): the step's first Create* call
+  is done but answers 500; the retry finds what it made (by tag, ClientRequestToken, the link's path, the job's
+  name) -> SUCCEEDED, with one training job and nothing leaked;
 - lambda-timeout: every Task state retries Sandbox.Timedout once, and every handler is idempotent: the retry
   finds what the timed-out invocation did (start_training adopts the training job the lost answer had started,
   rather than starting a second fleet) -> SUCCEEDED; on_training_event is retried by Lambda itself;
@@ -89,6 +92,8 @@ class Case:
         on_training_event is no task of the state machine: its failures show in Lambda's retries, not here."""
         if self.step == "on_training_event":
             return None
+        if (self.step, self.fault) == ("start_training", "lost-create"):
+            return None  # start_training finds the job behind the 500 itself and keeps it: no task fails
         return _RAISED.get(self.fault)
 
     def __str__(self) -> str:
@@ -98,6 +103,7 @@ class Case:
 _RAISED = {
     "throttling": "AwsThrottled",
     "service-error": "AwsUnavailable",
+    "lost-create": "AwsUnavailable",
     "lambda-timeout": "Sandbox.Timedout",
     "silent": "States.Timeout",
 }
@@ -138,6 +144,7 @@ def cases() -> list[Case]:
         # start_training's job was created before the answer was lost: still running, the retry must adopt it
         extra = busy if step == "start_training" else ()
         matrix.append(Case(step, "lambda-timeout", "SUCCEEDED", hyperparameters=extra))
+    matrix += [Case(step, "lost-create", "SUCCEEDED") for step in faults.FAULTS["lost-create"]]
     matrix += [
         Case("create_filesystem", "fsx-failed", "FAILED", "FileSystemFailed"),
         Case("check_quota", "quota", "FAILED", "QuotaExceeded"),

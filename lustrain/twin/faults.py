@@ -12,7 +12,9 @@ Who fires what:
   (MaxRuntime), `silent` (the job never reports: it sends no event and holds its instances until it is stopped
   or reaches MaxRuntime) and `repeat-events` (each of its events is delivered three times);
 - the botocore hook (patches/throttling.py): `throttling` / `throttling-always` (a ThrottlingException) and
-  `service-error` (a 500 InternalError), from the handler of STEP's next AWS call;
+  `service-error` (a 500 InternalError), from the handler of STEP's next AWS call; `lost-create`, STEP's first
+  Create* call reaches AWS and is done, but its answer is a 500 (AWS committed, the response was lost): the
+  retry must find what the lost answer created rather than create it twice;
 - the in-process Lambda runner (patches/lambda_invoke.py): `lambda-timeout`, the handler of STEP runs to its
   end (what it did stays done) but the invocation answers `Sandbox.Timedout`, as Lambda does when a function
   is stopped at its Timeout. The runner also marks each invocation with `running_step`, which is how the
@@ -61,6 +63,8 @@ FAULTS: dict[str, tuple[str, ...]] = {
     "fsx-failed": ("create_filesystem",),
     **{name: ("start_training",) for name in (*TRAINING_JOB_FAULTS, "repeat-events")},
     "quota": ("check_quota",),
+    # the steps whose Create* calls make what a run pays for
+    "lost-create": ("create_network", "create_filesystem", "check_filesystem", "start_training"),
     **{name: STEPS for name in ANY_STEP},
 }
 

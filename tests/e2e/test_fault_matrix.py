@@ -31,6 +31,9 @@ def test_the_matrix_tries_every_forward_state_with_every_transient_fault():
     tried = {(c.step, c.fault) for c in CASES}
     for step in fault_matrix.faults.STEPS:
         assert {(step, "throttling"), (step, "service-error"), (step, "lambda-timeout")} <= tried
+    # a create that AWS did but whose answer was lost, at every step that creates what a run pays for
+    for step in ("create_network", "create_filesystem", "check_filesystem", "start_training"):
+        assert (step, "lost-create") in tried
     assert {
         ("create_filesystem", "fsx-failed"),
         ("check_quota", "quota"),

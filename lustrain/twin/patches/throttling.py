@@ -7,6 +7,9 @@ operations go through, so it reaches clients created before the twin started (lu
 them). It raises before the request is built: nothing reaches moto, so the failed call has no side effect, and
 botocore's own retries (which sit below this method) do not swallow it; the handler sees the error as it would
 after AWS kept failing through every botocore retry, and Step Functions' Retry is what clears it.
+
+`lost-create` is the other kind of 500: the step's first Create* call is made, and what it creates exists, but
+the handler gets InternalError instead of the answer.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ def install() -> None:
             if faults.consume_throttling(step):
                 raise throttling_error(operation_name)
             if faults.consume(step, "service-error"):
+                raise service_error(operation_name)
+            if operation_name.startswith("Create") and faults.consume(step, "lost-create"):
+                original(self, operation_name, api_params)
                 raise service_error(operation_name)
         return original(self, operation_name, api_params)
 
