@@ -26,7 +26,7 @@ def test_parse_reads_step_and_fault() -> None:
     ("spec", "message"),
     [
         ("check_quota", "expected STEP:FAULT"),
-        ("check_quota:slow", "unknown fault 'slow'; faults: capacity-error, fsx-failed, quota"),
+        ("check_quota:slow", "unknown fault 'slow'; faults: capacity-error, fsx-failed, lost-create, quota"),
         ("make_coffee:throttling", "unknown step 'make_coffee'; steps: register_job, check_quota"),
         (
             "teardown:fsx-failed",
@@ -104,3 +104,9 @@ def test_throttled_handler_is_retried_by_the_state_machine() -> None:
         if e["type"] == "TaskFailed"
     ]
     assert failed == ["AwsThrottled"]
+
+
+def test_lost_create_happens_only_where_a_run_creates_what_it_pays_for() -> None:
+    assert faults.parse("start_training:lost-create").fault == "lost-create"
+    with pytest.raises(faults.FaultSpecInvalid, match="it happens at: create_network, create_filesystem"):
+        faults.parse("notify:lost-create")
