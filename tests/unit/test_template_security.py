@@ -348,7 +348,11 @@ def test_the_sweep_runs_on_a_schedule_that_a_parameter_turns_off():
 
 def test_the_state_machine_logs_everything_and_is_traced_and_so_are_the_functions():
     machine = RESOURCES["TrainingJobStateMachine"]["Properties"]
-    assert machine["Logging"]["Level"] == "ALL" and machine["Logging"]["IncludeExecutionData"] is True
+    assert machine["Logging"]["Level"] == "ALL"
+    # states' input and output (the spec, the task token) reach the logs only when the stack asks for them
+    assert machine["Logging"]["IncludeExecutionData"] == {"Fn::If": ["LogsExecutionData", True, False]}
+    assert TEMPLATE["Conditions"]["LogsExecutionData"] == {"Fn::Equals": [{"Ref": "LogExecutionData"}, "true"]}
+    assert PARAMETERS["LogExecutionData"]["Default"] == "false"
     (destination,) = machine["Logging"]["Destinations"]
     assert destination["CloudWatchLogsLogGroup"]["LogGroupArn"] == {
         "Fn::GetAtt": ["StateMachineLogGroup", "Arn"]
