@@ -260,7 +260,16 @@ def validate_spec(doc: dict[str, Any]) -> JobSpec:
     try:
         return JobSpec.model_validate(doc)
     except ValidationError as exc:
-        raise SpecInvalid(_merge_alternatives([_field_error(err) for err in exc.errors()])) from None
+        raise SpecInvalid(field_errors(exc)) from None
+
+
+def field_errors(exc: ValidationError, where: str = "", note: str = "") -> list[FieldError]:
+    """pydantic's errors as FieldErrors, each path under `where` and each message followed by `note`: how the spec
+    and every other input the steps check (state documents, events) name what is wrong."""
+    return [
+        FieldError(".".join(part for part in (where, e.path) if part), e.value, e.message + note)
+        for e in _merge_alternatives([_field_error(err) for err in exc.errors()])
+    ]
 
 
 def _merge_alternatives(errors: list[FieldError]) -> list[FieldError]:

@@ -27,8 +27,8 @@ from pydantic import (
     field_validator,
 )
 
-from lustrain_core.errors import MISSING, FieldError, SpecInvalid
-from lustrain_core.spec import S3_URI_PATTERN, JobSpec, validate_spec
+from lustrain_core.errors import MISSING, SpecInvalid
+from lustrain_core.spec import S3_URI_PATTERN, JobSpec, field_errors, validate_spec
 
 #: Tag keys on everything a run creates: teardown deletes only what carries this job's id.
 TAG_JOB_ID = "lustrain:job-id"
@@ -134,12 +134,7 @@ def _checked(model: type[_ShapeT], value: Any, where: str) -> _ShapeT:
     try:
         return model.model_validate(value)
     except ValidationError as exc:
-        raise SpecInvalid(
-            [
-                FieldError(".".join([where, *map(str, e["loc"])]), e.get("input", MISSING), e["msg"])
-                for e in exc.errors()
-            ]
-        ) from None
+        raise SpecInvalid(field_errors(exc, where)) from None
 
 
 def _check_plan(job_id: str, spec: JobSpec, plan: Any) -> None:

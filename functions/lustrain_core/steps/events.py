@@ -27,15 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from lustrain_core.config import Settings
 from lustrain_core.errors import (
-    MISSING,
     CapacityError,
-    FieldError,
     MountFailed,
     QuotaExceeded,
     SpecInvalid,
     TrainingFailed,
     TrainingStopped,
 )
+from lustrain_core.spec import field_errors
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
 from lustrain_core.steps.training import CALLBACK_SENT, WAITING, error_code, get_token_item, token_key
@@ -96,16 +95,7 @@ def parse_state_change(event: Any) -> TrainingJobStateChangeEvent:
     try:
         return TrainingJobStateChangeEvent.model_validate(event)
     except ValidationError as exc:
-        raise SpecInvalid(
-            [
-                FieldError(
-                    ".".join(map(str, e["loc"])),
-                    e.get("input", MISSING),
-                    f"{e['msg']} (not a SageMaker Training Job State Change event)",
-                )
-                for e in exc.errors()
-            ]
-        ) from None
+        raise SpecInvalid(field_errors(exc, note=" (not a SageMaker Training Job State Change event)")) from None
 
 
 # Checked in order; the first match names the error. Texts are SageMaker's FailureReason wordings.
