@@ -169,40 +169,36 @@ def test_the_base_spec_is_valid_and_plans():
 # ------------------------------------------------------------------------------------- starts and events
 
 
+def read_or_refused_by_name(read: Any, value: Any) -> None:
+    """`read(value)` answers, or raises SpecInvalid whose every error names its field."""
+    try:
+        read(value)
+    except SpecInvalid as raised:
+        named_errors(raised)
+
+
 @fuzz(150)
 @given(event=json_objects)
 def test_any_object_is_a_run_start_or_a_named_refusal(event):
-    try:
-        parse_start(event)
-    except SpecInvalid as raised:
-        named_errors(raised)
+    read_or_refused_by_name(parse_start, event)
 
 
 @fuzz(200)
 @given(data=st.data(), start=st.sampled_from(["register_job", "register_job_inline"]))
 def test_a_run_start_with_parts_broken_is_read_or_refused_by_name(data, start):
-    try:
-        parse_start(mutated(sample(start), data))
-    except SpecInvalid as raised:
-        named_errors(raised)
+    read_or_refused_by_name(parse_start, mutated(sample(start), data))
 
 
 @fuzz(200)
 @given(data=st.data(), name=st.sampled_from(["on_training_event", "on_training_event_failed"]))
 def test_a_training_event_with_parts_broken_is_read_or_refused_by_name(data, name):
-    try:
-        parse_state_change(mutated(sample(name), data))
-    except SpecInvalid as raised:
-        named_errors(raised)
+    read_or_refused_by_name(parse_state_change, mutated(sample(name), data))
 
 
 @fuzz(250)
 @given(data=st.data(), name=st.sampled_from(["create_filesystem", "check_filesystem", "start_training"]))
 def test_a_state_document_with_parts_broken_is_read_or_refused_by_name(data, name):
-    try:
-        Job.from_document(mutated(sample(name), data))
-    except SpecInvalid as raised:
-        named_errors(raised)
+    read_or_refused_by_name(Job.from_document, mutated(sample(name), data))
 
 
 def test_the_samples_read_as_they_are():
