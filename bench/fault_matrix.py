@@ -47,6 +47,7 @@ from lustrain.twin.rehearse import (
     ensure_bucket,
     ensure_data,
     execution_history,
+    registered_job,
     resources_left,
     submittable,
     twin,
@@ -119,7 +120,6 @@ class Result:
     fired: bool
     leftovers: list[str]
     archived: list[str]
-    seconds: float
     #: SageMaker training jobs the run created: a retried start must adopt its job, never start a second fleet
     training_jobs: int = 0
     problems: list[str] = field(default_factory=list)
@@ -174,23 +174,18 @@ def spec_for(name: str, hyperparameters: Iterable[tuple[str, Any]] = ()) -> JobS
 # ------------------------------------------------------------------------------------------- many runs at once
 
 
-def _outputs(stack: Any, key: str) -> str:
-    return str(stack.outputs[key])
-
-
 def drop_specs(stack: Any, docs: dict[str, dict[str, Any]], s3: Any = None) -> None:
     """Put every spec into the jobs bucket at once (jobs/<name>.yaml), as users dropping files would."""
     s3 = s3 or boto3.client("s3", region_name=REGION)
-    bucket = _outputs(stack, "JobsBucketName")
+    bucket = stack.outputs["JobsBucketName"]
     for name, doc in docs.items():
         s3.put_object(Bucket=bucket, Key=f"jobs/{name}.yaml", Body=yaml.safe_dump(doc).encode())
 
 
 def run_name(execution_input: str) -> str | None:
-    """The spec name a run was started for, from its execution input (the S3 event of jobs/<name>.yaml)."""
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        key = json.loads(execution_input)["detail"]["object"]["key"]
-        return str(Path(key).stem)
+    """The spec name a run was started for, from its execution input (a dropped jobs/<name>.yaml, or inline)."""
+    with contextlib.suppress(ValueError):
+        return faults.run_of({"input": json.loads(execution_input)})
     return None
 
 
@@ -208,17 +203,6 @@ class Ended:
     task_errors: list[str]
     leftovers: list[str]
     ended_s: float
-
-
-def _registered_job(history: list[dict[str, Any]]) -> dict[str, Any]:
-    """$.job as register_job left it, from the first state whose output carries it."""
-    for event in history:
-        details = event.get("stateExitedEventDetails") or {}
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            job = json.loads(details.get("output") or "{}").get("job")
-            if isinstance(job, dict) and job.get("job_id"):
-                return job
-    return {}
 
 
 def watch(
@@ -252,7 +236,7 @@ def watch(
                 continue
             described = sfn.describe_execution(executionArn=arn)
             history = execution_history(sfn, arn)
-            job = _registered_job(history)
+            job = registered_job(history)
             duplicate = bool(job.get("duplicate"))
             spec = specs.get(names[arn])
             left = resources_left(job.get("job_id"), spec)[0] if spec is not None and not duplicate else []
@@ -303,13 +287,11 @@ def run_group(
     from lustrain.twin import simulator
     from lustrain.twin.patches import fsx, service_quotas
 
-    started = time.monotonic()
     specs = {case.name: spec_for(case.name, case.hyperparameters) for case in group}
     with twin(parameters) as stack:
         any_spec = next(iter(specs.values()))
         service_quotas.set_quota(any_spec.compute.instance_type, QUOTA, REGION)
         fsx.configure(polls=1)
-        simulator.configure(stopped_fault_runtime_s=1.0)
         for case in group:
             faults.inject(case.step, case.fault, run=case.name)
         ensure_data(any_spec, say)
@@ -320,7 +302,7 @@ def run_group(
             f"twin: {len(group)} runs dropped at once ({', '.join(sorted(parameters)) or 'default settings'})"
         )
         ended = watch(
-            _outputs(stack, "StateMachineArn"),
+            stack.outputs["StateMachineArn"],
             specs,
             timeout_s=timeout_s,
             on_end=lambda e: say(f"{e.ended_s:6.1f}s  {e.name}: {e.status} {e.error or ''}"),
@@ -334,16 +316,9 @@ def run_group(
             took_effect = case.name in fired or (
                 case.fault == "quota" and "QuotaExceeded" in runs[0].task_errors
             )
-            result = _judge(case, runs, took_effect, archive)
-            result.training_jobs = _training_jobs(case.name)
-            if result.training_jobs > 1:
-                result.problems.append(f"{result.training_jobs} training jobs started for one run")
-            results.append(result)
+            results.append(_judge(case, runs, took_effect, archive, _training_jobs(case.name)))
         # a job nobody stopped would outlive the twin: stop what is left, it has been counted
         simulator.reset()
-    wall = time.monotonic() - started
-    for result in results:
-        result.seconds = round(wall, 1)
     return results
 
 
@@ -354,13 +329,15 @@ def _training_jobs(run: str) -> int:
         1
         for page in sagemaker.get_paginator("list_training_jobs").paginate(NameContains=f"{run}-")
         for summary in page["TrainingJobSummaries"]
-        if summary["TrainingJobName"].rsplit("-", 2)[0] == run
+        if faults.spec_name_of(summary["TrainingJobName"]) == run
     )
 
 
-def _judge(case: Case, runs: list[Ended], fired: bool, archive: list[str]) -> Result:
+def _judge(case: Case, runs: list[Ended], fired: bool, archive: list[str], training_jobs: int) -> Result:
     run = runs[0]
-    result = Result(case, run.status, run.error, run.task_errors, fired, run.leftovers, archive, 0.0)
+    result = Result(case, run.status, run.error, run.task_errors, fired, run.leftovers, archive, training_jobs)
+    if training_jobs > 1:
+        result.problems.append(f"{training_jobs} training jobs started for one run: a retried start must adopt")
     if len(runs) != 1:
         result.problems.append(f"one spec started {len(runs)} executions")
     if (run.status, run.error) != (case.status, case.error):

@@ -22,7 +22,6 @@ and no resource may be deleted by two runs' teardowns.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import socket
@@ -39,7 +38,6 @@ from typing import Any
 import boto3
 import yaml
 from lustrain_core.spec import JobSpec, validate_spec
-from moto.core.config import default_user_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,7 +48,8 @@ from lustrain.cli import main as lustrain
 from lustrain.submit import upload_code_dir
 from lustrain.twin import simulator
 from lustrain.twin.commands import stop_local_up
-from lustrain.twin.patches import lambda_invoke, service_quotas
+from lustrain.twin.patches import service_quotas
+from lustrain.twin.rehearse import state_outputs
 
 RUNS = 20
 QUOTA = 8
@@ -162,12 +161,10 @@ def _prepare(outputs: dict[str, str]) -> str:
 def _teardown_report(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What the run's teardown deleted, from the last state output that carries its report."""
     deleted: list[dict[str, Any]] = []
-    for event in history:
-        details = event.get("stateExitedEventDetails") or {}
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            report = json.loads(details.get("output") or "{}").get("teardown") or {}
-            if isinstance(report.get("deleted"), list):
-                deleted = report["deleted"]
+    for output in state_outputs(history):
+        report = output.get("teardown")
+        if isinstance(report, dict) and isinstance(report.get("deleted"), list):
+            deleted = report["deleted"]
     return deleted
 
 
@@ -253,9 +250,6 @@ def run_load(runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = Non
     report = LoadReport(runs, quota)
     failure: list[BaseException] = []
     tee = _Tee(sys.stdout)
-    # `local up` sets the process's endpoint, credentials and moto's config for good: put them back after it
-    saved_env = lambda_invoke.environment_copy()
-    saved_moto_config = copy.deepcopy(default_user_config)
 
     def drive() -> None:
         try:
@@ -268,18 +262,10 @@ def run_load(runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = Non
 
     driver = threading.Thread(target=drive, name="load-driver", daemon=True)
     driver.start()
-    code = 0
-    try:
-        with contextlib.redirect_stdout(tee):
-            code = lustrain(
-                ["local", "up", "--port", str(free_port()), "--for-seconds", str(TIMEOUT_S + 180)]
-            )
-        driver.join(30)
-        simulator.reset()
-    finally:
-        lambda_invoke.restore_environment(saved_env)
-        default_user_config.clear()
-        default_user_config.update(saved_moto_config)
+    with contextlib.redirect_stdout(tee):
+        code = lustrain(["local", "up", "--port", str(free_port()), "--for-seconds", str(TIMEOUT_S + 180)])
+    driver.join(30)
+    simulator.reset()
     if failure:
         raise failure[0]
     if code != 0:

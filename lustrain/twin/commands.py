@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
@@ -110,15 +111,17 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     import requests
     from lustrain_core.prices import INSTANCE_TYPES
     from lustrain_core.spec import load_spec_file
+    from moto.core.config import default_user_config
     from moto.server import ThreadedMotoServer
 
     from lustrain.twin import patches
-    from lustrain.twin.patches import service_quotas
+    from lustrain.twin.patches import lambda_invoke, service_quotas
     from lustrain.twin.rehearse import (
         FAST_PARAMETERS,
         REGION,
         STACK_NAME,
         TEMPLATE,
+        bucket_of,
         ensure_bucket,
         ensure_data,
     )
@@ -126,6 +129,9 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
     STOP.clear()
     url = f"http://127.0.0.1:{args.port}"
+    # put back when the twin stops: a program that serves it in one of its threads (bench/load.py) carries on
+    saved_env = lambda_invoke.environment_copy()
+    saved_moto_config = copy.deepcopy(default_user_config)
     os.environ.update(
         AWS_ACCESS_KEY_ID="twin",
         AWS_SECRET_ACCESS_KEY="twin",  # noqa: S106 - moto's fake credentials
@@ -147,7 +153,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             service_quotas.set_quota(instance_type, args.quota, REGION)
         example = load_spec_file(EXAMPLE)
         ensure_data(example, print)
-        ensure_bucket(example.output.s3_uri.removeprefix("s3://").split("/")[0])
+        ensure_bucket(bucket_of(example.output.s3_uri))
         print(f"lustrain twin serving on {url} (region {REGION}, account 123456789012)")
         for name, value in sorted(stack.outputs.items()):
             print(f"  {name:<28} {value}")
@@ -173,6 +179,9 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, previous)
     finally:
         server.stop()
+        lambda_invoke.restore_environment(saved_env)
+        default_user_config.clear()
+        default_user_config.update(saved_moto_config)
     return EXIT_OK
 
 

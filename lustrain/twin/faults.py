@@ -185,12 +185,6 @@ def current_step() -> str | None:
     return None if invocation is None else invocation.step
 
 
-def current_run() -> str | None:
-    """The spec name of the run whose handler is running in this thread, if known."""
-    invocation = _current.get()
-    return None if invocation is None else invocation.run
-
-
 @contextmanager
 def running_step(step: str, event: Any = None) -> Iterator[None]:
     """Mark the handler of `step` as running in this thread (and threads copying its context).
@@ -217,6 +211,11 @@ def _eligible(step: str, event: Any) -> bool:
     return isinstance(detail, Mapping) and detail.get("TrainingJobStatus") in _JOB_ENDED
 
 
+def spec_name_of(training_job_name: str) -> str:
+    """The spec name in a training job's name, `<spec name>-<8 hex>-<attempt>`."""
+    return training_job_name.rsplit("-", 2)[0]
+
+
 def run_of(event: Any) -> str | None:
     """The spec name of the run an invocation serves, read from its event (the state document's contract).
 
@@ -235,7 +234,7 @@ def run_of(event: Any) -> str | None:
             return str(job["job_id"]).rsplit("-", 1)[0]
     detail = event.get("detail")
     if isinstance(detail, Mapping) and isinstance(detail.get("TrainingJobName"), str):
-        return str(detail["TrainingJobName"]).rsplit("-", 2)[0]
+        return spec_name_of(str(detail["TrainingJobName"]))
     start = event.get("input")
     if isinstance(start, Mapping):
         spec = start.get("spec")

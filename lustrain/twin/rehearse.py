@@ -367,15 +367,28 @@ def _training_printer(say: Printer, tail: list[str]) -> Callable[..., None]:
     return on_line
 
 
-def job_id_of(history: list[dict[str, Any]]) -> str | None:
+def state_outputs(history: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The output of each state that exited, in order, where it is a JSON object."""
     for event in history:
         details = event.get("stateExitedEventDetails") or {}
-        if details.get("name") and details.get("output"):
-            with contextlib.suppress(ValueError, AttributeError):
-                job = json.loads(details["output"]).get("job") or {}
-                if job.get("job_id"):
-                    return str(job["job_id"])
-    return None
+        with contextlib.suppress(ValueError, TypeError):
+            output = json.loads(details.get("output") or "null")
+            if isinstance(output, dict):
+                yield output
+
+
+def registered_job(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """$.job as register_job left it, from the first state output that carries it; {} if none does."""
+    for output in state_outputs(history):
+        job = output.get("job")
+        if isinstance(job, dict) and job.get("job_id"):
+            return job
+    return {}
+
+
+def job_id_of(history: list[dict[str, Any]]) -> str | None:
+    job_id = registered_job(history).get("job_id")
+    return None if job_id is None else str(job_id)
 
 
 def archived_objects(stack: Any, job_id: str | None) -> tuple[str | None, list[dict[str, Any]]]:

@@ -183,7 +183,8 @@ class SimulatedJob:
         self.model_artifacts: str | None = None
         self.metrics: dict[str, tuple[float, datetime]] = {}
         self.fault: str | None = None
-        #: How many times each event is emitted (the `repeat-events` fault: SageMaker may send one more than once).
+        #: How many times each event is emitted (the `repeat-events` fault: SageMaker may send one more than once;
+        #: the `silent` fault: none gets through).
         self.event_copies = 1
         self.stop_reason: str | None = None
         self.workdir: Path | None = None
@@ -348,6 +349,8 @@ class Simulator:
                 break
         if faults.consume(FAULT_STEP, "repeat-events"):
             job.event_copies = REPEATED_EVENT_COPIES
+        if job.fault == "silent":
+            job.event_copies = 0
         thread = threading.Thread(
             target=_JobRun(job, self).run, name=f"sagemaker-job-{job.name}", daemon=True
         )
@@ -466,8 +469,6 @@ class _JobRun:
         from lustrain.twin.patches import eventbridge
 
         job = self.job
-        if job.fault == "silent":
-            return
         with job._lock:
             detail = job.event_detail()
             job.events.append((job.status, job.secondary_status))
@@ -501,7 +502,7 @@ class _JobRun:
         """The `silent` fault: no event ever leaves the job, which holds its instances until it is stopped (or
         reaches MaxRuntimeInSeconds), as a job whose events are lost looks to whoever waits for them."""
         job = self.job
-        max_runtime = float((job.request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", 86400))
+        max_runtime = _max_runtime_s(job)
         if not job._stop.wait(max_runtime):
             with job._lock:
                 job.stop_reason = "MaxRuntimeExceeded"
@@ -595,7 +596,7 @@ class _JobRun:
                 "sys.stderr.write('RuntimeError: injected fault training-error "
                 "(lustrain rehearse --inject start_training:training-error)\\n'); sys.exit(1)",
             ]
-        max_runtime = float((job.request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", 86400))
+        max_runtime = _max_runtime_s(job)
         if job.fault == "stopped":
             max_runtime = min(max_runtime, self.settings.stopped_fault_runtime_s)
         started = job.training_start_time or now()
@@ -1151,3 +1152,8 @@ def subscribe(listener: LogListener) -> Callable[[], None]:
 
 def reset() -> None:
     _simulator.reset()
+
+
+def _max_runtime_s(job: SimulatedJob) -> float:
+    """The job's StoppingCondition.MaxRuntimeInSeconds (SageMaker's default: a day)."""
+    return float((job.request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", 86400))

@@ -137,7 +137,7 @@ def observed() -> Observed:
         job_records={
             n: [r["job_id"]["S"] for r in records if r["job_id"]["S"].startswith(n + "-")] for n in names
         },
-        training_jobs={n: [j for j in training if j.rsplit("-", 2)[0] == n] for n in names},
+        training_jobs={n: [j for j in training if faults.spec_name_of(j) == n] for n in names},
         archive_versions=versions,
         event_answers=[
             a for a in answers if str(a.get("training_job_name", "")).startswith(EVENTS_THRICE + "-")

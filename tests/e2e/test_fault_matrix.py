@@ -32,7 +32,7 @@ def test_the_matrix_tries_every_forward_state_with_every_transient_fault():
     for step in fault_matrix.faults.STEPS:
         assert {(step, "throttling"), (step, "service-error"), (step, "lambda-timeout")} <= tried
     # a create that AWS did but whose answer was lost, at every step that creates what a run pays for
-    for step in ("create_network", "create_filesystem", "check_filesystem", "start_training"):
+    for step in fault_matrix.faults.FAULTS["lost-create"]:
         assert (step, "lost-create") in tried
     assert {
         ("create_filesystem", "fsx-failed"),
@@ -44,18 +44,13 @@ def test_the_matrix_tries_every_forward_state_with_every_transient_fault():
     } <= tried
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.fault != "silent"], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
 def test_each_fault_ends_the_run_as_the_state_machine_says_and_leaves_nothing(results, case):
+    # the bench's own verdict (fault_matrix._judge), the one its table prints: the fault fired, the run ended as
+    # expected with the step's task failing by the fault's error, nothing left, a success archived its model,
+    # and no run started a second training job
     result = results[str(case)]
-
-    assert result.fired, f"{case} never fired"
-    assert (result.status, result.error) == (case.status, case.error), result.task_errors
-    assert result.leftovers == []
-    if case.raised is not None:
-        assert case.raised in result.task_errors
-    if case.status == "SUCCEEDED":
-        assert {"manifest.json", "model.tar.gz"} <= set(result.archived)
-    assert result.training_jobs <= 1, "a retried start must adopt its training job, not start a second fleet"
+    assert result.correct, "; ".join(result.problems)
 
 
 def test_a_start_whose_answer_was_lost_adopts_the_job_it_started(results):

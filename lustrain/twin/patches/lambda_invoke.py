@@ -76,7 +76,8 @@ from lustrain.twin import faults
 
 #: How long an invocation waits for another one to release the process environment.
 LOCK_WAIT_S = 900.0
-#: The waits before each retry of a failed asynchronous invocation (AWS: about 1 and 2 minutes).
+#: The waits before each retry of a failed asynchronous invocation (AWS: about 1 and 2 minutes; MaximumRetryAttempts
+#: is 0 to 2 on AWS, so there is never a third).
 ASYNC_RETRY_DELAYS_S: tuple[float, ...] = (1.0, 2.0)
 #: Lambda retries a failed asynchronous invocation this many times unless the function's EventInvokeConfig
 #: says otherwise.

@@ -110,3 +110,43 @@ def test_lost_create_happens_only_where_a_run_creates_what_it_pays_for() -> None
     assert faults.parse("start_training:lost-create").fault == "lost-create"
     with pytest.raises(faults.FaultSpecInvalid, match="it happens at: create_network, create_filesystem"):
         faults.parse("notify:lost-create")
+
+
+def _document(spec_name: str) -> dict:
+    return {"job": {"job_id": f"{spec_name}-0123abcd", "spec": {"name": spec_name}}}
+
+
+def test_a_fault_armed_for_one_run_fires_in_that_run_only() -> None:
+    faults.inject("create_network", "service-error", run="a")
+    with faults.running_step("create_network", _document("b")):
+        assert not faults.consume("create_network", "service-error")
+    with faults.running_step("create_network", _document("a")):
+        assert faults.consume("create_network", "service-error")
+        assert not faults.consume("create_network", "service-error")  # one-shot
+    assert [str(f) for f in faults.fired()] == ["create_network:service-error@a"]
+
+
+def test_on_training_event_faults_wait_for_the_event_that_ends_the_job() -> None:
+    faults.inject("on_training_event", "service-error")
+    heartbeat = {"detail": {"TrainingJobName": "gpt-0123abcd-1", "TrainingJobStatus": "InProgress"}}
+    completed = {"detail": {"TrainingJobName": "gpt-0123abcd-1", "TrainingJobStatus": "Completed"}}
+    with faults.running_step("on_training_event", heartbeat):
+        assert not faults.consume("on_training_event", "service-error")
+    with faults.running_step("on_training_event", completed):
+        assert faults.consume("on_training_event", "service-error")
+
+
+@pytest.mark.parametrize(
+    ("event", "run"),
+    [
+        (_document("gpt"), "gpt"),
+        ({"job": {"job_id": "gpt-small-0123abcd"}}, "gpt-small"),
+        ({"detail": {"TrainingJobName": "gpt-small-0123abcd-2"}}, "gpt-small"),
+        ({"input": {"detail": {"object": {"key": "jobs/gpt-small.yaml"}}}}, "gpt-small"),
+        ({"input": {"spec": {"name": "inline"}}}, "inline"),
+        ({"input": {"spec_s3_uri": "s3://b/k.yaml"}}, None),
+        ([1, 2], None),
+    ],
+)
+def test_the_run_of_an_invocation_is_read_from_each_shape_of_event(event, run) -> None:
+    assert faults.run_of(event) == run

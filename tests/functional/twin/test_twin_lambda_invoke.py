@@ -178,3 +178,21 @@ def test_lambda_timeout_reaches_step_functions_as_sandbox_timedout() -> None:
 
     assert execution["status"] == "SUCCEEDED"
     assert json.loads(execution["output"])["error"]["Error"] == "Sandbox.Timedout"
+
+
+@pytest.mark.parametrize(("retries", "attempts"), [(None, 2), (0, 1)])
+def test_a_failed_asynchronous_invocation_is_retried_as_the_function_allows(monkeypatch, retries, attempts) -> None:
+    from twinfakes import handlers
+
+    from lustrain.twin.patches import lambda_invoke
+
+    monkeypatch.setattr(lambda_invoke, "ASYNC_RETRY_DELAYS_S", (0.0, 0.0))
+    handlers.reset()
+    make_function("flaky", "twinfakes.handlers.flaky")
+    if retries is not None:
+        client("lambda").put_function_event_invoke_config(FunctionName="flaky", MaximumRetryAttempts=retries)
+
+    client("lambda").invoke(FunctionName="flaky", InvocationType="Event", Payload=json.dumps({"key": "k"}))
+
+    # flaky fails its first attempt only: Lambda's default retries carry it, MaximumRetryAttempts 0 does not
+    assert handlers._attempts["k"] == attempts
