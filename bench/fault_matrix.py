@@ -44,6 +44,7 @@ from lustrain.twin import faults
 from lustrain.twin.rehearse import (
     REGION,
     archived_objects,
+    bucket_of,
     ensure_bucket,
     ensure_data,
     execution_history,
@@ -174,12 +175,11 @@ def spec_for(name: str, hyperparameters: Iterable[tuple[str, Any]] = ()) -> JobS
 # ------------------------------------------------------------------------------------------- many runs at once
 
 
-def drop_specs(stack: Any, docs: dict[str, dict[str, Any]], s3: Any = None) -> None:
+def drop_specs(jobs_bucket: str, docs: dict[str, dict[str, Any]], s3: Any = None) -> None:
     """Put every spec into the jobs bucket at once (jobs/<name>.yaml), as users dropping files would."""
     s3 = s3 or boto3.client("s3", region_name=REGION)
-    bucket = stack.outputs["JobsBucketName"]
     for name, doc in docs.items():
-        s3.put_object(Bucket=bucket, Key=f"jobs/{name}.yaml", Body=yaml.safe_dump(doc).encode())
+        s3.put_object(Bucket=jobs_bucket, Key=f"jobs/{name}.yaml", Body=yaml.safe_dump(doc).encode())
 
 
 def run_name(execution_input: str) -> str | None:
@@ -295,9 +295,9 @@ def run_group(
         for case in group:
             faults.inject(case.step, case.fault, run=case.name)
         ensure_data(any_spec, say)
-        ensure_bucket("lustrain-example-results")
+        ensure_bucket(bucket_of(any_spec.output.s3_uri))
         docs = {name: submittable(spec, E2E, stack.outputs, lambda _: None) for name, spec in specs.items()}
-        drop_specs(stack, docs)
+        drop_specs(stack.outputs["JobsBucketName"], docs)
         say(
             f"twin: {len(group)} runs dropped at once ({', '.join(sorted(parameters)) or 'default settings'})"
         )

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import yaml
 from lustrain_core.spec import JobSpec, validate_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,7 +48,7 @@ from lustrain.submit import upload_code_dir
 from lustrain.twin import simulator
 from lustrain.twin.commands import stop_local_up
 from lustrain.twin.patches import service_quotas
-from lustrain.twin.rehearse import state_outputs
+from lustrain.twin.rehearse import bucket_of, state_outputs
 
 RUNS = 20
 QUOTA = 8
@@ -148,7 +147,7 @@ def _specs(runs: int, code_uri: str) -> dict[str, JobSpec]:
 def _prepare(outputs: dict[str, str]) -> str:
     """The data, the results bucket and the stand-in trainer's code in the twin's S3; returns the code's URI."""
     s3 = boto3.client("s3")
-    for bucket in (DATA_URI.removeprefix("s3://").split("/")[0], RESULTS_BUCKET):
+    for bucket in (bucket_of(DATA_URI), RESULTS_BUCKET):
         s3.create_bucket(Bucket=bucket)
     bucket, prefix = DATA_URI.removeprefix("s3://").split("/", 1)
     for i in range(3):
@@ -224,13 +223,11 @@ def _drive(runs: int, quota: int, tee: _Tee, say: Printer, report: LoadReport) -
     specs = _specs(runs, _prepare(outputs))
     sfn = boto3.client("stepfunctions")
     started = time.monotonic()
-    s3 = boto3.client("s3")
-    for name, spec in specs.items():
-        s3.put_object(
-            Bucket=outputs["JobsBucketName"],
-            Key=f"jobs/{name}.yaml",
-            Body=yaml.safe_dump(spec.model_dump(mode="json")).encode(),
-        )
+    fault_matrix.drop_specs(
+        outputs["JobsBucketName"],
+        {name: spec.model_dump(mode="json") for name, spec in specs.items()},
+        boto3.client("s3"),
+    )
     say(f"load: {runs} specs dropped at once, quota {quota} x {INSTANCE_TYPE}")
     report.ended = fault_matrix.watch(
         outputs["StateMachineArn"],

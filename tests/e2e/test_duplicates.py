@@ -81,7 +81,7 @@ def _same_event_again(sfn: Any, events: Any, machine: str, name: str) -> None:
 def observed() -> Observed:
     from lustrain.twin import faults
     from lustrain.twin.patches import eventbridge, fsx, service_quotas
-    from lustrain.twin.rehearse import ensure_bucket, ensure_data, submittable, twin
+    from lustrain.twin.rehearse import bucket_of, ensure_bucket, ensure_data, submittable, twin
 
     names = (PUT_TWICE, EVENT_TWICE, EVENTS_THRICE)
     specs = {name: fault_matrix.spec_for(name) for name in names}
@@ -91,13 +91,14 @@ def observed() -> Observed:
         eventbridge.reset()
         faults.inject("start_training", "repeat-events", run=EVENTS_THRICE)
         ensure_data(specs[PUT_TWICE], lambda _: None)
-        ensure_bucket("lustrain-example-results")
+        ensure_bucket(bucket_of(specs[PUT_TWICE].output.s3_uri))
         docs = {n: submittable(s, fault_matrix.E2E, stack.outputs, lambda _: None) for n, s in specs.items()}
         machine = stack.outputs["StateMachineArn"]
         sfn = boto3.client("stepfunctions", region_name=REGION)
 
-        fault_matrix.drop_specs(stack, docs)
-        fault_matrix.drop_specs(stack, {PUT_TWICE: docs[PUT_TWICE]})
+        jobs_bucket = stack.outputs["JobsBucketName"]
+        fault_matrix.drop_specs(jobs_bucket, docs)
+        fault_matrix.drop_specs(jobs_bucket, {PUT_TWICE: docs[PUT_TWICE]})
         _same_event_again(sfn, boto3.client("events", region_name=REGION), machine, EVENT_TWICE)
         ended = fault_matrix.watch(machine, specs, timeout_s=180)
         eventbridge.drain(30)

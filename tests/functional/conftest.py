@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import boto3
 import pytest
+from infra_support import stack_resources
 from lustrain_core.config import Settings
 from moto import mock_aws
 
@@ -43,20 +43,5 @@ def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch):
 
     patches.install()
     with mock_aws():
-        ddb = boto3.client("dynamodb", region_name=REGION)
-        ddb.create_table(
-            TableName=settings.jobs_table,
-            KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        ddb.create_table(
-            TableName=settings.tokens_table,
-            KeySchema=[{"AttributeName": "training_job_name", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "training_job_name", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        boto3.client("s3", region_name=REGION).create_bucket(Bucket=settings.artifacts_bucket)
-        topic = boto3.client("sns", region_name=REGION).create_topic(Name="lustrain-test-notify")["TopicArn"]
-        monkeypatch.setenv("NOTIFY_TOPIC_ARN", topic)
+        topic = stack_resources(settings.jobs_table, settings.tokens_table, settings.artifacts_bucket, monkeypatch)
         yield dataclasses.replace(settings, notify_topic_arn=topic)

@@ -7,6 +7,7 @@ import importlib
 from typing import Any
 
 import boto3
+import pytest
 
 REGION = "us-east-1"
 
@@ -20,6 +21,23 @@ SPEC: dict[str, Any] = {
 }
 
 DATA = {"shard-000.bin": b"\x01" * 4096, "shard-001.bin": b"\x02" * 4096, "meta/vocab.json": b'{"a": 1}'}
+
+
+def stack_resources(jobs_table: str, tokens_table: str, artifacts_bucket: str, env: pytest.MonkeyPatch) -> str:
+    """On moto, the stack's stateful resources the handlers use: the jobs and task-token tables, the artifacts
+    bucket and the notification topic (NOTIFY_TOPIC_ARN is set to it); returns the topic's ARN."""
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    for table, key in ((jobs_table, "job_id"), (tokens_table, "training_job_name")):
+        ddb.create_table(
+            TableName=table,
+            KeySchema=[{"AttributeName": key, "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": key, "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket=artifacts_bucket)
+    topic: str = boto3.client("sns", region_name=REGION).create_topic(Name=f"{jobs_table}-notify")["TopicArn"]
+    env.setenv("NOTIFY_TOPIC_ARN", topic)
+    return topic
 
 
 def spec(**sections: Any) -> dict[str, Any]:

@@ -26,8 +26,10 @@ import boto3
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from infra_support import invoke, stack_resources
 from lustrain_core.errors import LustrainError
 from moto import mock_aws
+from training_support import held_training_jobs
 
 UNIT = str(Path(__file__).resolve().parents[1] / "unit")
 if UNIT not in sys.path:
@@ -131,45 +133,30 @@ def call_and_check(handler: str, event: Any) -> None:
 
 @contextlib.contextmanager
 def _moto_world() -> Iterator[None]:
-    from lustrain.twin import patches, simulator
+    from lustrain.twin import patches
     from lustrain.twin.patches import fsx, service_quotas
 
     patches.install()
-    with pytest.MonkeyPatch.context() as env, mock_aws():
+    # a training job the fuzz starts (from a valid document) never gets going: nothing runs meanwhile
+    with pytest.MonkeyPatch.context() as env, mock_aws(), held_training_jobs():
         for key, value in ENV.items():
             env.setenv(key, value)
-        ddb = boto3.client("dynamodb", region_name=REGION)
-        for table, key in ((ENV["JOBS_TABLE"], "job_id"), (ENV["TOKENS_TABLE"], "training_job_name")):
-            ddb.create_table(
-                TableName=table,
-                KeySchema=[{"AttributeName": key, "KeyType": "HASH"}],
-                AttributeDefinitions=[{"AttributeName": key, "AttributeType": "S"}],
-                BillingMode="PAY_PER_REQUEST",
-            )
+        stack_resources(ENV["JOBS_TABLE"], ENV["TOKENS_TABLE"], ENV["ARTIFACTS_BUCKET"], env)
         s3 = boto3.client("s3", region_name=REGION)
-        for bucket in ("fuzz-artifacts", "fuzz-code", "fuzz-data", "fuzz-results"):
+        for bucket in ("fuzz-code", "fuzz-data", "fuzz-results"):
             s3.create_bucket(Bucket=bucket)
         s3.put_object(Bucket="fuzz-code", Key="fuzz/train.py", Body=b"print('step=1 train_loss=1.0')\n")
         s3.put_object(Bucket="fuzz-data", Key="tokens/shard-0.bin", Body=b"\x01" * 1024)
-        topic = boto3.client("sns", region_name=REGION).create_topic(Name="fuzz-notify")["TopicArn"]
-        env.setenv("NOTIFY_TOPIC_ARN", topic)
         service_quotas.set_quota("ml.p4d.24xlarge", 2, REGION)
         fsx.configure(polls=1)
-        # a training job the fuzz starts (from a valid document) never gets going: nothing runs meanwhile
-        delay = simulator.settings().start_delay_s
-        simulator.configure(start_delay_s=3600)
         try:
             yield
         finally:
-            simulator.reset()
-            simulator.configure(start_delay_s=delay)
+            fsx.configure()
 
 
 def _invoke(handler: str, event: dict[str, Any]) -> dict[str, Any]:
-    from importlib import import_module
-
-    result: dict[str, Any] = import_module(f"handlers.{handler}").handler(event, _context())
-    return result
+    return invoke(handler, event, _context())
 
 
 @pytest.fixture(scope="class")
