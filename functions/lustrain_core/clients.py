@@ -13,13 +13,21 @@ from botocore.config import Config
 _BOTO_CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, user_agent_extra="lustrain")
 
 
-@cache
 def client(service: str, region: str | None = None) -> Any:
-    """A cached boto3 client; honours AWS_ENDPOINT_URL so the local twin's server is reached."""
+    """A cached boto3 client; honours AWS_ENDPOINT_URL so the local twin's server is reached.
+
+    A client signs with the credentials it was built with, so clients are cached per access key too: in the local
+    twin every function runs in one process, each with its own execution role's credentials."""
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.client(service, region_name=region, config=_BOTO_CONFIG)
+    return _client(service, region, os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_ENDPOINT_URL"))
+
+
+@cache
+def _client(service: str, region: str, access_key: str | None, endpoint: str | None) -> Any:
+    # a session of its own: boto3's default session keeps the credentials it found first
+    return boto3.session.Session().client(service, region_name=region, config=_BOTO_CONFIG)
 
 
 def reset() -> None:
     """Forget cached clients (tests and the twin switch endpoints and credentials)."""
-    client.cache_clear()
+    _client.cache_clear()

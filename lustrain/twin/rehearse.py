@@ -288,7 +288,7 @@ def _drop_spec(stack: Any, doc: dict[str, Any], say: Printer) -> str:
         v for k, v in stack.outputs.items() if "Jobs" in k
     )
     machine = stack.outputs.get("StateMachineArn") or next(
-        r.ref for r in stack.resources.values() if r.type == "AWS::Serverless::StateMachine"
+        r.ref for r in stack.resources.values() if r.type == "AWS::StepFunctions::StateMachine"
     )
     key = f"jobs/{doc['name']}.yaml"
     boto3.client("s3", region_name=REGION).put_object(

@@ -13,7 +13,15 @@ import threading
 
 import moto
 
-from lustrain.twin.patches import eventbridge, fsx, lambda_invoke, service_quotas, stepfunctions, throttling
+from lustrain.twin.patches import (
+    eventbridge,
+    fsx,
+    iam,
+    lambda_invoke,
+    service_quotas,
+    stepfunctions,
+    throttling,
+)
 
 MOTO_VERSION = "5.2.5"
 
@@ -43,6 +51,7 @@ def install() -> None:
         check_moto_version()
         lambda_invoke.install()
         throttling.install()
+        iam.install()
         service_quotas.install()
         fsx.install()
         eventbridge.install()

@@ -794,6 +794,12 @@ def linked_paths(file_system_id: str) -> dict[str, str]:
     raise KeyError(f"no FSx for Lustre file system {file_system_id} in the twin")
 
 
+def association_file_system(account: str, region: str, association_id: str) -> str | None:
+    """The file system of an association (whose ARN holds both ids), or None."""
+    found = _state(fsx_backends[account][region]).associations.get(association_id)
+    return None if found is None else found.file_system_id
+
+
 # Response methods (bound to moto's FSxResponse) ------------------------------------------------------------------
 
 

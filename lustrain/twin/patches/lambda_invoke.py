@@ -73,6 +73,9 @@ from moto.awslambda.models import LambdaFunction
 from moto.core.models import botocore_stubber
 
 from lustrain.twin import faults
+from lustrain.twin.iam import enforce
+
+LAMBDA_SERVICE = "lambda.amazonaws.com"
 
 #: How long an invocation waits for another one to release the process environment.
 LOCK_WAIT_S = 900.0
@@ -172,7 +175,16 @@ def _call(function: Callable[[Any, LambdaContext], Any], event: Any, context: La
 
 
 def _environment(fn: LambdaFunction) -> dict[str, str]:
+    """What the function's process sees: Lambda's variables, its execution role's session credentials, its own."""
+    _, credentials = enforce.assume(
+        str(fn.role),
+        fn.function_name,
+        service=LAMBDA_SERVICE,
+        source_account=fn.account_id,
+        source_arn=fn.function_arn,
+    )
     env = {
+        **credentials,
         "AWS_REGION": fn.region,
         "AWS_DEFAULT_REGION": fn.region,
         "AWS_LAMBDA_FUNCTION_NAME": fn.function_name,
@@ -285,7 +297,11 @@ def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
             outcome = loaded if isinstance(loaded, _Outcome) else _call(loaded, event, context)
             box.append(_timed_out(request_id, timeout_s) if timed_out else outcome)
 
-    with _serialised(fn.function_name), _applied(_environment(fn)):
+    try:
+        environment = _environment(fn)
+    except enforce.NotAssumable as exc:
+        return _error("InvalidParameterValueException", f"The role defined for the function cannot be assumed by Lambda. ({exc})", request_id)
+    with _serialised(fn.function_name), _applied(environment):
         worker = threading.Thread(
             target=contextvars.copy_context().run,
             args=(invocation,),

@@ -84,16 +84,17 @@ def test_server_mode_runs_handlers_in_process_and_their_calls_reach_the_server(m
     lambda_client = session.client("lambda", endpoint_url=moto_server)
     sfn = session.client("stepfunctions", endpoint_url=moto_server)
     session.client("s3", endpoint_url=moto_server).create_bucket(Bucket="seen-by-the-handler")
+    iam = session.client("iam", endpoint_url=moto_server)
     function_arn = make_function(
-        "check-quota",
-        "twinfakes.check_quota.handler",
-        lambda_client=lambda_client,
-        iam=session.client("iam", endpoint_url=moto_server),
+        "check-quota", "twinfakes.check_quota.handler", lambda_client=lambda_client, iam=iam
     )
 
     direct = json.loads(lambda_client.invoke(FunctionName="check-quota", Payload=b"{}")["Payload"].read())
     machine = make_state_machine(
-        "server-mode", {"StartAt": "Check", "States": {"Check": lambda_task(function_arn, End=True)}}, sfn=sfn
+        "server-mode",
+        {"StartAt": "Check", "States": {"Check": lambda_task(function_arn, End=True)}},
+        sfn=sfn,
+        iam=iam,
     )
     execution = run_execution(machine, {}, sfn=sfn)
 

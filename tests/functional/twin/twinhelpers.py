@@ -24,17 +24,20 @@ def client(service: str) -> Any:
     return _SESSION.client(service)  # type: ignore[call-overload]
 
 
-def role_arn(name: str = "twin-test-role", iam: Any = None) -> str:
+#: The roles of these tests' functions and state machines may do anything: the patches are under test, not IAM.
+ANYTHING = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+
+
+def role_arn(name: str = "twin-test-role", iam: Any = None, service: str = "lambda.amazonaws.com") -> str:
+    """A role `service` may assume, allowed everything (the twin enforces IAM on every call a role makes)."""
     iam = iam or client("iam")
-    trust = {
-        "Statement": [
-            {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}
-        ]
-    }
+    trust = {"Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
     try:
-        return str(iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"])
+        arn = str(iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"])
     except iam.exceptions.EntityAlreadyExistsException:
         return str(iam.get_role(RoleName=name)["Role"]["Arn"])
+    iam.put_role_policy(RoleName=name, PolicyName="anything", PolicyDocument=json.dumps(ANYTHING))
+    return arn
 
 
 def make_function(
@@ -63,9 +66,11 @@ def make_function(
     return str(created["FunctionArn"])
 
 
-def make_state_machine(name: str, definition: dict[str, Any], sfn: Any = None) -> str:
+def make_state_machine(name: str, definition: dict[str, Any], sfn: Any = None, iam: Any = None) -> str:
     created = (sfn or client("stepfunctions")).create_state_machine(
-        name=name, definition=json.dumps(definition), roleArn=f"arn:aws:iam::{ACCOUNT}:role/twin-test-sfn"
+        name=name,
+        definition=json.dumps(definition),
+        roleArn=role_arn("twin-test-sfn", iam=iam, service="states.amazonaws.com"),
     )
     return str(created["stateMachineArn"])
 

@@ -1,0 +1,307 @@
+"""IAM in the twin: who makes each call, whether the role's policies allow it, and AWS's answer when not.
+
+Identity is what it is on AWS: the credentials a call is signed with. A Lambda function runs with the temporary
+credentials of its execution role (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN in its
+environment), a training job with its SageMaker execution role's, the state machine with its role's. `assume()`
+hands out such credentials once the role's trust policy lets the service assume it (as sts:AssumeRole would), and
+remembers whose they are. Every boto3 call signed with them is then authorized before it is sent, against the
+role's policies as moto holds them (inline and attached managed, AWS managed ones included) and the resource's
+own policy (an S3 bucket policy): an explicit Deny wins, else an Allow allows, else the call is refused with the
+error code the service uses and AWS's message. Calls signed with anything else (the person running the twin, the
+tests' own set-up, moto's internals) are the account administrator's and pass.
+
+Every decision is logged (`log()`): `make iam-report` reads which actions each function used and which grants
+no run used.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.client import BaseClient
+from botocore.exceptions import ClientError
+
+from lustrain.twin.iam import world
+from lustrain.twin.iam.actions import Call, Need, needs_of
+from lustrain.twin.iam.policy import (
+    ContextValue,
+    Decision,
+    Policy,
+    Principal,
+    Request,
+    StatementRef,
+    denial_message,
+    evaluate,
+)
+
+_PATCHED = "_lustrain_twin_iam"
+
+#: The error each service answers a refused call with: (code, HTTP status). The services' API references list
+#: them under "Common Errors"; the JSON-protocol services not named here answer AccessDeniedException, 400.
+DENIED: dict[str, tuple[str, int]] = {
+    "s3": ("AccessDenied", 403),
+    "ec2": ("UnauthorizedOperation", 403),
+    "sns": ("AuthorizationError", 403),
+    "sqs": ("AccessDenied", 403),
+    "iam": ("AccessDenied", 403),
+    "sts": ("AccessDenied", 403),
+    "cloudwatch": ("AccessDenied", 403),
+    "lambda": ("AccessDeniedException", 403),
+}
+DEFAULT_DENIED = ("AccessDeniedException", 400)
+
+
+class NotAssumable(PermissionError):
+    """A role's trust policy does not let the service assume it."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One authorization the twin decided."""
+
+    principal: str
+    role_arn: str | None
+    service: str
+    operation: str
+    action: str
+    resource: str
+    allowed: bool
+    reason: str
+    statements: tuple[StatementRef, ...]
+
+
+class _Log:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: list[Record] = []
+
+    def add(self, record: Record) -> None:
+        with self._lock:
+            self._records.append(record)
+
+    def records(self) -> list[Record]:
+        with self._lock:
+            return list(self._records)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+
+
+_log = _Log()
+
+
+def log() -> list[Record]:
+    """Every authorization decided so far in this process."""
+    return _log.records()
+
+
+def clear_log() -> None:
+    _log.clear()
+
+
+# --------------------------------------------------------------------------- identities
+
+
+class _Identities:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[str, Principal] = {}
+
+    def register(self, principal: Principal) -> dict[str, str]:
+        digest = hashlib.sha256(principal.arn.encode()).hexdigest().upper()
+        key = f"ASIA{digest[:16]}"
+        with self._lock:
+            self._by_key[key] = principal
+        return {
+            "AWS_ACCESS_KEY_ID": key,
+            "AWS_SECRET_ACCESS_KEY": digest[16:56],
+            "AWS_SESSION_TOKEN": f"twin-session-{digest[:32]}",
+        }
+
+    def principal_of(self, access_key: str | None) -> Principal | None:
+        if not access_key:
+            return None
+        with self._lock:
+            return self._by_key.get(access_key)
+
+
+_identities = _Identities()
+
+
+def trust_allows(
+    role_arn: str, service: str, *, source_account: str | None = None, source_arn: str | None = None
+) -> Decision:
+    """Whether `service` may assume the role (its trust policy, with the aws:Source* keys AWS sends)."""
+    account = role_arn.split(":")[4]
+    trust = world.trust_policy(role_arn)
+    if trust is None:
+        return Decision(False, "implicit", ())
+    context: dict[str, ContextValue] = {}
+    if source_account:
+        context["aws:SourceAccount"] = source_account
+    if source_arn:
+        context["aws:SourceArn"] = source_arn
+    request = Request(Principal.aws_service(service, account), "sts:AssumeRole", role_arn, context)
+    return evaluate(request, (), (trust,))
+
+
+def assume(
+    role_arn: str,
+    session: str,
+    *,
+    service: str,
+    source_account: str | None = None,
+    source_arn: str | None = None,
+) -> tuple[Principal, dict[str, str]]:
+    """A session of the role for `service` and its credentials; NotAssumable when the trust policy says no."""
+    if not trust_allows(role_arn, service, source_account=source_account, source_arn=source_arn).allowed:
+        exists = world.find_role(role_arn) is not None
+        raise NotAssumable(
+            f"{service} cannot assume {role_arn}: "
+            + ("its trust policy does not allow it" if exists else "the role does not exist")
+        )
+    principal = Principal.role_session(role_arn, session)
+    return principal, _identities.register(principal)
+
+
+def principal_of(access_key: str | None) -> Principal | None:
+    return _identities.principal_of(access_key)
+
+
+# --------------------------------------------------------------------------- deciding
+
+
+def _context(principal: Principal, region: str, need: Need) -> dict[str, ContextValue]:
+    context: dict[str, ContextValue] = {
+        "aws:PrincipalAccount": principal.account,
+        "aws:PrincipalType": "AssumedRole",
+        "aws:RequestedRegion": region,
+        # every call to AWS is made over TLS (boto3 refuses plain HTTP to AWS's endpoints); the twin's own
+        # endpoint is HTTP, which says nothing of the calls it stands for
+        "aws:SecureTransport": True,
+    }
+    if principal.role_arn:
+        context["aws:PrincipalArn"] = principal.role_arn
+    parts = need.resource.split(":", 5)
+    if len(parts) == 6:
+        if parts[4]:
+            context["aws:ResourceAccount"] = parts[4]
+        tags = world.MotoState(principal.account).tags(need.resource)
+        for key, value in (tags or {}).items():
+            context[f"aws:ResourceTag/{key}"] = value
+    context.update(need.context)
+    return context
+
+
+def _resource_policies(principal: Principal, need: Need) -> list[Policy]:
+    if need.resource.startswith("arn:aws:s3:::"):
+        bucket = need.resource.removeprefix("arn:aws:s3:::").split("/", 1)[0]
+        found = world.bucket_policy(principal.account, bucket)
+        return [found] if found else []
+    return []
+
+
+def decide(
+    principal: Principal,
+    need: Need,
+    *,
+    region: str,
+    service: str,
+    operation: str,
+    extra_policies: Sequence[Policy] = (),
+) -> tuple[Request, Decision]:
+    """Decide one authorization (and log it). `extra_policies`: resource-based policies on the path (a VPC
+    endpoint's policy, for the calls that go through it)."""
+    request = Request(principal, need.action, need.resource, _context(principal, region, need))
+    identity = world.role_policies(principal.role_arn) if principal.role_arn else []
+    decision = evaluate(request, identity, [*_resource_policies(principal, need), *extra_policies])
+    _log.add(
+        Record(
+            principal=principal.arn,
+            role_arn=principal.role_arn,
+            service=service,
+            operation=operation,
+            action=need.action,
+            resource=need.resource,
+            allowed=decision.allowed,
+            reason=decision.reason,
+            statements=decision.statements,
+        )
+    )
+    return request, decision
+
+
+def access_denied(service: str, operation: str, request: Request, decision: Decision) -> ClientError:
+    """The ClientError a service answers a refused call with."""
+    code, status = DENIED.get(service, DEFAULT_DENIED)
+    message = denial_message(request, decision, quote_resource=service == "s3")
+    if service == "ec2":
+        # EC2 prefixes its own sentence and appends the (encoded) context of the decision
+        detail = json.dumps({"allowed": False, "action": request.action, "resource": request.resource})
+        encoded = base64.urlsafe_b64encode(detail.encode()).decode()
+        message = (
+            f"You are not authorized to perform this operation. {message}. "
+            f"Encoded authorization failure message: {encoded}"
+        )
+    return ClientError(
+        {
+            "Error": {"Code": code, "Message": message},
+            "ResponseMetadata": {"HTTPStatusCode": status, "RequestId": "lustrain-twin-iam"},
+        },
+        operation,
+    )
+
+
+def authorize(
+    principal: Principal,
+    needs: Iterable[Need],
+    *,
+    region: str,
+    service: str,
+    operation: str,
+    extra_policies: Sequence[Policy] = (),
+) -> None:
+    """Raise the service's access denied ClientError at the first need the principal's policies refuse."""
+    for need in needs:
+        request, decision = decide(
+            principal, need, region=region, service=service, operation=operation, extra_policies=extra_policies
+        )
+        if not decision.allowed:
+            raise access_denied(service, operation, request, decision)
+
+
+def authorize_call(principal: Principal, service: str, operation: str, params: dict[str, Any], region: str) -> None:
+    call = Call(service, operation, params, region, principal.account)
+    needs = needs_of(call, world.MotoState(principal.account))
+    authorize(principal, needs, region=region, service=service, operation=operation)
+
+
+def _signing_key(client: BaseClient) -> str | None:
+    credentials = getattr(client._request_signer, "_credentials", None)
+    return None if credentials is None else str(credentials.access_key)
+
+
+def install() -> None:
+    """Authorize every boto3 call of a role session before botocore sends it (idempotent)."""
+    original = BaseClient._make_api_call
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def make_api_call(self: BaseClient, operation_name: str, api_params: dict[str, Any]) -> Any:
+        principal = principal_of(_signing_key(self))
+        if principal is not None:
+            service = self.meta.service_model.service_name
+            authorize_call(principal, service, operation_name, api_params, self.meta.region_name)
+        return original(self, operation_name, api_params)
+
+    setattr(make_api_call, _PATCHED, True)
+    BaseClient._make_api_call = make_api_call  # type: ignore[method-assign]
