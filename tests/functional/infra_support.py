@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
 from typing import Any
 
 import boto3
@@ -19,6 +20,24 @@ SPEC: dict[str, Any] = {
     "output": {"s3_uri": "s3://lustrain-test-results/tiny/", "expected_size_gib": 1},
     "tags": {"team": "rehearsal"},
 }
+
+#: A role for tests whose subject is not IAM: it may do anything (the twin enforces IAM on every call a role makes).
+ANYTHING = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+
+
+def any_role(iam: Any, name: str, *services: str) -> str:
+    """The ARN of a role `services` may assume, allowed everything; created once per moto account."""
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": list(services)}, "Action": "sts:AssumeRole"}],
+    }
+    try:
+        arn = str(iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"])
+    except iam.exceptions.EntityAlreadyExistsException:
+        return str(iam.get_role(RoleName=name)["Role"]["Arn"])
+    iam.put_role_policy(RoleName=name, PolicyName="anything", PolicyDocument=json.dumps(ANYTHING))
+    return arn
+
 
 DATA = {"shard-000.bin": b"\x01" * 4096, "shard-001.bin": b"\x02" * 4096, "meta/vocab.json": b'{"a": 1}'}
 

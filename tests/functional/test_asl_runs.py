@@ -24,6 +24,7 @@ from typing import Any
 
 import boto3
 import pytest
+from infra_support import any_role
 from lustrain_core.errors import FileSystemFailed, NetworkInvalid, SpecInvalid, TeardownIncomplete
 from moto import mock_aws
 
@@ -257,7 +258,7 @@ def stack() -> Iterator[Stack]:
     patches.install()
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
         iam = boto3.client("iam", region_name=REGION)
-        role = iam.create_role(RoleName="lustrain-test", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        role = any_role(iam, "lustrain-test", "lambda.amazonaws.com", "states.amazonaws.com")
         lam = boto3.client("lambda", region_name=REGION)
         functions = {
             key: lam.create_function(

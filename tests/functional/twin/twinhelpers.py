@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any
 
 import boto3
+from infra_support import any_role
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -24,20 +25,9 @@ def client(service: str) -> Any:
     return _SESSION.client(service)  # type: ignore[call-overload]
 
 
-#: The roles of these tests' functions and state machines may do anything: the patches are under test, not IAM.
-ANYTHING = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-
-
 def role_arn(name: str = "twin-test-role", iam: Any = None, service: str = "lambda.amazonaws.com") -> str:
-    """A role `service` may assume, allowed everything (the twin enforces IAM on every call a role makes)."""
-    iam = iam or client("iam")
-    trust = {"Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
-    try:
-        arn = str(iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"])
-    except iam.exceptions.EntityAlreadyExistsException:
-        return str(iam.get_role(RoleName=name)["Role"]["Arn"])
-    iam.put_role_policy(RoleName=name, PolicyName="anything", PolicyDocument=json.dumps(ANYTHING))
-    return arn
+    """A role `service` may assume, allowed everything: the patches are under test, not IAM."""
+    return any_role(iam or client("iam"), name, service)
 
 
 def make_function(
