@@ -1,4 +1,11 @@
-"""AWS's transient failures, renamed for the state machine: throttling -> AwsThrottled, 5xx -> AwsUnavailable.
+"""AWS's errors as the steps judge them: by code, in one place, never by a message's wording.
+
+`error_code` reads a ClientError's code; `not_found` says whether it means the resource is gone, with the codes
+each service documents (EC2's InvalidXxx.NotFound, FSx's FileSystemNotFound, S3's NoSuchBucket, ...);
+`training_job_missing` says it of DescribeTrainingJob, where AWS answers a job that does not exist with
+ValidationException "Requested resource not found." (not the ResourceNotFound its model lists).
+
+AWS's transient failures are renamed for the state machine: throttling -> AwsThrottled, 5xx -> AwsUnavailable.
 
 botocore's standard retry mode already retries both inside each call; what still escapes has outlasted those
 retries, and Step Functions' Retry on AwsThrottled / AwsUnavailable (with backoff) is the next line. Every other
@@ -53,11 +60,64 @@ UNAVAILABLE_CODES = frozenset(
 )
 
 
+#: The codes that mean "no such resource", as each service's API reference lists them.
+NOT_FOUND_CODES = frozenset(
+    {
+        # EC2 (EC2 API reference, "Error codes")
+        "InvalidVpcID.NotFound",
+        "InvalidSubnetID.NotFound",
+        "InvalidGroup.NotFound",
+        "InvalidRouteTableID.NotFound",
+        "InvalidVpcEndpointId.NotFound",
+        "InvalidAssociationID.NotFound",
+        "InvalidNetworkInterfaceID.NotFound",
+        # FSx
+        "FileSystemNotFound",
+        "DataRepositoryAssociationNotFound",
+        "DataRepositoryTaskNotFound",
+        # S3 (a HEAD request has no body: its code is the HTTP status)
+        "NoSuchBucket",
+        "NoSuchKey",
+        "NoSuchVersion",
+        "404",
+        "NotFound",
+        # SageMaker, Step Functions, DynamoDB, Service Quotas
+        "ResourceNotFound",
+        "ResourceNotFoundException",
+        "ExecutionDoesNotExist",
+        "StateMachineDoesNotExist",
+        "NoSuchResourceException",
+    }
+)
+CONDITION_FAILED = "ConditionalCheckFailedException"
+QUOTA_REFUSED = "ResourceLimitExceeded"
+
+
+def error_code(exc: ClientError) -> str:
+    """The error's code, as the service sent it."""
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def not_found(exc: ClientError) -> bool:
+    """Whether the error says the resource does not exist."""
+    return error_code(exc) in NOT_FOUND_CODES
+
+
+def training_job_missing(exc: ClientError) -> bool:
+    """Whether DescribeTrainingJob's error says there is no such job. AWS answers ValidationException "Requested
+    resource not found."; the only other ValidationException it gives is for a name outside the pattern, which the
+    names lustrain builds never are."""
+    code = error_code(exc)
+    return code in NOT_FOUND_CODES or (
+        code == "ValidationException" and exc.operation_name == "DescribeTrainingJob"
+    )
+
+
 def classify(exc: BaseException) -> LustrainError | None:
     """The retryable lustrain error for a transient AWS failure, or None when `exc` is not one."""
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
-        code = str(error.get("Code", ""))
+        code = error_code(exc)
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         message = f"{exc.operation_name}: {code or status} {error.get('Message', '')}".rstrip()
         if code in THROTTLING_CODES or status == 429:

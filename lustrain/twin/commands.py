@@ -180,7 +180,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         lambda_invoke.restore_environment(saved_env)
-        default_user_config.clear()
+        default_user_config.clear()  # type: ignore[attr-defined]
         default_user_config.update(saved_moto_config)
     return EXIT_OK
 

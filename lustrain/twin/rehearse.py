@@ -320,7 +320,7 @@ def _watch(
         for event in history[seen:]:
             now = time.monotonic() - started
             kind = event["type"]
-            details = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
+            details: dict[str, Any] = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
             if kind.endswith("StateEntered"):
                 run = StateRun(details.get("name", "?"), round(now, 1))
                 states.append(run)
@@ -349,11 +349,11 @@ def execution_history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
     return events
 
 
-def _short(text: Any, limit: int = 160) -> str:
-    text = str(text or "")
-    with contextlib.suppress(ValueError, TypeError):
-        text = json.loads(text).get("errorMessage", text)
-    text = " ".join(str(text).split())
+def _short(raw: Any, limit: int = 160) -> str:
+    text = str(raw or "")
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        text = str(json.loads(text).get("errorMessage", text))
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

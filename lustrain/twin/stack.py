@@ -85,7 +85,10 @@ def _local_uri(path: str) -> str:
 
 def sam_transform(template: dict[str, Any], region: str, parameters: dict[str, str] | None = None) -> dict[str, Any]:
     """The CloudFormation template SAM makes of `template` (local CodeUri / DefinitionUri as stand-in S3 URIs)."""
-    return json.loads(_transform(json.dumps(template, sort_keys=True), region, json.dumps(parameters or {})))
+    transformed: dict[str, Any] = json.loads(
+        _transform(json.dumps(template, sort_keys=True), region, json.dumps(parameters or {}))
+    )
+    return transformed
 
 
 @cache
@@ -309,10 +312,10 @@ class _Maker:
         self.session = session
         self.region = region
         self.root = root
-        self.stack = r.pseudo["AWS::StackName"]
+        self.stack = str(r.pseudo["AWS::StackName"])
 
     def client(self, service: str) -> Any:
-        return self.session.client(service, region_name=self.region)  # type: ignore[call-overload]
+        return self.session.client(service, region_name=self.region)
 
     def make(self, logical_id: str, res: dict[str, Any]) -> Resource:
         kind = res["Type"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import boto3
 import pytest
-from infra_support import stack_resources
+from infra_support import any_role, stack_resources
 from lustrain_core.config import Settings
 from moto import mock_aws
 
@@ -43,5 +44,11 @@ def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch):
 
     patches.install()
     with mock_aws():
-        topic = stack_resources(settings.jobs_table, settings.tokens_table, settings.artifacts_bucket, monkeypatch)
+        topic = stack_resources(
+            settings.jobs_table, settings.tokens_table, settings.artifacts_bucket, monkeypatch
+        )
+        # the training jobs' execution role, which SageMaker must be able to assume (the twin checks it)
+        any_role(
+            boto3.client("iam", region_name=REGION), "lustrain-test-sagemaker", "sagemaker.amazonaws.com"
+        )
         yield dataclasses.replace(settings, notify_topic_arn=topic)

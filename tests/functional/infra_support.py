@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import os
 from typing import Any
 
 import boto3
@@ -29,7 +30,9 @@ def any_role(iam: Any, name: str, *services: str) -> str:
     """The ARN of a role `services` may assume, allowed everything; created once per moto account."""
     trust = {
         "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Principal": {"Service": list(services)}, "Action": "sts:AssumeRole"}],
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": list(services)}, "Action": "sts:AssumeRole"}
+        ],
     }
     try:
         arn = str(iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"])
@@ -42,9 +45,12 @@ def any_role(iam: Any, name: str, *services: str) -> str:
 DATA = {"shard-000.bin": b"\x01" * 4096, "shard-001.bin": b"\x02" * 4096, "meta/vocab.json": b'{"a": 1}'}
 
 
-def stack_resources(jobs_table: str, tokens_table: str, artifacts_bucket: str, env: pytest.MonkeyPatch) -> str:
+def stack_resources(
+    jobs_table: str, tokens_table: str, artifacts_bucket: str, env: pytest.MonkeyPatch
+) -> str:
     """On moto, the stack's stateful resources the handlers use: the jobs and task-token tables, the artifacts
-    bucket and the notification topic (NOTIFY_TOPIC_ARN is set to it); returns the topic's ARN."""
+    bucket, the notification topic (NOTIFY_TOPIC_ARN is set to it) and the training jobs' execution role
+    (SAGEMAKER_ROLE_ARN's); returns the topic's ARN."""
     ddb = boto3.client("dynamodb", region_name=REGION)
     for table, key in ((jobs_table, "job_id"), (tokens_table, "training_job_name")):
         ddb.create_table(
@@ -56,6 +62,9 @@ def stack_resources(jobs_table: str, tokens_table: str, artifacts_bucket: str, e
     boto3.client("s3", region_name=REGION).create_bucket(Bucket=artifacts_bucket)
     topic: str = boto3.client("sns", region_name=REGION).create_topic(Name=f"{jobs_table}-notify")["TopicArn"]
     env.setenv("NOTIFY_TOPIC_ARN", topic)
+    role = os.environ.get("SAGEMAKER_ROLE_ARN")
+    if role:  # the training jobs' execution role, which SageMaker must be able to assume (the twin checks it)
+        any_role(boto3.client("iam", region_name=REGION), role.rsplit("/", 1)[-1], "sagemaker.amazonaws.com")
     return topic
 
 

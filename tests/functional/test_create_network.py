@@ -47,10 +47,21 @@ def test_a_new_network_is_a_private_subnet_with_an_s3_endpoint_and_the_efa_lustr
         ("tcp", 988, 988, (group_id,)),
         ("tcp", 1018, 1023, (group_id,)),
     ]
-    assert [
-        (p["IpProtocol"], p["IpRanges"], [g["GroupId"] for g in p["UserIdGroupPairs"]])
+    s3_list = ec2().describe_managed_prefix_lists(
+        Filters=[{"Name": "prefix-list-name", "Values": [f"com.amazonaws.{REGION}.s3"]}]
+    )["PrefixLists"][0]["PrefixListId"]
+    egress = sorted(
+        (
+            p["IpProtocol"],
+            p.get("FromPort"),
+            [r["CidrIp"] for r in p["IpRanges"]],
+            [g["GroupId"] for g in p["UserIdGroupPairs"]],
+            [pl["PrefixListId"] for pl in p.get("PrefixListIds", [])],
+        )
         for p in group["IpPermissionsEgress"]
-    ] == [("-1", [], [group_id])]
+    )
+    # all traffic to itself (EFA) and HTTPS to S3 through the endpoint (code, checkpoints, model); nothing else
+    assert egress == [("-1", None, [], [group_id], []), ("tcp", 443, [], [], [s3_list])]
 
     tags = {t["Key"]: t["Value"] for t in vpc["Tags"]}
     assert tags == {
@@ -90,7 +101,7 @@ def test_a_retried_create_reuses_what_it_made(aws):
     assert set(count_of_job(job_id).values()) <= {0, 1}
     assert len(job_record(aws.jobs_table, job_id)["resources"]) == 5
     group = ec2().describe_security_groups(GroupIds=first["security_group_ids"])["SecurityGroups"][0]
-    assert len(group["IpPermissions"]) == 3 and len(group["IpPermissionsEgress"]) == 1
+    assert len(group["IpPermissions"]) == 3 and len(group["IpPermissionsEgress"]) == 2
 
 
 def test_the_availability_zone_of_the_spec_is_used(aws):
@@ -109,7 +120,13 @@ def test_an_unknown_availability_zone_is_refused_naming_the_field(aws):
 # --- an existing network ---------------------------------------------------------------------------------
 
 
-def existing(lustre_ports: bool = True, efa: bool = True, s3_route: bool = True, prefix: int = 24) -> dict:
+def existing(
+    lustre_ports: bool = True,
+    efa: bool = True,
+    s3_route: bool = True,
+    prefix: int = 24,
+    open_egress: bool = True,
+) -> dict:
     """A team's network: a VPC, one subnet, one group, perhaps the rules and the S3 endpoint the run needs."""
     vpc_id = ec2().create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
     subnet_id = ec2().create_subnet(
@@ -131,6 +148,10 @@ def existing(lustre_ports: bool = True, efa: bool = True, s3_route: bool = True,
             {"IpProtocol": "tcp", "FromPort": 1018, "ToPort": 1023, "UserIdGroupPairs": me},
         ]
     ec2().authorize_security_group_ingress(GroupId=group_id, IpPermissions=ingress)
+    if not open_egress:
+        ec2().revoke_security_group_egress(
+            GroupId=group_id, IpPermissions=[{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
+        )
     if s3_route:
         main = ec2().describe_route_tables(
             Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "association.main", "Values": ["true"]}]
@@ -196,6 +217,16 @@ def test_an_existing_group_without_efa_rules_and_a_subnet_without_s3_are_all_rep
         p.startswith("network.subnet_id:") and "no S3 gateway endpoint and no NAT route" in p
         for p in problems
     )
+
+
+def test_an_existing_group_that_sends_nothing_out_but_to_itself_is_refused_as_unable_to_reach_s3(aws):
+    # the egress the first create_network left: traffic to a gateway endpoint is still filtered by the group
+    given = existing(open_egress=False)
+    document = register(
+        spec(network={"subnet_id": given["subnet_id"], "security_group_ids": given["security_group_ids"]})
+    )
+    (problem,) = network_problems(document)
+    assert problem.startswith("network.security_group_ids: no rule allows outbound HTTPS (TCP 443) to S3")
 
 
 def test_an_existing_subnet_too_small_for_the_run_is_named_with_its_free_ips(aws):

@@ -272,12 +272,19 @@ class RecordingEC2:
         self.calls.append(("revoke-egress", IpPermissions))
 
 
-def test_the_group_a_run_creates_admits_only_itself_and_loses_its_open_egress():
+def test_the_group_a_run_creates_admits_only_itself_and_sends_only_https_to_s3_out():
     ec2 = RecordingEC2()
-    network._ensure_rules(ec2, "sg-0123456789abcdef0")
-    granted = [p for kind, perms in ec2.calls if kind in ("ingress", "egress") for p in perms]
-    assert granted and all(p["UserIdGroupPairs"] == [{"GroupId": "sg-0123456789abcdef0"}] for p in granted)
-    assert not any(p.get("IpRanges") or p.get("Ipv6Ranges") for p in granted)
+    network._ensure_rules(ec2, "sg-0123456789abcdef0", "pl-63a5400a")
+    ingress = [p for kind, perms in ec2.calls if kind == "ingress" for p in perms]
+    egress = [p for kind, perms in ec2.calls if kind == "egress" for p in perms]
+    assert ingress and all(p["UserIdGroupPairs"] == [{"GroupId": "sg-0123456789abcdef0"}] for p in ingress)
+    to_itself = [p for p in egress if p.get("UserIdGroupPairs")]
+    to_s3 = [p for p in egress if p.get("PrefixListIds")]
+    assert to_itself == [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-0123456789abcdef0"}]}]
+    assert [
+        (p["IpProtocol"], p["FromPort"], p["ToPort"], p["PrefixListIds"][0]["PrefixListId"]) for p in to_s3
+    ] == [("tcp", 443, 443, "pl-63a5400a")]
+    assert not any(p.get("IpRanges") or p.get("Ipv6Ranges") for p in ingress + egress)
     assert ("revoke-egress", [{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]) in ec2.calls
 
 
@@ -351,7 +358,9 @@ def test_the_state_machine_logs_everything_and_is_traced_and_so_are_the_function
     assert machine["Logging"]["Level"] == "ALL"
     # states' input and output (the spec, the task token) reach the logs only when the stack asks for them
     assert machine["Logging"]["IncludeExecutionData"] == {"Fn::If": ["LogsExecutionData", True, False]}
-    assert TEMPLATE["Conditions"]["LogsExecutionData"] == {"Fn::Equals": [{"Ref": "LogExecutionData"}, "true"]}
+    assert TEMPLATE["Conditions"]["LogsExecutionData"] == {
+        "Fn::Equals": [{"Ref": "LogExecutionData"}, "true"]
+    }
     assert PARAMETERS["LogExecutionData"]["Default"] == "false"
     (destination,) = machine["Logging"]["Destinations"]
     assert destination["CloudWatchLogsLogGroup"]["LogGroupArn"] == {
@@ -491,8 +500,10 @@ def test_a_kept_file_system_carries_the_keep_tag_the_sweeper_honours_without_a_r
 def test_existing_resources_a_spec_may_name_reach_register_job_and_default_to_none(given, env):
     from lustrain.twin.stack import _Resolver
 
-    params = {name: ",".join(p["Default"]) if isinstance(p.get("Default"), list) else str(p.get("Default", ""))
-              for name, p in PARAMETERS.items()}
+    params = {
+        name: ",".join(p["Default"]) if isinstance(p.get("Default"), list) else str(p.get("Default", ""))
+        for name, p in PARAMETERS.items()
+    }
     if given is not None:
         params["AllowedExistingResources"] = given
     for name, p in PARAMETERS.items():

@@ -20,6 +20,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core.aws_errors import not_found
 from lustrain_core.steps.job import split_s3_uri
 from lustrain_core.steps.records import now_iso
 
@@ -27,7 +28,6 @@ MANIFEST = "manifest.json"
 DESCRIPTION = "describe_training_job.json"
 FINAL_METRICS = "final_metrics.json"
 _CHUNK = 8 * 2**20
-_NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
 
 
 def _json_bytes(value: Any) -> bytes:
@@ -39,15 +39,11 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, indent=2, sort_keys=True, default=iso).encode()
 
 
-def _not_found(exc: ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code") in _NOT_FOUND
-
-
 def _read_manifest(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as exc:
-        if _not_found(exc):
+        if not_found(exc):
             return None
         raise
     manifest: dict[str, Any] = json.loads(body)
@@ -67,7 +63,7 @@ def _copy(s3: Any, source_uri: str, bucket: str, key: str) -> dict[str, Any] | N
     try:
         size = int(s3.head_object(Bucket=src_bucket, Key=src_key)["ContentLength"])
     except ClientError as exc:
-        if _not_found(exc):
+        if not_found(exc):
             return None
         raise
     s3.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key)

@@ -23,6 +23,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
 from lustrain_core.steps import Job
@@ -69,7 +70,7 @@ def read_source(s3: Any, source: str) -> list[tuple[str, bytes]]:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [(obj["Key"], int(obj.get("Size", 0))) for obj in page.get("Contents", [])]
     except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
+        code = error_code(exc)
         if code in {"NoSuchBucket", "AccessDenied"}:
             raise SpecInvalid.one("code.source", source, f"cannot be listed by the stack ({code})") from None
         raise

@@ -25,6 +25,7 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import (
     CapacityError,
@@ -37,7 +38,7 @@ from lustrain_core.errors import (
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
-from lustrain_core.steps.training import CALLBACK_SENT, WAITING, error_code, get_token_item, token_key
+from lustrain_core.steps.training import CALLBACK_SENT, WAITING, get_token_item, token_key
 
 DETAIL_TYPE = "SageMaker Training Job State Change"
 #: SendTask* answers meaning the execution is no longer waiting for this token
@@ -95,7 +96,9 @@ def parse_state_change(event: Any) -> TrainingJobStateChangeEvent:
     try:
         return TrainingJobStateChangeEvent.model_validate(event)
     except ValidationError as exc:
-        raise SpecInvalid(field_errors(exc, note=" (not a SageMaker Training Job State Change event)")) from None
+        raise SpecInvalid(
+            field_errors(exc, note=" (not a SageMaker Training Job State Change event)")
+        ) from None
 
 
 # Checked in order; the first match names the error. Texts are SageMaker's FailureReason wordings.
@@ -140,7 +143,7 @@ def _claim(ddb: Any, settings: Settings, name: str, outcome: dict[str, Any]) -> 
             ReturnValues="ALL_NEW",
         )
     except ClientError as exc:
-        if error_code(exc) == "ConditionalCheckFailedException":
+        if error_code(exc) == CONDITION_FAILED:
             return None
         raise
     return records.from_item(answer["Attributes"])
@@ -198,7 +201,7 @@ def _heartbeat(
             },
         )
     except ClientError as exc:
-        if error_code(exc) != "ConditionalCheckFailedException":
+        if error_code(exc) != CONDITION_FAILED:
             raise
     return {"heartbeat": "sent", "secondary_status": detail.SecondaryStatus}
 

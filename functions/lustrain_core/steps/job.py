@@ -32,6 +32,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lustrain_core import planner
+from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
 from lustrain_core.spec import MAX_SPEC_BYTES, S3_URI_PATTERN, JobSpec, parse_document, validate_spec
@@ -165,7 +166,7 @@ def read_spec_document(s3: Any, source: SpecSource) -> dict[str, Any]:
     try:
         obj = s3.get_object(**params)
     except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
+        code = error_code(exc)
         if code in {"NoSuchKey", "NoSuchBucket", "NoSuchVersion", "AccessDenied", "403", "404"}:
             field = "spec_s3_uri" if source.kind == "s3-uri" else ""
             raise SpecInvalid.one(field, where, f"the spec cannot be read ({code})") from None
@@ -211,7 +212,7 @@ def measure_data(s3: Any, s3_uri: str) -> tuple[float, dict[str, int]]:
                     "the step; set data.size_gib",
                 )
     except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
+        code = error_code(exc)
         if code in {"NoSuchBucket", "AccessDenied"}:
             raise SpecInvalid.one(
                 "data.s3_uri",

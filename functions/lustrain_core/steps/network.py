@@ -5,13 +5,16 @@ A new network is one VPC (plan.network.vpc_cidr) with one private subnet of the 
 the code and writes the model through it; without a route to S3 the job fails "Artifact upload failed"), and a
 security group that the instances and the file system share:
 - all traffic in from itself and out to itself: EFA (the p4d's 400 Gbps between instances) needs both; its
-  OS-bypass traffic is not matched by CIDR rules, so the default 0.0.0.0/0 egress is removed as useless;
-- TCP 988 and 1018-1023 in from itself: Lustre (FSx checks these ports when the file system is created).
+  OS-bypass traffic is not matched by CIDR rules;
+- TCP 988 and 1018-1023 in from itself: Lustre (FSx checks these ports when the file system is created);
+- TCP 443 out to S3's managed prefix list: the gateway endpoint's traffic is filtered by the security group like
+  any other, and without it the job cannot fetch its code, sync checkpoints or upload the model. The default
+  0.0.0.0/0 egress is removed: nothing else leaves the group.
 Each piece is tagged with the job id, found by that tag before it is created (a retried step reuses what it
 made), and appended to the job record for teardown.
 
-With network.subnet_id given nothing is created: the subnet, its route to S3 and the given security groups are
-checked, and NetworkInvalid names everything missing.
+With network.subnet_id given nothing is created: the subnet, its route to S3 and the given security groups (EFA,
+Lustre, and HTTPS out to S3) are checked, and NetworkInvalid names everything missing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, records
 
 LUSTRE_PORT_RANGES = ((988, 988), (1018, 1023))
+HTTPS = 443
 
 
 @dataclass(frozen=True)
@@ -139,28 +143,66 @@ def choose_zone(ec2: Any, wanted: str) -> str:
     return wanted
 
 
-def _ensure_rules(ec2: Any, group_id: str) -> None:
-    """Give the job's group exactly its self-referencing rules; add only what is missing (a retry adds nothing)."""
+def s3_prefix_list(ec2: Any, region: str) -> str:
+    """The id of the AWS-managed prefix list of S3's addresses in the region (com.amazonaws.<region>.s3)."""
+    name = f"com.amazonaws.{region}.s3"
+    found = ec2.describe_managed_prefix_lists(Filters=[{"Name": "prefix-list-name", "Values": [name]}])
+    lists = found.get("PrefixLists", [])
+    if not lists:
+        raise NetworkInvalid(f"the region has no managed prefix list {name}: S3 cannot be reached by a route")
+    return str(lists[0]["PrefixListId"])
+
+
+def allows_https_to_s3(groups: list[dict[str, Any]], prefix_list_id: str) -> bool:
+    """Whether a group lets the instances open HTTPS to S3: to 0.0.0.0/0 or to S3's prefix list. A gateway
+    endpoint's traffic is filtered by the security group like any other (VPC User Guide, "Gateway endpoints")."""
+    for group in groups:
+        for p in group.get("IpPermissionsEgress", []):
+            https = _covers(p, Rule("egress", "tcp", HTTPS, HTTPS, "S3"))
+            to_s3 = any(r.get("CidrIp") == "0.0.0.0/0" for r in p.get("IpRanges", [])) or any(
+                r.get("PrefixListId") == prefix_list_id for r in p.get("PrefixListIds", [])
+            )
+            if https and to_s3:
+                return True
+    return False
+
+
+def _ensure_rules(ec2: Any, group_id: str, prefix_list_id: str) -> None:
+    """Give the job's group exactly its rules; add only what is missing (a retry adds nothing): all traffic in from
+    and out to itself (EFA), the Lustre ports in from itself, HTTPS out to S3's prefix list (code, checkpoints,
+    model), and no other egress."""
     group = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]
     self_pair = [{"GroupId": group_id}]
     ingress = [{"IpProtocol": "-1", "UserIdGroupPairs": self_pair}] + [
         {"IpProtocol": "tcp", "FromPort": lo, "ToPort": hi, "UserIdGroupPairs": self_pair}
         for lo, hi in LUSTRE_PORT_RANGES
     ]
-    egress = [{"IpProtocol": "-1", "UserIdGroupPairs": self_pair}]
+    to_s3: dict[str, Any] = {
+        "IpProtocol": "tcp",
+        "FromPort": HTTPS,
+        "ToPort": HTTPS,
+        "PrefixListIds": [
+            {"PrefixListId": prefix_list_id, "Description": "S3, through the gateway endpoint"}
+        ],
+    }
 
     def present(wanted: dict[str, Any], have: list[dict[str, Any]]) -> bool:
         return any(
             p.get("IpProtocol") == wanted["IpProtocol"]
             and p.get("FromPort") == wanted.get("FromPort")
             and p.get("ToPort") == wanted.get("ToPort")
-            and any(pair.get("GroupId") == group_id for pair in p.get("UserIdGroupPairs", []))
+            and (
+                any(pair.get("GroupId") == group_id for pair in p.get("UserIdGroupPairs", []))
+                if "UserIdGroupPairs" in wanted
+                else any(r.get("PrefixListId") == prefix_list_id for r in p.get("PrefixListIds", []))
+            )
             for p in have
         )
 
     new_in = [p for p in ingress if not present(p, group.get("IpPermissions", []))]
     if new_in:
         ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=new_in)
+    egress: list[dict[str, Any]] = [{"IpProtocol": "-1", "UserIdGroupPairs": self_pair}, to_s3]
     new_out = [p for p in egress if not present(p, group.get("IpPermissionsEgress", []))]
     if new_out:
         ec2.authorize_security_group_egress(GroupId=group_id, IpPermissions=new_out)
@@ -252,7 +294,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
             TagSpecifications=_spec(job, settings, "training", "security-group"),
         )["GroupId"]
     remember("security_group", group_id)
-    _ensure_rules(ec2, group_id)
+    _ensure_rules(ec2, group_id, s3_prefix_list(ec2, settings.region))
 
     return {
         "vpc_id": vpc_id,
@@ -336,6 +378,13 @@ def check_existing_network(ec2: Any, job: Job, settings: Settings) -> dict[str, 
             groups, required_rules(job.spec.compute.instance_type), subnet.get("CidrBlock")
         ):
             problems.append(f"network.security_group_ids: no rule allows {rule.describe()}")
+
+    if groups and not allows_https_to_s3(groups, s3_prefix_list(ec2, settings.region)):
+        problems.append(
+            "network.security_group_ids: no rule allows outbound HTTPS (TCP 443) to S3 (0.0.0.0/0 or the "
+            f"prefix list com.amazonaws.{settings.region}.s3): SageMaker could not fetch the code nor upload the "
+            "model"
+        )
 
     table = _route_table_of(ec2, subnet)
     via = _reaches_s3(ec2, table, subnet["VpcId"], settings.region) if table else None

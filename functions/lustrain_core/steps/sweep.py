@@ -33,6 +33,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
 from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records, tag_dict
@@ -54,10 +55,6 @@ EC2_KINDS = (
     ("route_table", "describe_route_tables", "RouteTables", "RouteTableId"),
     ("vpc_endpoint", "describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId"),
 )
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 # --------------------------------------------------------------------------- the stack's settings
@@ -207,7 +204,7 @@ def execution_status(sfn: Any, arn: str | None) -> str | None:
     try:
         return str(sfn.describe_execution(executionArn=arn)["status"])
     except ClientError as exc:
-        if _code(exc) == "ExecutionDoesNotExist":
+        if error_code(exc) == "ExecutionDoesNotExist":
             return None
         raise
 
@@ -301,7 +298,7 @@ def _stop_execution(sfn: Any, arn: str, reason: str) -> None:
             executionArn=arn, error=ABANDONED, cause=f"stopped by the sweeper: {reason}"[:32768]
         )
     except ClientError as exc:
-        if _code(exc) != "ExecutionDoesNotExist":
+        if error_code(exc) != "ExecutionDoesNotExist":
             raise
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core import clients
+from lustrain_core.aws_errors import error_code, not_found, training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid, TeardownIncomplete
 from lustrain_core.spec import validate_spec
@@ -48,18 +49,6 @@ TRAINING_JOB = "training_job"
 #: A training job in these statuses still holds instances (and mounts the file system).
 TRAINING_RUNNING = frozenset({"InProgress", "Stopping"})
 FS_KINDS = ("file_system", "data_repository_association")
-NOT_FOUND = frozenset(
-    {
-        "InvalidVpcID.NotFound",
-        "InvalidSubnetID.NotFound",
-        "InvalidGroup.NotFound",
-        "InvalidRouteTableID.NotFound",
-        "InvalidVpcEndpointId.NotFound",
-        "InvalidAssociationID.NotFound",
-        "FileSystemNotFound",
-        "DataRepositoryAssociationNotFound",
-    }
-)
 #: Errors that mean "not yet": something still uses the resource, or FSx is busy with it.
 BUSY = frozenset(
     {"DependencyViolation", "BadRequest", "DataRepositoryTaskExecuting", "IncompatibleParameterError"}
@@ -73,10 +62,6 @@ DEFAULT_INTERVAL_SECONDS = 2.0
 MAX_INTERVAL_SECONDS = 15.0
 RUNNING_TASK = frozenset({"PENDING", "EXECUTING", "CANCELING"})
 SETTLING_FS = frozenset({"CREATING", "UPDATING"})
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 @dataclass
@@ -210,7 +195,7 @@ class Teardown:
         try:
             found = getattr(self.ec2, operation)(**{ids_key: [resource_id]})[result_key]
         except ClientError as exc:
-            if _code(exc) in NOT_FOUND:
+            if not_found(exc):
                 return None
             raise
         if not found:
@@ -226,7 +211,7 @@ class Teardown:
         try:
             return dict(self.sagemaker.describe_training_job(TrainingJobName=name))
         except ClientError as exc:
-            if _training_job_missing(exc):
+            if training_job_missing(exc):
                 return None
             raise
 
@@ -257,7 +242,7 @@ class Teardown:
                 asked = True
             except ClientError as exc:
                 # it ended (or began stopping) between the two calls: what it is now is read below
-                if _code(exc) != "ValidationException" and not _training_job_missing(exc):
+                if error_code(exc) != "ValidationException" and not training_job_missing(exc):
                     raise
             job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
         while job["TrainingJobStatus"] in TRAINING_RUNNING:
@@ -305,7 +290,7 @@ class Teardown:
                         ],
                     )
                 except ClientError as exc:
-                    if _code(exc) not in BUSY:
+                    if error_code(exc) not in BUSY:
                         raise
                 continue
             if not self.clock.wait():
@@ -354,10 +339,10 @@ class Teardown:
                 self.fsx.delete_file_system(**params)
                 break
             except ClientError as exc:
-                if _code(exc) in NOT_FOUND:
+                if not_found(exc):
                     self.report.already_gone.append(entry)
                     return None
-                if _code(exc) not in BUSY:
+                if error_code(exc) not in BUSY:
                     raise
             if not self.clock.wait():
                 return f"file system {fs_id} cannot be deleted yet"
@@ -376,7 +361,7 @@ class Teardown:
                 AssociationId=association_id, DeleteDataInFileSystem=False
             )
         except ClientError as exc:
-            if _code(exc) in NOT_FOUND:
+            if not_found(exc):
                 self.report.already_gone.append(entry)
                 return
             raise
@@ -398,7 +383,7 @@ class Teardown:
                 "Associations"
             ]
         except ClientError as exc:
-            if _code(exc) not in NOT_FOUND:
+            if not not_found(exc):
                 raise
             found = []
         if not found or found[0].get("Lifecycle") == "DELETING":
@@ -469,12 +454,12 @@ class Teardown:
                 try:
                     self._delete_ec2(entry["type"], item)
                 except ClientError as exc:
-                    if _code(exc) in NOT_FOUND:
+                    if not_found(exc):
                         self.report.already_gone.append(entry)
                         continue
-                    if _code(exc) not in BUSY:
+                    if error_code(exc) not in BUSY:
                         raise
-                    blocked.append((entry, _code(exc)))
+                    blocked.append((entry, error_code(exc)))
                     continue
                 self.report.deleted.append(entry)
             if not blocked:
@@ -482,12 +467,6 @@ class Teardown:
             pending = [entry for entry, _ in blocked]
             if not self.clock.wait():
                 return [f"{e['type']} {e['id']} ({code}: still in use)" for e, code in blocked]
-
-
-def _training_job_missing(exc: ClientError) -> bool:
-    # AWS answers ResourceNotFound; moto a ValidationException "Could not find training job"
-    message = str(exc.response.get("Error", {}).get("Message", ""))
-    return _code(exc) == "ResourceNotFound" or "could not find" in message.lower()
 
 
 def _unique(resources: list[dict[str, Any]]) -> list[dict[str, str]]:

@@ -24,6 +24,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core import images
+from lustrain_core.aws_errors import CONDITION_FAILED, QUOTA_REFUSED, error_code, training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, FieldError, QuotaExceeded, SpecInvalid
 from lustrain_core.prices import INSTANCE_TYPES
@@ -269,10 +270,6 @@ def build_training_request(
 # --------------------------------------------------------------------------- the tokens table
 
 
-def error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
 def token_key(name: str) -> dict[str, Any]:
     """The tokens table's key of a training job."""
     return {"training_job_name": {"S": name}}
@@ -300,9 +297,7 @@ def _job_status(sagemaker: Any, name: str) -> str | None:
     try:
         return str(sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"])
     except ClientError as exc:
-        message = str(exc.response.get("Error", {}).get("Message", ""))
-        # AWS answers ResourceNotFound; moto a ValidationException "Could not find training job"
-        if error_code(exc) == "ResourceNotFound" or "could not find" in message.lower():
+        if training_job_missing(exc):
             return None
         raise
 
@@ -333,7 +328,7 @@ def _adopt_running(
                 },
             )
         except ClientError as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
+            if error_code(exc) == CONDITION_FAILED:
                 return None
             raise
     return {"training_job_name": name, "attempt": attempts, "adopted": True}
@@ -374,7 +369,9 @@ def start_training(
     token = document.get("task_token")
     if not token or not isinstance(token, str):
         raise SpecInvalid.one(
-            "task_token", token or MISSING, "start_training runs as a waitForTaskToken task: pass $$.Task.Token"
+            "task_token",
+            token or MISSING,
+            "start_training runs as a waitForTaskToken task: pass $$.Task.Token",
         )
     records.require(ddb, settings.jobs_table, job.job_id)
     adopted = _adopt_running(ddb, sagemaker, settings, job, token)
@@ -395,7 +392,7 @@ def start_training(
             # starting another attempt would pay for a second fleet.
             return {"training_job_name": name, "attempt": attempt, "adopted": True}
         ddb.delete_item(TableName=settings.tokens_table, Key=token_key(name))
-        if error_code(exc) == "ResourceLimitExceeded":
+        if error_code(exc) == QUOTA_REFUSED:
             compute = job.spec.compute
             raise QuotaExceeded(
                 f"SageMaker refused {compute.instance_count} x {compute.instance_type}: "

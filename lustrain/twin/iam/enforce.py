@@ -23,7 +23,7 @@ import json
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
@@ -216,13 +216,22 @@ def decide(
     region: str,
     service: str,
     operation: str,
-    extra_policies: Sequence[Policy] = (),
+    gates: Sequence[Policy] = (),
 ) -> tuple[Request, Decision]:
-    """Decide one authorization (and log it). `extra_policies`: resource-based policies on the path (a VPC
-    endpoint's policy, for the calls that go through it)."""
+    """Decide one authorization (and log it). `gates`: policies on the path that must also allow the request
+    (the policy of the VPC endpoint a training job's S3 calls go through)."""
     request = Request(principal, need.action, need.resource, _context(principal, region, need))
     identity = world.role_policies(principal.role_arn) if principal.role_arn else []
-    decision = evaluate(request, identity, [*_resource_policies(principal, need), *extra_policies])
+    decision = evaluate(request, identity, _resource_policies(principal, need))
+    for gate in gates:
+        if not decision.allowed:
+            break
+        passed = evaluate(request, (), (gate,))
+        if not passed.allowed:
+            denied_by: Literal["endpoint", "endpoint-deny"] = (
+                "endpoint-deny" if passed.reason == "resource" else "endpoint"
+            )
+            decision = Decision(False, denied_by, passed.statements)
     _log.add(
         Record(
             principal=principal.arn,
@@ -267,21 +276,29 @@ def authorize(
     region: str,
     service: str,
     operation: str,
-    extra_policies: Sequence[Policy] = (),
+    gates: Sequence[Policy] = (),
 ) -> None:
     """Raise the service's access denied ClientError at the first need the principal's policies refuse."""
     for need in needs:
         request, decision = decide(
-            principal, need, region=region, service=service, operation=operation, extra_policies=extra_policies
+            principal, need, region=region, service=service, operation=operation, gates=gates
         )
         if not decision.allowed:
             raise access_denied(service, operation, request, decision)
 
 
-def authorize_call(principal: Principal, service: str, operation: str, params: dict[str, Any], region: str) -> None:
+def authorize_call(
+    principal: Principal,
+    service: str,
+    operation: str,
+    params: dict[str, Any],
+    region: str,
+    gates: Sequence[Policy] = (),
+) -> None:
+    """Authorize one API call as IAM would (the actions it needs, from the Service Authorization Reference)."""
     call = Call(service, operation, params, region, principal.account)
     needs = needs_of(call, world.MotoState(principal.account))
-    authorize(principal, needs, region=region, service=service, operation=operation)
+    authorize(principal, needs, region=region, service=service, operation=operation, gates=gates)
 
 
 def _signing_key(client: BaseClient) -> str | None:
@@ -304,4 +321,4 @@ def install() -> None:
         return original(self, operation_name, api_params)
 
     setattr(make_api_call, _PATCHED, True)
-    BaseClient._make_api_call = make_api_call  # type: ignore[method-assign]
+    BaseClient._make_api_call = make_api_call

@@ -240,7 +240,16 @@ class Statement:
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ref: StatementRef) -> Statement:
-        known = {"Sid", "Effect", "Action", "NotAction", "Resource", "NotResource", "Principal", "NotPrincipal"}
+        known = {
+            "Sid",
+            "Effect",
+            "Action",
+            "NotAction",
+            "Resource",
+            "NotResource",
+            "Principal",
+            "NotPrincipal",
+        }
         unknown = set(raw) - known - {"Condition"}
         if unknown:
             raise UnsupportedPolicy(f"{ref}: statement elements {sorted(unknown)}")
@@ -274,9 +283,13 @@ class Statement:
 
     def applies(self, request: Request, *, resource_based: bool) -> bool:
         action = request.action
-        if self.actions is not None and not any(glob_match(a, action, ignore_case=True) for a in self.actions):
+        if self.actions is not None and not any(
+            glob_match(a, action, ignore_case=True) for a in self.actions
+        ):
             return False
-        if self.not_actions is not None and any(glob_match(a, action, ignore_case=True) for a in self.not_actions):
+        if self.not_actions is not None and any(
+            glob_match(a, action, ignore_case=True) for a in self.not_actions
+        ):
             return False
         if self.resources is not None and not any(arn_match(r, request.resource) for r in self.resources):
             return False
@@ -299,7 +312,9 @@ class Policy:
 
     @classmethod
     def parse(cls, name: str, document: str | Mapping[str, Any]) -> Policy:
-        return _parse_cached(name, document if isinstance(document, str) else json.dumps(document, sort_keys=True))
+        return _parse_cached(
+            name, document if isinstance(document, str) else json.dumps(document, sort_keys=True)
+        )
 
 
 @cache
@@ -310,9 +325,7 @@ def _parse_cached(name: str, text: str) -> Policy:
         statements = [statements]
     return Policy(
         name,
-        tuple(
-            Statement.parse(s, StatementRef(name, i, s.get("Sid"))) for i, s in enumerate(statements)
-        ),
+        tuple(Statement.parse(s, StatementRef(name, i, s.get("Sid"))) for i, s in enumerate(statements)),
     )
 
 
@@ -321,14 +334,13 @@ class Decision:
     """The answer to one request: allowed or not, and which statements decided it."""
 
     allowed: bool
-    #: "allowed", "implicit" (nothing allows it), "identity" or "resource" (an explicit Deny there)
-    reason: Literal["allowed", "implicit", "identity", "resource"]
+    #: "allowed", "implicit" (nothing allows it), "identity" or "resource" (an explicit Deny there), "endpoint"
+    #: (the VPC endpoint the call goes through has a policy that does not allow it)
+    reason: Literal["allowed", "implicit", "identity", "resource", "endpoint", "endpoint-deny"]
     statements: tuple[StatementRef, ...]
 
 
-def evaluate(
-    request: Request, identity: Iterable[Policy], resource_based: Iterable[Policy] = ()
-) -> Decision:
+def evaluate(request: Request, identity: Iterable[Policy], resource_based: Iterable[Policy] = ()) -> Decision:
     """IAM's decision for a request inside one account."""
     allows: list[StatementRef] = []
     denies: dict[str, list[StatementRef]] = {"identity": [], "resource": []}
@@ -356,6 +368,10 @@ def denial_message(request: Request, decision: Decision, *, quote_resource: bool
         why = f"because no identity-based policy allows the {action} action"
     elif decision.reason == "identity":
         why = "with an explicit deny in an identity-based policy"
+    elif decision.reason == "endpoint":
+        why = f"because no VPC endpoint policy allows the {action} action"
+    elif decision.reason == "endpoint-deny":
+        why = "with an explicit deny in a VPC endpoint policy"
     else:
         why = "with an explicit deny in a resource-based policy"
     return f"User: {request.principal.arn} is not authorized to perform: {action}{where} {why}"

@@ -91,6 +91,8 @@ def install() -> None:
         return _create_function(original_create, self, spec)
 
     LambdaBackend.create_function = create_function  # type: ignore[method-assign]
-    original_client = lambda_eval_utils.boto_client_for
-    lambda_eval_utils.boto_client_for = functools.partial(_state_machine_client, original_client)
+    original_client = lambda_eval_utils.boto_client_for  # type: ignore[attr-defined]
+    lambda_eval_utils.boto_client_for = functools.partial(  # type: ignore[attr-defined]
+        _state_machine_client, original_client
+    )
     setattr(LambdaBackend, _PATCHED, True)

@@ -10,8 +10,13 @@ three of moto's SageMaker response methods and adds one:
   an instance type with local NVMe storage, and managed spot without MaxWaitTimeInSeconds >= MaxRuntimeInSeconds
   or without a CheckpointConfig. The full request is kept, and the job is handed to lustrain.twin.simulator,
   whose thread starts after CreateTrainingJob, and the Lambda invocation that called it, have returned.
+- The execution role (RoleArn) as SageMaker checks it at CreateTrainingJob: SageMaker must be allowed to assume
+  it (its trust policy, with aws:SourceAccount and aws:SourceArn), and for a VpcConfig the role must allow the
+  EC2 actions SageMaker creates the instances' network interfaces with; else ValidationException, with AWS's
+  text. The job's own calls are then made with the role's credentials (a session named "SageMaker").
 - DescribeTrainingJob returns the request as stored and the simulator's progress; ListTrainingJobs (moto's own)
-  filters on the live status.
+  filters on the live status. A job that does not exist is ValidationException "Requested resource not found."
+  (as AWS answers; moto says "Could not find training job ...").
 - StopTrainingJob: InProgress -> Stopping -> Stopped; the trainer gets SIGTERM and the grace period.
 """
 
@@ -31,7 +36,10 @@ from moto.sagemaker.models import FakeTrainingJob, SageMakerModelBackend
 from moto.sagemaker.responses import SageMakerResponse
 
 from lustrain.twin import faults, simulator
-from lustrain.twin.simulator import SimulatedJob
+from lustrain.twin.iam import enforce
+from lustrain.twin.iam.actions import Need
+from lustrain.twin.iam.policy import Policy, Principal
+from lustrain.twin.simulator import ROLE_SESSION, Collaborators, SimulatedJob
 
 _PATCHED = "_lustrain_twin_sagemaker"
 _STATE = "_lustrain_twin_training"
@@ -44,6 +52,23 @@ NAME_MAX = 63
 #: every family with a "d" (p4d, p4de, g4dn, p3dn, c5d, ...), as the SageMaker Python SDK decides it, and the
 #: NVMe families without one.
 _NVME_FAMILIES = ("g5", "g6", "g6e", "p5", "p5e", "p5en", "trn1", "trn1n", "trn2")
+
+#: AWS's answer to DescribeTrainingJob and StopTrainingJob on a job that does not exist.
+NOT_FOUND = "Requested resource not found."
+SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
+#: What SageMaker's VPC mode needs of the execution role, checked at CreateTrainingJob ("Give SageMaker Access to
+#: Resources in your Amazon VPC": CreateTrainingJob API, Execution Role Permissions).
+VPC_ACTIONS = (
+    "CreateNetworkInterface",
+    "CreateNetworkInterfacePermission",
+    "DeleteNetworkInterface",
+    "DeleteNetworkInterfacePermission",
+    "DescribeNetworkInterfaces",
+    "DescribeVpcs",
+    "DescribeDhcpOptions",
+    "DescribeSubnets",
+    "DescribeSecurityGroups",
+)
 
 #: Jobs in these statuses hold their instances against the quota.
 _HOLDING = frozenset({"InProgress", "Stopping"})
@@ -179,6 +204,73 @@ def _check_unique(backend: SageMakerModelBackend, name: str) -> None:
         )
 
 
+def _check_role(backend: SageMakerModelBackend, request: dict[str, Any], job_arn: str) -> dict[str, str]:
+    """The execution role as SageMaker checks it; returns the credentials of the job's session of it."""
+    role_arn = str(request.get("RoleArn", ""))
+    try:
+        _principal, credentials = enforce.assume(
+            role_arn,
+            ROLE_SESSION,
+            service=SAGEMAKER_SERVICE,
+            source_account=backend.account_id,
+            source_arn=job_arn,
+        )
+    except (enforce.NotAssumable, ValueError):
+        raise ValidationError(
+            f"Could not assume role {role_arn}. Please ensure that the role exists and allows principal "
+            f"'{SAGEMAKER_SERVICE}' to assume the role."
+        ) from None
+    if request.get("VpcConfig"):
+        principal = Principal.role_session(role_arn, ROLE_SESSION)
+        for action in VPC_ACTIONS:
+            _request, decision = enforce.decide(
+                principal,
+                Need(f"ec2:{action}", "*"),
+                region=backend.region_name,
+                service="ec2",
+                operation=action,
+            )
+            if not decision.allowed:
+                raise ValidationError(
+                    f"The provided execution role does not have permissions to call {action} on EC2"
+                )
+    return credentials
+
+
+def _authorize_job(
+    job: SimulatedJob, service: str, operation: str, params: dict[str, Any], gates: list[dict[str, Any]]
+) -> None:
+    """A call of the job's own, as its execution role, through the policies on its network path."""
+    principal = Principal.role_session(str(job.request["RoleArn"]), ROLE_SESSION)
+    policies = [Policy.parse(f"vpc-endpoint-policy-{i}", gate) for i, gate in enumerate(gates)]
+    enforce.authorize_call(principal, service, operation, params, job.region, gates=policies)
+
+
+def _describe_file_system(account: str, region: str, fs_id: str) -> dict[str, Any] | None:
+    from moto.fsx.models import fsx_backends
+
+    fs = fsx_backends[account][region].file_systems.get(fs_id)
+    return None if fs is None else dict(fs.to_dict())
+
+
+def collaborators() -> Collaborators:
+    """What the simulator uses of the twin: its EventBridge, FSx, the environment, and IAM."""
+    from lustrain.twin.patches import eventbridge, fsx, lambda_invoke
+
+    def emit(
+        source: str, detail_type: str, detail: dict[str, Any], region: str, account: str, resources: list[str]
+    ) -> Any:
+        return eventbridge.emit(source, detail_type, detail, region, account, resources=resources)
+
+    return Collaborators(
+        emit=emit,
+        describe_file_system=_describe_file_system,
+        linked_paths=fsx.linked_paths,
+        environment=lambda_invoke.environment_copy,
+        authorize=_authorize_job,
+    )
+
+
 # --- the patched API ------------------------------------------------------------------------------------------
 
 
@@ -194,12 +286,15 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
     state = _state(backend)
     with state.lock:  # two concurrent creates must not both fit in the last free instances
         _check_unique(backend, name)
+        arn = FakeTrainingJob.arn_formatter(name, backend.account_id, backend.region_name)
+        credentials = _check_role(backend, request, arn)
         _check_quota(backend, request)
         result = original(self)
         fake = backend.training_jobs[name]
         job = SimulatedJob(
             request=request, arn=fake.arn, account=backend.account_id, region=backend.region_name
         )
+        job.credentials = credentials
         if faults.current_step() is not None:
             # Called from a handler run in-process (mock_aws): the job's first event waits for it to return.
             job.created_by = threading.current_thread()
@@ -212,6 +307,8 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
 def _describe_training_job(original: Any, self: SageMakerResponse) -> ActionResult:
     job = _state(self.sagemaker_backend).jobs.get(str(self._get_param("TrainingJobName")))
     if job is None:
+        if str(self._get_param("TrainingJobName")) not in self.sagemaker_backend.training_jobs:
+            raise ValidationError(NOT_FOUND)
         return original(self)  # type: ignore[no-any-return]
     return ActionResult(job.describe())
 
@@ -221,8 +318,7 @@ def stop_training_job(self: SageMakerResponse) -> EmptyResult:
     name = str(self._get_param("TrainingJobName"))
     job = _state(backend).jobs.get(name)
     if job is None:
-        arn = FakeTrainingJob.arn_formatter(name, backend.account_id, backend.region_name)
-        raise ValidationError(f"Could not find training job '{arn}'.")
+        raise ValidationError(NOT_FOUND)
     if not job.request_stop():
         raise ValidationError(f"The request was rejected because the training job is in status {job.status}.")
     _sync(backend.training_jobs[name], job)
@@ -277,4 +373,5 @@ def install() -> None:
     _wrap(SageMakerResponse, "describe_training_job", _describe_training_job)
     _wrap(SageMakerModelBackend, "list_training_jobs", _list_training_jobs)
     SageMakerResponse.stop_training_job = stop_training_job  # type: ignore[attr-defined]
+    simulator.connect(collaborators())
     setattr(SageMakerResponse, _PATCHED, True)

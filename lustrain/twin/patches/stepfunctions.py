@@ -1,13 +1,29 @@
-"""SendTaskFailure keeps its cause.
+"""Step Functions as AWS runs executions, where moto 5.2.5 differs in what lustrain relies on.
 
-moto 5.2.5's StepFunctionResponse.send_task_failure passes only the error to the backend, so an execution failed
-by callback (on_training_event reporting TrainingFailed with SageMaker's FailureReason) ends with no Cause,
-where AWS keeps it. The ASL-executing backend already takes a cause; the patch hands it over.
+- SendTaskFailure keeps its cause: moto's StepFunctionResponse.send_task_failure passes only the error to the
+  backend, so an execution failed by callback (on_training_event reporting TrainingFailed with SageMaker's
+  FailureReason) ends with no Cause, where AWS keeps it. The ASL-executing backend already takes a cause.
+- StartExecution without a name gets a generated one (a UUID, as AWS generates): moto's ASL backend names the
+  execution "None", so every unnamed start after the first is ExecutionAlreadyExists (an EventBridge target, the
+  console and `aws stepfunctions start-execution` start unnamed executions).
+- StopExecution aborts the execution at once, keeping the error and cause it was given (the ExecutionAborted
+  event holds them): DescribeExecution says ABORTED when StopExecution returns, and no Catch runs (the state
+  machine stops where it is, as AWS's "StopExecution" reference says). moto drops the error and cause, and
+  the status changed only once the worker noticed.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
+import uuid
+from typing import Any
+
 from moto.core.responses import ActionResult, EmptyResult
+from moto.stepfunctions.exceptions import ExecutionDoesNotExist
+from moto.stepfunctions.parser.api import ExecutionStatus
+from moto.stepfunctions.parser.asl.eval.environment import Environment
+from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 from moto.stepfunctions.responses import StepFunctionResponse
 
@@ -24,8 +40,51 @@ def send_task_failure(self: StepFunctionResponse) -> ActionResult:
     return EmptyResult()
 
 
+def stop_execution(self: StepFunctionResponse) -> ActionResult:
+    backend = self.stepfunction_backend
+    arn = str(self._get_param("executionArn"))
+    if not isinstance(backend, StepFunctionsParserBackend):
+        return ActionResult({"stopDate": backend.stop_execution(arn).stop_date})
+    backend._validate_execution_arn(arn)
+    machine = backend._get_state_machine_for_execution(arn)
+    execution: Any = next((e for e in machine.executions if getattr(e, "exec_arn", None) == arn), None)
+    if execution is None:
+        raise ExecutionDoesNotExist("Execution Does Not Exist: '" + arn + "'")
+    if execution.exec_status == ExecutionStatus.RUNNING:
+        stopped = datetime.datetime.now(tz=datetime.UTC)
+        execution.stop(stop_date=stopped, error=self._get_param("error"), cause=self._get_param("cause"))
+        execution.exec_status = ExecutionStatus.ABORTED
+        execution.stop_date = stopped
+        # A task waiting for its callback would wait on (moto checks the stop only between states): wake it, so
+        # the worker ends now and writes ExecutionAborted. The program is stopped: no Retry or Catch runs.
+        worker = execution.exec_worker
+        if worker is not None:
+            for endpoint in list(worker.env.callback_pool_manager._pool.values()):
+                endpoint.interrupt_all()
+    return ActionResult({"stopDate": execution.stop_date})
+
+
+def _start_execution(
+    self: StepFunctionsParserBackend, original: Any, state_machine_arn: str, name: Any = None, *args: Any, **kwargs: Any
+) -> Any:
+    return original(self, state_machine_arn, name or str(uuid.uuid4()), *args, **kwargs)
+
+
+def _set_error(self: Environment, original: Any, *args: Any, **kwargs: Any) -> None:
+    # A stopped execution stays stopped: the error of the task the stop interrupted does not make it FAILED.
+    if isinstance(self._program_state, ProgramStopped):
+        return
+    original(self, *args, **kwargs)
+
+
 def install() -> None:
     if getattr(StepFunctionResponse, _PATCHED, False):
         return
+    Environment.set_error = functools.partialmethod(_set_error, Environment.set_error)  # type: ignore[method-assign,assignment]
     StepFunctionResponse.send_task_failure = send_task_failure  # type: ignore[method-assign]
+    StepFunctionResponse.stop_execution = stop_execution  # type: ignore[method-assign]
+    original = StepFunctionsParserBackend.start_execution
+    StepFunctionsParserBackend.start_execution = functools.partialmethod(  # type: ignore[method-assign,assignment]
+        _start_execution, original
+    )
     setattr(StepFunctionResponse, _PATCHED, True)

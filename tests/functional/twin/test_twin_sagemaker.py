@@ -18,6 +18,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from infra_support import any_role
 
 from lustrain.twin import faults, simulator
 from lustrain.twin.patches import service_quotas
@@ -217,6 +218,19 @@ def world() -> Any:
         ]
         ec2.authorize_security_group_ingress(
             GroupId=group, IpPermissions=[{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group}]}]
+        )
+        # the instances reach S3 through a gateway endpoint on the subnet's (the VPC's main) route table
+        main_table = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"][
+            0
+        ]
+        ec2.create_vpc_endpoint(
+            VpcId=vpc,
+            ServiceName=f"com.amazonaws.{REGION}.s3",
+            VpcEndpointType="Gateway",
+            RouteTableIds=[main_table["RouteTableId"]],
+        )
+        any_role(
+            boto3.client("iam", region_name=REGION), "lustrain-test-sagemaker", "sagemaker.amazonaws.com"
         )
 
         sqs = boto3.client("sqs", region_name=REGION)
@@ -674,10 +688,12 @@ def test_max_wait_without_spot_is_refused(twin: Twin) -> None:
     )
 
 
-def test_stopping_an_unknown_job_is_a_validation_error(twin: Twin) -> None:
-    code, message = error_of(twin.sm.stop_training_job, TrainingJobName="never-created")
-    assert code == "ValidationException"
-    assert "never-created" in message
+@pytest.mark.parametrize("operation", ["stop_training_job", "describe_training_job"])
+def test_a_job_that_does_not_exist_is_awss_validation_error_not_found(twin: Twin, operation: str) -> None:
+    assert error_of(getattr(twin.sm, operation), TrainingJobName="never-created") == (
+        "ValidationException",
+        "Requested resource not found.",
+    )
 
 
 # --- torchrun ---------------------------------------------------------------------------------------------------

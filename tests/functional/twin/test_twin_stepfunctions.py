@@ -48,3 +48,60 @@ def test_send_task_failure_keeps_error_and_cause() -> None:
     assert execution["status"] == "FAILED"
     assert execution["error"] == "TrainingFailed"
     assert execution["cause"] == "AlgorithmError: loss is NaN"
+
+
+def waiting_machine(name: str) -> str:
+    """A task that waits for its callback, with a Catch that would run a clean-up on any error."""
+    function_arn = make_function(f"{name}-fn", "twinfakes.handlers.record")
+    return make_state_machine(
+        name,
+        {
+            "StartAt": "Wait",
+            "States": {
+                "Wait": {
+                    "Type": "Task",
+                    "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                    "Parameters": {"FunctionName": function_arn, "Payload": {"task_token.$": "$$.Task.Token"}},
+                    "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "CleanUp"}],
+                    "End": True,
+                },
+                "CleanUp": {"Type": "Pass", "End": True},
+            },
+        },
+    )
+
+
+def test_executions_started_without_a_name_each_get_their_own() -> None:
+    machine = waiting_machine("unnamed")
+    sfn = client("stepfunctions")
+    arns = [sfn.start_execution(stateMachineArn=machine, input=json.dumps({"n": n}))["executionArn"] for n in range(3)]
+    names = [arn.rsplit(":", 1)[1] for arn in arns]
+    assert len(set(names)) == 3 and "None" not in names
+    assert all(len(name) == 36 for name in names)  # a UUID, as AWS generates
+    for arn in arns:
+        sfn.stop_execution(executionArn=arn)
+
+
+def test_stop_execution_aborts_at_once_and_runs_no_catch() -> None:
+    machine = waiting_machine("stopped")
+    sfn = client("stepfunctions")
+    arn = sfn.start_execution(stateMachineArn=machine, name="stop-me", input="{}")["executionArn"]
+    deadline = time.monotonic() + 20
+    while not handlers.received and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    sfn.stop_execution(executionArn=arn, error="Cancelled", cause="lustrain cancel")
+
+    described = sfn.describe_execution(executionArn=arn)
+    assert described["status"] == "ABORTED" and "stopDate" in described
+    deadline = time.monotonic() + 10
+    while True:  # the history's last event is written as the execution's worker stops
+        events = sfn.get_execution_history(executionArn=arn)["events"]
+        aborted = [e for e in events if e["type"] == "ExecutionAborted"]
+        if aborted or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert aborted, [(e["type"], e.get("stateEnteredEventDetails", {}).get("name")) for e in events]
+    assert aborted[0]["executionAbortedEventDetails"] == {"error": "Cancelled", "cause": "lustrain cancel"}
+    entered = [e["stateEnteredEventDetails"]["name"] for e in events if e["type"].endswith("StateEntered")]
+    assert "CleanUp" not in entered

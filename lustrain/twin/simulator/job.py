@@ -1,0 +1,253 @@
+"""A training job's state as SageMaker keeps it: statuses, transitions, what DescribeTrainingJob and the events say.
+
+`SimulatedJob` is shared by the job's thread (lifecycle.py, which moves it) and the patched API (which reads it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+EVENT_SOURCE = "aws.sagemaker"
+EVENT_DETAIL_TYPE = "SageMaker Training Job State Change"
+TERMINAL = frozenset({"Completed", "Failed", "Stopped"})
+#: DescribeTrainingJob's FailureReason is at most 1024 characters.
+FAILURE_REASON_MAX = 1024
+#: The session name of the execution role's credentials SageMaker uses for a job's own calls.
+ROLE_SESSION = "SageMaker"
+
+#: SageMaker's StatusMessage for each secondary status (as seen in DescribeTrainingJob).
+_STATUS_MESSAGES = {
+    "Starting": "Launching requested ML instances",
+    "Downloading": "Downloading input data",
+    "Training": "Training image download completed. Training in progress.",
+    "Uploading": "Uploading generated training model",
+    "Completed": "Training job completed",
+    "Failed": "Training job failed",
+    "Stopping": "Stopping the training job",
+    "Stopped": "Training job stopped",
+    "MaxRuntimeExceeded": "Training job stopped: it exceeded the maximum allowed runtime (MaxRuntimeInSeconds)",
+}
+
+
+class JobFailure(Exception):
+    """The job cannot go on; `reason` is the FailureReason SageMaker would give."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def epoch_ms(moment: datetime) -> str:
+    """Times in SageMaker's EventBridge events are epoch milliseconds, as strings."""
+    return str(int(moment.timestamp() * 1000))
+
+
+@functools.cache
+def describe_members() -> frozenset[str]:
+    """What DescribeTrainingJob returns, per the botocore model: the stored request is echoed through this."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return frozenset(model.operation_model("DescribeTrainingJob").output_shape.members)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One simulated job as tests and the CLI see it."""
+
+    name: str
+    arn: str
+    status: str
+    secondary_status: str
+    failure_reason: str | None
+    model_artifacts: str | None
+    metrics: dict[str, float]
+    events: tuple[tuple[str, str], ...]
+    log_path: Path | None
+    workdir: Path | None
+    done: bool
+
+
+class SimulatedJob:
+    """A training job's state, shared by the job's thread (which moves it) and the patched API (which reads it)."""
+
+    def __init__(self, *, request: dict[str, Any], arn: str, account: str, region: str) -> None:
+        self.request = json.loads(json.dumps(request, default=str))
+        self.name: str = request["TrainingJobName"]
+        self.arn = arn
+        self.account = account
+        self.region = region
+        self.creation_time = now()
+        self.last_modified_time = self.creation_time
+        self.status = "InProgress"
+        self.secondary_status = "Starting"
+        self.transitions: list[dict[str, Any]] = [self._transition_record("Starting", self.creation_time)]
+        self.failure_reason: str | None = None
+        self.training_start_time: datetime | None = None
+        self.training_end_time: datetime | None = None
+        self.model_artifacts: str | None = None
+        self.metrics: dict[str, tuple[float, datetime]] = {}
+        self.fault: str | None = None
+        #: How many times each event is emitted (the `repeat-events` fault: SageMaker may send one more than once;
+        #: the `silent` fault: none gets through).
+        self.event_copies = 1
+        self.stop_reason: str | None = None
+        self.workdir: Path | None = None
+        self.log_path: Path | None = None
+        self.events: list[tuple[str, str]] = []
+        #: The in-process Lambda invocation (its thread) that called CreateTrainingJob, if any.
+        self.created_by: threading.Thread | None = None
+        #: The execution role's credentials, handed out when CreateTrainingJob found that SageMaker may assume
+        #: the role: the job's own calls (code, checkpoints, model, logs, metrics) are made, and authorized, as it.
+        self.credentials: dict[str, str] = {}
+        #: The CloudWatch Logs stream of this host, once the job has started writing it.
+        self.log_stream: str | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._metric_patterns = [
+            (d["Name"], re.compile(d["Regex"]))
+            for d in self.request.get("AlgorithmSpecification", {}).get("MetricDefinitions", [])
+        ]
+
+    # --- reading --------------------------------------------------------------------------------------------
+
+    @property
+    def instance_count(self) -> int:
+        return int(self.request.get("ResourceConfig", {}).get("InstanceCount", 1))
+
+    @property
+    def instance_type(self) -> str:
+        return str(self.request.get("ResourceConfig", {}).get("InstanceType", ""))
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def describe(self) -> dict[str, Any]:
+        """DescribeTrainingJob's answer: the request as stored, and where the job has got to."""
+        with self._lock:
+            out: dict[str, Any] = {
+                k: json.loads(json.dumps(v)) for k, v in self.request.items() if k in describe_members()
+            }
+            out.update(
+                TrainingJobName=self.name,
+                TrainingJobArn=self.arn,
+                TrainingJobStatus=self.status,
+                SecondaryStatus=self.secondary_status,
+                CreationTime=self.creation_time,
+                LastModifiedTime=self.last_modified_time,
+                SecondaryStatusTransitions=[dict(t) for t in self.transitions],
+            )
+            if self.training_start_time is not None:
+                out["TrainingStartTime"] = self.training_start_time
+            if self.training_end_time is not None:
+                out["TrainingEndTime"] = self.training_end_time
+                if self.training_start_time is not None:
+                    seconds = max(
+                        1, round((self.training_end_time - self.training_start_time).total_seconds())
+                    )
+                    out["TrainingTimeInSeconds"] = seconds
+                    out["BillableTimeInSeconds"] = seconds
+            if self.status == "Failed" and self.failure_reason:
+                out["FailureReason"] = self.failure_reason
+            if self.metrics:
+                out["FinalMetricDataList"] = [
+                    {"MetricName": name, "Value": value, "Timestamp": at}
+                    for name, (value, at) in self.metrics.items()
+                ]
+            if self.model_artifacts:
+                out["ModelArtifacts"] = {"S3ModelArtifacts": self.model_artifacts}
+            return out
+
+    def event_detail(self) -> dict[str, Any]:
+        """The `detail` of the EventBridge event: the description, times as epoch-ms strings, Tags as a map."""
+        detail: dict[str, Any] = _times_as_epoch_ms(self.describe())
+        detail["Tags"] = {t["Key"]: t["Value"] for t in self.request.get("Tags") or []}
+        return detail
+
+    def view(self) -> JobView:
+        with self._lock:
+            return JobView(
+                name=self.name,
+                arn=self.arn,
+                status=self.status,
+                secondary_status=self.secondary_status,
+                failure_reason=self.failure_reason,
+                model_artifacts=self.model_artifacts,
+                metrics={k: v for k, (v, _) in self.metrics.items()},
+                events=tuple(self.events),
+                log_path=self.log_path,
+                workdir=self.workdir,
+                done=self.done,
+            )
+
+    # --- moving -----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _transition_record(status: str, at: datetime) -> dict[str, Any]:
+        return {"Status": status, "StartTime": at, "StatusMessage": _STATUS_MESSAGES.get(status, status)}
+
+    def _move(self, status: str, secondary: str, failure_reason: str | None = None) -> None:
+        with self._lock:
+            at = now()
+            if self.transitions and "EndTime" not in self.transitions[-1]:
+                self.transitions[-1]["EndTime"] = at
+            self.transitions.append(self._transition_record(secondary, at))
+            self.status, self.secondary_status = status, secondary
+            self.last_modified_time = at
+            if failure_reason is not None:
+                self.failure_reason = failure_reason[:FAILURE_REASON_MAX]
+            if status in TERMINAL:
+                self.training_end_time = at
+                self.transitions[-1]["EndTime"] = at
+
+    def record_metrics(self, line: str) -> None:
+        for name, pattern in self._metric_patterns:
+            match = pattern.search(line)
+            if not match:
+                continue
+            try:
+                value = float(match.group(1) if match.groups() else match.group(0))
+            except (ValueError, IndexError):
+                continue
+            with self._lock:
+                self.metrics[name] = (value, now())
+
+    def request_stop(self) -> bool:
+        """StopTrainingJob: InProgress -> Stopping at once; the job's thread then stops the trainer."""
+        with self._lock:
+            if self.status != "InProgress":
+                return False
+            self.stop_reason = "Stopped"
+            self._move("Stopping", "Stopping")
+        self._stop.set()
+        return True
+
+
+def _times_as_epoch_ms(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return epoch_ms(value)
+    if isinstance(value, dict):
+        return {k: _times_as_epoch_ms(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_times_as_epoch_ms(v) for v in value]
+    return value
+
+
+def max_runtime_s(job: SimulatedJob) -> float:
+    """The job's StoppingCondition.MaxRuntimeInSeconds (SageMaker's default: a day)."""
+    return float((job.request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", 86400))

@@ -1,0 +1,556 @@
+"""A training job's life, in a thread of its own, as SageMaker lives it.
+
+    InProgress/Starting -> Downloading (code, the Lustre "mount", S3 channels, checkpoints) -> Training (the
+    entry point) -> Uploading (model.tar.gz, output.tar.gz, checkpoints) -> Completed | Failed | Stopped
+
+Each phase moves the job on or raises JobFailure with the FailureReason SageMaker would give. What the job needs
+from the rest of the twin is handed in (`Collaborators`): the EventBridge to emit on, FSx's descriptions and
+links, this machine's environment, and the IAM that authorizes the job's own calls as its execution role.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain.twin import faults
+from lustrain.twin.simulator import container, events, mounts, network
+from lustrain.twin.simulator.container import Layout
+from lustrain.twin.simulator.job import JobFailure, JobView, SimulatedJob, max_runtime_s, now
+from lustrain.twin.simulator.storage import (
+    InvalidUri,
+    JobStorage,
+    MissingBucket,
+    as_dir_prefix,
+    denied_text,
+    split_s3_uri,
+    tar_gz,
+    write_below,
+)
+
+log = logging.getLogger("lustrain.twin.sagemaker")
+
+CAPACITY_ERROR = (
+    "CapacityError: Unable to provision requested ML compute capacity. "
+    "Please retry using a different ML instance type."
+)
+#: The step of the state machine whose faults (lustrain.twin.faults) this simulator fires.
+FAULT_STEP = "start_training"
+#: The longest a job waits for the Lambda invocation that created it to return (Lambda's maximum timeout).
+CREATOR_WAIT_S = 900.0
+#: How many times the `repeat-events` fault delivers each event.
+REPEATED_EVENT_COPIES = 3
+
+#: authorize(job, service, operation, params, gates): raise the service's ClientError when the job's execution
+#: role may not make the call; `gates` are the policies on the path (the VPC endpoint's).
+JobAuthorize = Callable[[SimulatedJob, str, str, dict[str, Any], list[dict[str, Any]]], None]
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """What the simulator uses of the rest of the twin (patches/sagemaker.py wires them)."""
+
+    emit: events.Emit
+    describe_file_system: mounts.DescribeFileSystem
+    linked_paths: mounts.LinkedPaths
+    #: this machine's environment, the base of the trainer's
+    environment: Callable[[], dict[str, str]]
+    authorize: JobAuthorize
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the simulator runs jobs. `configure()` changes them; the environment gives the starting values."""
+
+    #: Seconds between CreateTrainingJob (or the return of the Lambda invocation that called it) and the job's
+    #: first event. The first event must come after the start_training Lambda has returned: a SendTaskSuccess
+    #: from inside the invocation that received the task token is lost on moto 5.2.5 (DESIGN), and a fast
+    #: failure would send one. Under mock_aws the job waits for that invocation's thread to end, then this
+    #: long, for the state machine to take the invocation's answer; in server mode the request arrives on a
+    #: server thread and this delay is all there is.
+    start_delay_s: float = 1.0
+    #: Seconds a stopped trainer gets between SIGTERM and SIGKILL (SageMaker gives 120).
+    stop_grace_s: float = 120.0
+    #: At most this many worker processes per job, whatever the InstanceCount.
+    max_processes: int = 2
+    #: Where job work directories go (default: the system temp directory).
+    work_root: Path | None = None
+    #: What the `stopped` fault leaves of MaxRuntimeInSeconds: the job is stopped this long after training starts.
+    stopped_fault_runtime_s: float = 1.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        defaults = cls()
+        root = env.get("LUSTRAIN_TWIN_WORK_ROOT")
+        return cls(
+            start_delay_s=float(env.get("LUSTRAIN_TWIN_SM_START_DELAY", defaults.start_delay_s)),
+            stop_grace_s=float(env.get("LUSTRAIN_TWIN_SM_STOP_GRACE", defaults.stop_grace_s)),
+            max_processes=max(1, int(env.get("LUSTRAIN_TWIN_SM_MAX_PROCESSES", defaults.max_processes))),
+            work_root=Path(root) if root else None,
+        )
+
+
+LogListener = Callable[[str, str], None]
+
+
+class Simulator:
+    """Every simulated job of this process, and the threads that run them."""
+
+    def __init__(self, settings: Settings | None = None, collaborators: Collaborators | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.collaborators = collaborators
+        self._jobs: dict[str, SimulatedJob] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._listeners: list[LogListener] = []
+        self._lock = threading.Lock()
+
+    def launch(self, job: SimulatedJob) -> None:
+        """Take a job just created; its life starts in a thread after `start_delay_s`, never in the caller's."""
+        if self.collaborators is None:
+            raise RuntimeError(
+                "the SageMaker simulator is not connected to the twin: call lustrain.twin.patches.install()"
+            )
+        for fault in faults.TRAINING_JOB_FAULTS:
+            if faults.consume(FAULT_STEP, fault):
+                job.fault = fault
+                break
+        if faults.consume(FAULT_STEP, "repeat-events"):
+            job.event_copies = REPEATED_EVENT_COPIES
+        if job.fault == "silent":
+            job.event_copies = 0
+        thread = threading.Thread(
+            target=_JobRun(job, self, self.collaborators).run, name=f"sagemaker-job-{job.name}", daemon=True
+        )
+        with self._lock:
+            self._jobs[job.arn] = job
+            self._threads[job.arn] = thread
+        thread.start()
+
+    def subscribe(self, listener: LogListener) -> Callable[[], None]:
+        """Call `listener(job_name, line)` for each line a trainer prints; returns the unsubscribe function."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def publish_line(self, job: SimulatedJob, line: str) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(job.name, line)
+            except Exception:
+                log.exception("log listener failed on a line of %s", job.name)
+
+    def jobs(self) -> list[JobView]:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        return [j.view() for j in jobs]
+
+    def wait_all(self, timeout: float | None = None) -> list[JobView]:
+        """Wait until every job launched so far has finished; TimeoutError names those still running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads.items())
+        for _arn, thread in threads:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(remaining)
+        running = [j for j in self.jobs() if not j.done]
+        if running:
+            names = ", ".join(f"{j.name} ({j.status}/{j.secondary_status})" for j in running)
+            raise TimeoutError(f"simulated training jobs still running after {timeout} s: {names}")
+        return self.jobs()
+
+    def reset(self, timeout: float = 30.0) -> None:
+        """Stop every running job at once (no grace) and forget them all: a fresh twin, as after moto's reset."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.request_stop()
+            kill(job._process)
+        with contextlib.suppress(TimeoutError):
+            self.wait_all(timeout)
+        with self._lock:
+            self._jobs.clear()
+            self._threads.clear()
+
+
+class _JobRun:
+    """One job's thread: each phase moves the job on, or raises JobFailure with SageMaker's FailureReason."""
+
+    def __init__(self, job: SimulatedJob, simulator: Simulator, collaborators: Collaborators) -> None:
+        self.job = job
+        self.sim = simulator
+        self.settings = simulator.settings
+        self.parts = collaborators
+        self.network = network.NetworkView.of(job.account, job.region)
+        self.gates: list[dict[str, Any]] = []
+        #: S3 as the job's role sees it, through its network's endpoint
+        self.storage = JobStorage(job.account, self._authorize)
+        #: S3 as FSx sees it (its service-linked role reads and exports the linked prefixes)
+        self.fsx_storage = JobStorage(job.account, lambda service, operation, params: None)
+        self.mounts: list[mounts.Mount] = []
+        self.logs = events.LogStream(job, self._authorize)
+
+    def _authorize(self, service: str, operation: str, params: dict[str, Any]) -> None:
+        self.parts.authorize(self.job, service, operation, params, self.gates if service == "s3" else [])
+
+    def _reach_s3(self, phase: str) -> None:
+        path = self.network.s3_path(self.job.request.get("VpcConfig"))
+        if path.problem is not None:
+            log.info("training job %s cannot reach S3: %s", self.job.name, path.problem)
+            raise JobFailure(network.unreachable_s3(phase))
+        self.gates = [path.endpoint_policy] if path.endpoint_policy is not None else []
+
+    def run(self) -> None:
+        job = self.job
+        try:
+            if job.created_by is not None and job.created_by is not threading.current_thread():
+                job.created_by.join(CREATOR_WAIT_S)
+            if job._stop.wait(self.settings.start_delay_s):
+                self._finish_stopped(upload=False)
+                return
+            if job.fault == "silent":
+                self._hold_silently()
+                return
+            self._publish()
+            if job.fault == "capacity-error":
+                raise JobFailure(CAPACITY_ERROR)
+            layout = self._prepare()
+            self._advance("Downloading")
+            with job._lock:
+                job.training_start_time = now()
+            self._reach_s3("Data download")
+            code_dir = self._fetch_code(layout)
+            channels = self._fill_channels(layout)
+            self._restore_checkpoints(layout)
+            if job._stop.is_set():
+                self._finish_stopped(upload=False)
+                return
+            self._advance("Training")
+            if job.instance_count > 1 and not self.network.instances_reach_each_other(
+                job.request.get("VpcConfig"), job.instance_type
+            ):
+                raise JobFailure(network.distributed_failure(job.instance_count))
+            rc, stderr_tail, command = self._train(layout, code_dir, channels)
+            self._export()
+            if job.stop_reason:
+                self._finish_stopped(upload=True, layout=layout)
+            elif rc != 0:
+                self._upload_after_failure(layout)
+                raise JobFailure(container.algorithm_error(layout, rc, stderr_tail, command))
+            else:
+                self._advance("Uploading")
+                self._upload(layout, with_model=True)
+                self._finish("Completed", "Completed")
+        except JobFailure as failure:
+            self._finish("Failed", "Failed", failure.reason)
+        except InvalidUri as bad:
+            self._finish("Failed", "Failed", f"ClientError: {bad}")
+        except Exception as error:
+            log.exception("simulated training job %s broke", job.name)
+            self._finish("Failed", "Failed", f"InternalServerError: the twin's simulator failed: {error!r}")
+        finally:
+            self.logs.flush()
+            job._done.set()
+
+    # --- status and events ----------------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        events.publish(self.job, self.parts.emit)
+
+    def _publish_stopping(self) -> None:
+        """The Stopping event, once: StopTrainingJob moves the status, the job's thread announces it."""
+        if ("Stopping", "Stopping") not in self.job.events:
+            self._publish()
+
+    def _advance(self, secondary: str) -> None:
+        """Move to an InProgress secondary status, unless a stop has taken over the job's status."""
+        with self.job._lock:
+            if self.job.status != "InProgress":
+                return
+            self.job._move("InProgress", secondary)
+        self._publish()
+
+    def _finish(self, status: str, secondary: str, failure_reason: str | None = None) -> None:
+        self.job._move(status, secondary, failure_reason)
+        self._publish()
+
+    def _hold_silently(self) -> None:
+        """The `silent` fault: no event ever leaves the job, which holds its instances until it is stopped (or
+        reaches MaxRuntimeInSeconds), as a job whose events are lost looks to whoever waits for them."""
+        job = self.job
+        if not job._stop.wait(max_runtime_s(job)):
+            with job._lock:
+                job.stop_reason = "MaxRuntimeExceeded"
+                job._move("Stopping", "Stopping")
+        self._finish_stopped(upload=False)
+
+    def _finish_stopped(self, *, upload: bool, layout: Layout | None = None) -> None:
+        self._publish_stopping()
+        if upload and layout is not None:
+            self._upload(layout, with_model=True)
+        secondary = "MaxRuntimeExceeded" if self.job.stop_reason == "MaxRuntimeExceeded" else "Stopped"
+        self._finish("Stopped", secondary)
+
+    # --- the instance -----------------------------------------------------------------------------------------
+
+    def _prepare(self) -> Layout:
+        root = self.settings.work_root or Path(tempfile.gettempdir()) / "lustrain-twin-sagemaker"
+        workdir = root / f"{self.job.name}-{uuid.uuid4().hex[:8]}"
+        layout = Layout(workdir)
+        layout.create()
+        with self.job._lock:
+            self.job.workdir = workdir
+            self.job.log_path = layout.log
+        return layout
+
+    def _fetch_code(self, layout: Layout) -> Path:
+        hps = container.decoded_hyperparameters(self.job.request.get("HyperParameters") or {})
+        program = hps.get("sagemaker_program")
+        submit = hps.get("sagemaker_submit_directory")
+        if not program or not submit:
+            raise JobFailure(
+                "AlgorithmError: the twin runs script-mode jobs only: HyperParameters sagemaker_program and "
+                "sagemaker_submit_directory (s3://.../sourcedir.tar.gz) are required"
+            )
+        bucket, key = split_s3_uri(str(submit))
+        data = self._download(lambda: self.storage.get(bucket, key))
+        if data is None:
+            raise JobFailure(
+                f"ClientError: Data download failed: the source directory {submit} does not exist "
+                "(HyperParameters.sagemaker_submit_directory)"
+            )
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+            archive.extractall(layout.code, filter="data")
+        return layout.code
+
+    @staticmethod
+    def _download(read: Callable[[], Any]) -> Any:
+        try:
+            return read()
+        except ClientError as refused:
+            raise JobFailure(
+                f"ClientError: Data download failed:Failed to download data. {denied_text(refused)}"
+            ) from None
+
+    def _fill_channels(self, layout: Layout) -> dict[str, Path]:
+        channels: dict[str, Path] = {}
+        for channel in self.job.request.get("InputDataConfig") or []:
+            name = channel["ChannelName"]
+            target = layout.channel(name)
+            source = channel.get("DataSource", {})
+            if "FileSystemDataSource" in source:
+                mount = mounts.mount_lustre(
+                    source["FileSystemDataSource"],
+                    target,
+                    account=self.job.account,
+                    region=self.job.region,
+                    describe=self.parts.describe_file_system,
+                    linked_paths=self.parts.linked_paths,
+                    fsx_storage=self.fsx_storage,
+                )
+                self.mounts.append(mount)
+            elif "S3DataSource" in source:
+                self._download(
+                    functools.partial(
+                        mounts.download_s3_channel, self.job, source["S3DataSource"], target, self.storage
+                    )
+                )
+            else:
+                raise JobFailure(
+                    f"ClientError: channel {name!r}: the twin supports FileSystemDataSource and S3DataSource "
+                    f"channels only (got {sorted(source)})"
+                )
+            channels[name] = target
+        return channels
+
+    def _export(self) -> None:
+        """What the job wrote in its read-write Lustre channels reaches their linked S3 prefixes (AutoExport)."""
+        for mount in self.mounts:
+            mounts.export_changes(mount, self.fsx_storage)
+
+    def _checkpoint_s3(self) -> str | None:
+        config = self.job.request.get("CheckpointConfig") or {}
+        uri = config.get("S3Uri")
+        return str(uri) if uri else None
+
+    def _restore_checkpoints(self, layout: Layout) -> None:
+        uri = self._checkpoint_s3()
+        if uri is None:
+            return
+        bucket, prefix = split_s3_uri(uri)
+        try:
+            found = self._download(lambda: self.storage.list(bucket, as_dir_prefix(prefix)))
+        except MissingBucket:
+            found = []
+        for key, data in found:
+            write_below(layout.checkpoints, key[len(as_dir_prefix(prefix)) :], data)
+
+    def _train(
+        self, layout: Layout, code_dir: Path, channels: dict[str, Path]
+    ) -> tuple[int, list[str], list[str]]:
+        job = self.job
+        hps = container.decoded_hyperparameters(job.request.get("HyperParameters") or {})
+        env = container.training_env(job, layout, channels, hps, self.parts.environment())
+        command = container.command(job, code_dir, hps, self.settings.max_processes)
+        container.write_configs(job, layout, hps)
+        launched = command
+        if job.fault == "training-error":
+            launched = [
+                sys.executable,
+                "-c",
+                "import sys; sys.stderr.write('Traceback (most recent call last):\\n'); "
+                "sys.stderr.write('RuntimeError: injected fault training-error "
+                "(lustrain rehearse --inject start_training:training-error)\\n'); sys.exit(1)",
+            ]
+        max_runtime = max_runtime_s(job)
+        if job.fault == "stopped":
+            max_runtime = min(max_runtime, self.settings.stopped_fault_runtime_s)
+        started = job.training_start_time or now()
+        deadline = time.monotonic() + max(0.0, max_runtime - (now() - started).total_seconds())
+
+        stderr_tail: deque[str] = deque(maxlen=20)
+        with layout.log.open("a", encoding="utf-8") as log_file:
+            process = subprocess.Popen(
+                launched,
+                cwd=code_dir,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            with job._lock:
+                job._process = process
+            write_lock = threading.Lock()
+            readers = [
+                threading.Thread(target=self._pump, args=(stream, log_file, write_lock, tail), daemon=True)
+                for stream, tail in ((process.stdout, None), (process.stderr, stderr_tail))
+            ]
+            for reader in readers:
+                reader.start()
+            rc = self._supervise(process, deadline)
+            # The instance goes away with its trainer: a worker the launcher left behind would also hold the
+            # pipes open (what it printed stays readable).
+            kill(process)
+            for reader in readers:
+                reader.join()
+        with job._lock:
+            job._process = None
+        return rc, list(stderr_tail), command
+
+    def _pump(
+        self,
+        stream: io.BufferedReader | None,
+        log_file: io.TextIOWrapper,
+        write_lock: threading.Lock,
+        tail: deque[str] | None,
+    ) -> None:
+        if stream is None:
+            return
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            with write_lock:
+                log_file.write(line + "\n")
+                log_file.flush()
+            self.logs.write(line)
+            if tail is not None and line.strip():
+                tail.append(line)
+            self.job.record_metrics(line)
+            self.sim.publish_line(self.job, line)
+        stream.close()
+
+    def _supervise(self, process: subprocess.Popen[bytes], deadline: float) -> int:
+        """Wait for the trainer; on StopTrainingJob or MaxRuntime, SIGTERM, then SIGKILL after the grace."""
+        job = self.job
+        terminated_at: float | None = None
+        while True:
+            try:
+                return process.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            if terminated_at is None:
+                if time.monotonic() >= deadline:
+                    with job._lock:
+                        if job.status == "InProgress":
+                            job.stop_reason = "MaxRuntimeExceeded"
+                            job._move("Stopping", "Stopping")
+                if job.stop_reason:
+                    self._publish_stopping()
+                    with contextlib.suppress(ProcessLookupError):
+                        process.send_signal(signal.SIGTERM)
+                    terminated_at = time.monotonic()
+            elif time.monotonic() - terminated_at >= self.settings.stop_grace_s:
+                kill(process)
+
+    # --- results ----------------------------------------------------------------------------------------------
+
+    def _output_prefix(self) -> tuple[str, str]:
+        output = (self.job.request.get("OutputDataConfig") or {}).get("S3OutputPath", "")
+        bucket, prefix = split_s3_uri(str(output))
+        return bucket, f"{as_dir_prefix(prefix)}{self.job.name}/output/"
+
+    def _upload(self, layout: Layout, *, with_model: bool) -> None:
+        self._reach_s3("Artifact upload")
+        bucket, prefix = self._output_prefix()
+        try:
+            if with_model:
+                key = f"{prefix}model.tar.gz"
+                self.storage.put(bucket, key, tar_gz(layout.model))
+                with self.job._lock:
+                    self.job.model_artifacts = f"s3://{bucket}/{key}"
+            self.storage.put(bucket, f"{prefix}output.tar.gz", tar_gz(layout.output_data))
+            self._save_checkpoints(layout)
+        except MissingBucket as missing:
+            raise JobFailure(
+                f"ClientError: Artifact upload failed: bucket {missing.bucket} does not exist "
+                "(OutputDataConfig.S3OutputPath / CheckpointConfig.S3Uri)"
+            ) from None
+        except ClientError as refused:
+            raise JobFailure(
+                f"ClientError: Artifact upload failed:Failed to upload data. {denied_text(refused)}"
+            ) from None
+
+    def _upload_after_failure(self, layout: Layout) -> None:
+        with contextlib.suppress(JobFailure):
+            self._upload(layout, with_model=False)
+
+    def _save_checkpoints(self, layout: Layout) -> None:
+        uri = self._checkpoint_s3()
+        if uri is None:
+            return
+        bucket, prefix = split_s3_uri(uri)
+        for path in sorted(p for p in layout.checkpoints.rglob("*") if p.is_file()):
+            key = as_dir_prefix(prefix) + path.relative_to(layout.checkpoints).as_posix()
+            self.storage.put(bucket, key, path.read_bytes())
+
+
+def kill(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL the trainer's whole process group (it was started in a session of its own)."""
+    if process is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
