@@ -90,12 +90,22 @@ NOT_FOUND_CODES = frozenset(
     }
 )
 CONDITION_FAILED = "ConditionalCheckFailedException"
+#: The codes a refused authorization comes back with (S3, EC2, SNS, the JSON services).
+ACCESS_DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError"})
 QUOTA_REFUSED = "ResourceLimitExceeded"
 
 
 def error_code(exc: ClientError) -> str:
     """The error's code, as the service sent it."""
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def explained(exc: ClientError) -> str:
+    """The code, and for a refusal AWS's message (which names the action and the resource): for an error a person
+    reads."""
+    code = error_code(exc)
+    message = str(exc.response.get("Error", {}).get("Message", ""))
+    return f"{code}: {message}" if code in ACCESS_DENIED_CODES and message else code
 
 
 def not_found(exc: ClientError) -> bool:

@@ -80,8 +80,9 @@ class Rehearsal:
 
 
 @contextlib.contextmanager
-def twin(parameters: dict[str, str] | None = None) -> Iterator[Any]:
-    """moto with the twin's patches, executing state machines for real, and the stack materialised."""
+def twin(parameters: dict[str, str] | None = None, template: dict[str, Any] | None = None) -> Iterator[Any]:
+    """moto with the twin's patches, executing state machines for real, and the stack materialised (from
+    `template`, a changed copy of template.yaml, when given)."""
     from moto import mock_aws
 
     from lustrain.twin import faults, patches, simulator
@@ -110,6 +111,7 @@ def twin(parameters: dict[str, str] | None = None) -> Iterator[Any]:
                 stack_name=STACK_NAME,
                 region=REGION,
                 parameters={**FAST_PARAMETERS, **(parameters or {})},
+                template=template,
             )
             yield stack
             simulator.wait_all(timeout=60)
@@ -136,11 +138,13 @@ def rehearse(
     parameters: dict[str, str] | None = None,
     fsx_timing: dict[str, Any] | None = None,
     inspect: Callable[[Any, Rehearsal], None] | None = None,
+    template: dict[str, Any] | None = None,
 ) -> Rehearsal:
     """Rehearse one run; raises SpecInvalid before anything starts if the spec or its plan is invalid.
 
     `fsx_timing` is passed to the twin's `fsx.configure` (default: AVAILABLE at the first poll).
     `inspect(stack, result)` runs before the twin goes away, for benchmarks that read more of it.
+    `template` replaces template.yaml's content (a test's changed copy, see stack.copy_template).
     """
     from lustrain.twin import faults, simulator
     from lustrain.twin.patches import fsx, service_quotas
@@ -150,7 +154,7 @@ def rehearse(
     the_plan = plan(spec)
     parsed = [faults.parse(f) for f in inject or []]
     started = time.monotonic()
-    with twin(parameters) as stack:
+    with twin(parameters, template) as stack:
         service_quotas.set_quota(
             spec.compute.instance_type,
             quota if quota is not None else max(DEFAULT_QUOTA, spec.compute.instance_count),

@@ -23,7 +23,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lustrain_core.aws_errors import error_code
+from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
 from lustrain_core.steps import Job
@@ -72,7 +72,7 @@ def read_source(s3: Any, source: str) -> list[tuple[str, bytes]]:
     except ClientError as exc:
         code = error_code(exc)
         if code in {"NoSuchBucket", "AccessDenied"}:
-            raise SpecInvalid.one("code.source", source, f"cannot be listed by the stack ({code})") from None
+            raise SpecInvalid.one("code.source", source, f"cannot be listed by the stack ({explained(exc)})") from None
         raise
     keys = [(key, size) for key, size in keys if not key.endswith("/")]
     if not keys:

@@ -32,7 +32,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lustrain_core import planner
-from lustrain_core.aws_errors import error_code
+from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
 from lustrain_core.spec import MAX_SPEC_BYTES, S3_URI_PATTERN, JobSpec, parse_document, validate_spec
@@ -169,7 +169,7 @@ def read_spec_document(s3: Any, source: SpecSource) -> dict[str, Any]:
         code = error_code(exc)
         if code in {"NoSuchKey", "NoSuchBucket", "NoSuchVersion", "AccessDenied", "403", "404"}:
             field = "spec_s3_uri" if source.kind == "s3-uri" else ""
-            raise SpecInvalid.one(field, where, f"the spec cannot be read ({code})") from None
+            raise SpecInvalid.one(field, where, f"the spec cannot be read ({explained(exc)})") from None
         raise
     body = obj["Body"].read(MAX_SPEC_BYTES + 1)
     return parse_document(body, source=where)
@@ -217,7 +217,7 @@ def measure_data(s3: Any, s3_uri: str) -> tuple[float, dict[str, int]]:
             raise SpecInvalid.one(
                 "data.s3_uri",
                 s3_uri,
-                f"cannot be listed by the stack ({code}); check the bucket and its policy",
+                f"cannot be listed by the stack ({explained(exc)}); check the bucket and its policy",
             ) from None
         raise
     if objects == 0:

@@ -75,6 +75,8 @@ class Record:
     allowed: bool
     reason: str
     statements: tuple[StatementRef, ...]
+    #: the request as IAM evaluated it (principal, action, resource, context): what a replay evaluates again
+    request: Request | None = None
 
 
 class _Log:
@@ -243,6 +245,7 @@ def decide(
             allowed=decision.allowed,
             reason=decision.reason,
             statements=decision.statements,
+            request=request,
         )
     )
     return request, decision

@@ -1,0 +1,85 @@
+"""Least privilege, proven on the twin: each statement a run needs is needed, and each missing grant fails a run
+with AccessDenied naming the action.
+
+One rehearsal records every authorization the twin's IAM decided. For each role, every statement that was the
+only grant of some request is removed in turn, and that request is evaluated again: it must be refused, with the
+service's AccessDenied message naming the action. Two runs then go for real on a template.yaml with a grant
+removed (the two grants the first wave lacked), and fail naming the action.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lustrain.twin.iam import enforce, usage
+from lustrain.twin.rehearse import TEMPLATE, rehearse
+from lustrain.twin.stack import copy_template
+
+pytestmark = pytest.mark.slow
+
+QUICK = Path(__file__).with_name("quick.yaml")
+#: Run by its schedule, not by a run: the sweeper's grants are proven by tests/e2e/test_sweeper.py's runs.
+NOT_IN_A_RUN = {"SweepFunctionRole"}
+
+
+@pytest.fixture(scope="module")
+def uses() -> dict[str, usage.RoleUse]:
+    found: dict[str, usage.RoleUse] = {}
+    functions: list[str] = []
+
+    def inspect(stack: Any, _result: Any) -> None:
+        found.update(usage.collect(stack))
+        functions.extend(f.logical_id + "Role" for f in stack.of_type("AWS::Lambda::Function"))
+
+    enforce.clear_log()
+    run = rehearse(QUICK, inspect=inspect)
+    assert run.status == "SUCCEEDED", (run.error, run.cause)
+    missing = set(functions) - NOT_IN_A_RUN - {lid for lid, use in found.items() if use.records}
+    assert not missing, f"functions whose role made no call in a whole run: {sorted(missing)}"
+    return found
+
+
+def test_each_statement_a_run_needs_removed_refuses_its_request_naming_the_action(uses):
+    checked = 0
+    for logical_id, use in sorted(uses.items()):
+        if not use.records:
+            continue
+        needed = usage.needed(use)
+        assert needed, f"{logical_id}: its calls were allowed, but by no single statement of its own"
+        for ref, records in needed.items():
+            record = records[0]
+            decision = usage.replay(record, usage.without(use.policies, ref))
+            assert not decision.allowed, f"{logical_id} {ref}: {record.action} still allowed without it"
+            message = usage.denial(record, decision)
+            code = enforce.DENIED.get(record.service, enforce.DEFAULT_DENIED)[0]
+            assert f"({code})" in message, message
+            assert f"not authorized to perform: {record.action}" in message, message
+            checked += 1
+    assert checked >= 30
+
+
+def without_action(template: dict[str, Any], function: str, sid: str, action: str) -> dict[str, Any]:
+    for statement in template["Resources"][function]["Properties"]["Policies"]:
+        for entry in statement.get("Statement", []) if isinstance(statement, dict) else []:
+            if entry.get("Sid") == sid:
+                entry["Action"] = [a for a in entry["Action"] if a != action]
+                return template
+    raise AssertionError(f"{function} has no statement {sid}")
+
+
+@pytest.mark.parametrize(
+    ("function", "sid", "action"),
+    [
+        ("RegisterJobFunction", "ReadDroppedSpecs", "s3:GetObjectVersion"),
+        ("CheckFilesystemFunction", "LinkTaggedAssociations", "fsx:CreateDataRepositoryAssociation"),
+    ],
+)
+def test_a_run_on_a_template_without_a_needed_grant_fails_with_access_denied_naming_it(function, sid, action):
+    template = without_action(copy_template(TEMPLATE), function, sid, action)
+    run = rehearse(QUICK, template=template)
+    assert run.status == "FAILED"
+    assert f"is not authorized to perform: {action}" in str(run.cause), run.cause
+    assert run.resources_left == 0, run.leftovers
