@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SPEC   ?= examples/tiny.yaml
 
-.PHONY: run test install lint validate scan build unit functional e2e bench clean
+.PHONY: run test install lint validate scan build unit functional e2e bench iam-report clean
 
 # aws-sam-cli pins boto3: it gets a virtualenv of its own.
 SAM_VENV := .venv-sam
@@ -75,6 +75,10 @@ bench: install
 	$(BIN)/python bench/control_plane.py
 	$(BIN)/python bench/fault_matrix.py
 	$(BIN)/python bench/load.py
+
+## Least privilege, measured: per role, the actions the twin's runs used and the grants none used (bench/).
+iam-report: install
+	$(BIN)/python bench/iam_report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -16,6 +16,8 @@ from lustrain_core.errors import MISSING, FieldError, SpecInvalid
 MAX_SPEC_BYTES = 1024 * 1024
 MAX_YAML_ALIASES = 64
 MAX_RUNTIME_HOURS = 28 * 24  # SageMaker's MaxRuntimeInSeconds ceiling: 28 days
+#: How long a spot job may wait for capacity when the spec does not say (compute.max_wait_hours).
+SPOT_WAIT_HOURS = 24.0
 #: CreateFileSystem's largest StorageCapacity (botocore's model): no one file system holds more, so no size may be
 #: larger (and the planner's sums stay finite)
 MAX_STORAGE_GIB = 2_147_483_647
@@ -53,6 +55,17 @@ class Compute(_Section):
                     f"({self.max_runtime_hours})"
                 )
         return self
+
+    @property
+    def wait_hours(self) -> float | None:
+        """A spot job's MaxWait: max_wait_hours, else the runtime plus SPOT_WAIT_HOURS to wait for capacity (at most
+        MAX_RUNTIME_HOURS); None on demand. MaxWait counts the waiting and the running, so a MaxWait equal to the
+        runtime leaves no time to wait for a spot instance."""
+        if not self.spot:
+            return None
+        if self.max_wait_hours is not None:
+            return self.max_wait_hours
+        return max(self.max_runtime_hours, min(self.max_runtime_hours + SPOT_WAIT_HOURS, MAX_RUNTIME_HOURS))
 
 
 class Image(_Section):

@@ -83,3 +83,14 @@ def test_a_run_on_a_template_without_a_needed_grant_fails_with_access_denied_nam
     assert run.status == "FAILED"
     assert f"is not authorized to perform: {action}" in str(run.cause), run.cause
     assert run.resources_left == 0, run.leftovers
+
+
+def test_check_quota_may_read_a_default_quota_which_only_resource_star_grants(uses):
+    # a quota never changed in the account has no applied value: check_quota reads the default, an action with no
+    # resource type (Service Authorization Reference), authorized against "*"
+    from lustrain.twin.iam.policy import Request
+
+    use = uses["CheckQuotaFunctionRole"]
+    principal = next(r.request.principal for r in use.records if r.request is not None)
+    request = Request(principal, "servicequotas:GetAWSDefaultServiceQuota", "*", {})
+    assert usage.evaluate(request, use.policies).allowed

@@ -255,9 +255,12 @@ def test_spot_waits_retries_and_checkpoints():
     assert_valid_for_sagemaker(request)
 
 
-def test_spot_without_max_wait_waits_as_long_as_it_runs():
+def test_spot_without_max_wait_may_wait_a_day_for_capacity_beyond_its_runtime():
+    # MaxWait counts the wait and the run: equal to MaxRuntime, it would leave no time to wait for a spot instance
     request = request_for(document({"compute": {"spot": True, "max_runtime_hours": 2}}))
-    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 7200}
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": (2 + 24) * 3600}
+    longest = request_for(document({"compute": {"spot": True, "max_runtime_hours": 28 * 24}}))
+    assert longest["StoppingCondition"]["MaxWaitTimeInSeconds"] == 28 * 24 * 3600
 
 
 def test_environment_passes_through_and_is_checked_against_the_api():

@@ -10,7 +10,8 @@ in the jobs table and its execution (`judge`):
 - the execution is no longer RUNNING (SUCCEEDED, FAILED, TIMED_OUT, ABORTED, PENDING_REDRIVE, or gone): whatever
   still carries the job's tags escaped its teardown; swept;
 - the execution is RUNNING: left alone, unless the run is past its deadline (its record's created_at + the
-  longest the training may take, compute.max_runtime_hours or max_wait_hours for spot, + the stack's grace):
+  longest the training may take, compute.max_runtime_hours or for spot its MaxWait (Compute.wait_hours), + the
+  stack's grace):
   then the execution is stopped and the run swept;
 - no execution recorded (a direct invoke): swept once the record is finished or past its deadline.
 
@@ -32,10 +33,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
+from lustrain_core.spec import Compute
 from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records, tag_dict
 from lustrain_core.steps.teardown import TRAINING_JOB, Clock, teardown_job
 
@@ -158,8 +161,12 @@ def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
     started = _started(record)
     if started is None:
         return None
-    compute = (record.get("spec") or {}).get("compute") or {}
-    longest = max(float(compute.get("max_runtime_hours") or 0), float(compute.get("max_wait_hours") or 0))
+    raw = (record.get("spec") or {}).get("compute") or {}
+    try:
+        compute = Compute.model_validate(raw)
+    except ValidationError:
+        return None
+    longest = max(compute.max_runtime_hours, compute.wait_hours or 0)
     return started + (longest + grace_hours) * 3600
 
 

@@ -152,10 +152,8 @@ def training_image(spec: JobSpec, region: str) -> str:
 def _stopping_condition(spec: JobSpec) -> dict[str, int]:
     compute = spec.compute
     condition = {"MaxRuntimeInSeconds": math.ceil(compute.max_runtime_hours * 3600)}
-    if compute.spot:
-        condition["MaxWaitTimeInSeconds"] = math.ceil(
-            (compute.max_wait_hours or compute.max_runtime_hours) * 3600
-        )
+    if compute.wait_hours is not None:
+        condition["MaxWaitTimeInSeconds"] = math.ceil(compute.wait_hours * 3600)
     return condition
 
 
@@ -338,7 +336,7 @@ def _store_token(
     ddb: Any, settings: Settings, job: Job, name: str, attempt: int, token: str, now: float
 ) -> None:
     compute = job.spec.compute
-    longest = max(compute.max_runtime_hours, compute.max_wait_hours or 0) * 3600
+    longest = max(compute.max_runtime_hours, compute.wait_hours or 0) * 3600
     item = {
         "training_job_name": name,
         "token": token,

@@ -18,6 +18,8 @@ from typing import Any
 from lustrain.twin.iam import enforce, world
 from lustrain.twin.iam.policy import Decision, Policy, Statement, StatementRef, evaluate
 
+__all__ = ["RoleUse", "collect", "denial", "evaluate", "needed", "replay", "unused", "without"]
+
 
 @dataclass
 class RoleUse:

@@ -10,7 +10,8 @@ event pattern (schedules) receive no events, as on AWS (moto's PutEvents ignores
 
 The target gets the event as AWS delivers it ("time" an ISO 8601 string), or what the target's Input (constant
 JSON), InputPath (a JSONPath) or InputTransformer (moto's template engine) make of it. Not reproduced:
-EventBridge's and Lambda's retries of failed deliveries, dead-letter queues, RoleArn checks.
+EventBridge's and Lambda's retries of failed deliveries, dead-letter queues. A Step Functions target is started as
+its RoleArn (trusted by events.amazonaws.com, allowed states:StartExecution), as EventBridge does.
 
 `drain(timeout)` waits until no delivery is in flight, including deliveries caused by other deliveries (a
 handler that emits an event), and returns the log of deliveries (`deliveries()`) for assertions. A delivery to
@@ -34,6 +35,7 @@ import string
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -133,9 +135,24 @@ def _invoke_lambda(function_arn: str, event: Any) -> str:
     return text
 
 
-def _start_execution(state_machine_arn: str, event: Any) -> str:
+def _as_target_role(role_arn: str | None, rule_arn: str, state_machine_arn: str) -> None:
+    """EventBridge starts an execution as the target's role (RoleArn): it must trust events.amazonaws.com and allow
+    states:StartExecution on the state machine; else the delivery fails, as on AWS."""
+    from lustrain.twin.iam import enforce
+
+    _, region, account = _arn_parts(state_machine_arn)
+    if not role_arn:
+        raise PermissionError(f"the target {state_machine_arn} has no RoleArn: EventBridge cannot start it")
+    principal, _credentials = enforce.assume(
+        role_arn, "events", service="events.amazonaws.com", source_account=account, source_arn=rule_arn
+    )
+    enforce.authorize_call(principal, "stepfunctions", "StartExecution", {"stateMachineArn": state_machine_arn}, region)
+
+
+def _start_execution(state_machine_arn: str, event: Any, *, role_arn: str | None = None, rule_arn: str = "") -> str:
     from moto.stepfunctions.responses import get_backend
 
+    _as_target_role(role_arn, rule_arn, state_machine_arn)
     _, region, account = _arn_parts(state_machine_arn)
     execution = get_backend(account, region).start_execution(
         state_machine_arn=state_machine_arn, name=str(uuid.uuid4()), execution_input=json.dumps(event)
@@ -170,7 +187,7 @@ def _target_input(target: dict[str, Any], event: dict[str, Any]) -> Any:
     return delivered
 
 
-_SENDERS = {"lambda": _invoke_lambda, "states": _start_execution}
+_SENDERS: dict[str, Callable[..., str]] = {"lambda": _invoke_lambda, "states": _start_execution}
 
 
 def _send_to_targets(original: Any, rule: Rule, event: Any, transform_input: bool = True) -> None:
@@ -192,7 +209,8 @@ def _send_to_targets(original: Any, rule: Rule, event: Any, transform_input: boo
             target_arn=target["Arn"],
         )
         send, payload = _SENDERS[service], _target_input(target, event)
-        _deliver_async(record, functools.partial(send, target["Arn"], payload))
+        extra = {"role_arn": target.get("RoleArn"), "rule_arn": rule.arn} if service == "states" else {}
+        _deliver_async(record, functools.partial(send, target["Arn"], payload, **extra))
     if others:
         # moto's own loop handles the rest; a copy keeps the rule's target list untouched for other threads.
         rest = copy.copy(rule)

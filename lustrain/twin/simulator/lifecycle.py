@@ -15,6 +15,7 @@ import functools
 import io
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +53,8 @@ CAPACITY_ERROR = (
     "CapacityError: Unable to provision requested ML compute capacity. "
     "Please retry using a different ML instance type."
 )
+#: An ECR image URI: REGISTRY.dkr.ecr.REGION.amazonaws.com[.cn]/REPOSITORY[:TAG|@DIGEST]
+ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+)")
 #: The step of the state machine whose faults (lustrain.twin.faults) this simulator fires.
 FAULT_STEP = "start_training"
 #: The longest a job waits for the Lambda invocation that created it to return (Lambda's maximum timeout).
@@ -239,6 +242,7 @@ class _JobRun:
             self._publish()
             if job.fault == "capacity-error":
                 raise JobFailure(CAPACITY_ERROR)
+            self._pull_image()
             layout = self._prepare()
             self._advance("Downloading")
             with job._lock:
@@ -327,6 +331,22 @@ class _JobRun:
             self.job.workdir = workdir
             self.job.log_path = layout.log
         return layout
+
+    def _pull_image(self) -> None:
+        """The instances pull the training image from ECR with the execution role's credentials."""
+        image = str((self.job.request.get("AlgorithmSpecification") or {}).get("TrainingImage", ""))
+        found = ECR_IMAGE.match(image)
+        if found is None:
+            return  # not an ECR image: nothing the role is asked for
+        registry, repository = found.group(1), found.group(3)
+        try:
+            self._authorize("ecr", "GetAuthorizationToken", {})
+            for operation in ("BatchCheckLayerAvailability", "GetDownloadUrlForLayer", "BatchGetImage"):
+                self._authorize("ecr", operation, {"registryId": registry, "repositoryName": repository})
+        except ClientError as refused:
+            raise JobFailure(
+                f"ClientError: Cannot pull the training image {image} with the execution role: {denied_text(refused)}"
+            ) from None
 
     def _fetch_code(self, layout: Layout) -> Path:
         hps = container.decoded_hyperparameters(self.job.request.get("HyperParameters") or {})

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from twinfakes import handlers
-from twinhelpers import ACCOUNT, REGION, client, make_function, make_state_machine, wait_execution
+from twinhelpers import ACCOUNT, REGION, client, make_function, make_state_machine, role_arn, wait_execution
 
 from lustrain.twin.patches import eventbridge
 
@@ -101,7 +101,7 @@ def test_a_step_functions_target_starts_an_execution_with_the_event() -> None:
     machine = make_state_machine(
         "on-event", {"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}}
     )
-    rule_to(machine, {"source": ["aws.sagemaker"]})
+    rule_to(machine, {"source": ["aws.sagemaker"]}, RoleArn=role_arn("twin-test-events", service="events.amazonaws.com"))
 
     put_training_event("Completed")
     log = eventbridge.drain(timeout=10)
@@ -110,6 +110,17 @@ def test_a_step_functions_target_starts_an_execution_with_the_event() -> None:
     execution = wait_execution(log[0].result)
     assert execution["status"] == "SUCCEEDED"
     assert json.loads(execution["input"])["detail"]["TrainingJobStatus"] == "Completed"
+
+
+def test_a_step_functions_target_is_started_as_its_role_and_fails_without_one_that_may() -> None:
+    machine = make_state_machine("guarded", {"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
+    rule_to(machine, {"source": ["aws.sagemaker"]}, RoleArn=role_arn("twin-test-lambda-only"))  # trusts lambda
+
+    put_training_event("Completed")
+    (delivery,) = eventbridge.drain(timeout=10)
+
+    assert delivery.status == "failed"
+    assert "events.amazonaws.com cannot assume" in delivery.error
 
 
 def test_a_failing_lambda_target_is_logged_as_failed() -> None:

@@ -26,6 +26,7 @@ UNREACHABLE = (
 )
 #: What SageMaker's VPC mode needs of the role (EC2), and what a job reads and writes (S3), as statements.
 VPC_MODE = {"Effect": "Allow", "Action": ["ec2:*NetworkInterface*", "ec2:Describe*"], "Resource": "*"}
+PULL = {"Effect": "Allow", "Action": "ecr:*", "Resource": "*"}
 
 
 def network(
@@ -131,7 +132,7 @@ def test_a_role_without_vpc_mode_permissions_is_refused_at_create(twin: Twin) ->
 
 def test_the_jobs_uploads_are_its_roles_a_role_that_may_only_read_fails_the_upload(twin: Twin) -> None:
     reads = {"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}
-    arn = role("reads-only", [VPC_MODE, reads])
+    arn = role("reads-only", [VPC_MODE, PULL, reads])
     twin.sm.create_training_job(**twin.request("cannot-upload", RoleArn=arn))
     failed = ended(twin, "cannot-upload")
     assert failed["FailureReason"].startswith("ClientError: Artifact upload failed:Failed to upload data. AccessDenied")
@@ -139,6 +140,15 @@ def test_the_jobs_uploads_are_its_roles_a_role_that_may_only_read_fails_the_uplo
         f"User: arn:aws:sts::{ACCOUNT}:assumed-role/reads-only/SageMaker is not authorized to perform: s3:PutObject"
         in failed["FailureReason"]
     )
+
+
+def test_a_role_that_may_not_pull_the_image_fails_the_job_before_anything_is_downloaded(twin: Twin) -> None:
+    arn = role("no-ecr", [VPC_MODE, {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}])
+    twin.sm.create_training_job(**twin.request("cannot-pull", RoleArn=arn))
+    failed = ended(twin, "cannot-pull")
+    assert failed["FailureReason"].startswith("ClientError: Cannot pull the training image 763104351884.dkr.ecr.")
+    assert "not authorized to perform: ecr:GetAuthorizationToken" in failed["FailureReason"]
+    assert "TrainingStartTime" not in failed
 
 
 def test_the_job_writes_its_log_to_cloudwatch_where_sagemaker_does(twin: Twin) -> None:
