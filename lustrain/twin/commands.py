@@ -115,7 +115,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     from moto.server import ThreadedMotoServer
 
     from lustrain.twin import patches
-    from lustrain.twin.patches import lambda_invoke, service_quotas
+    from lustrain.twin.patches import eventbridge, lambda_invoke, service_quotas
     from lustrain.twin.rehearse import (
         FAST_PARAMETERS,
         REGION,
@@ -149,6 +149,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             f"{url}/moto-api/config", json={"stepfunctions": {"execute_state_machine": True}}, timeout=10
         )
         stack = materialise(TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=FAST_PARAMETERS)
+        # the stack's schedules (the sweeper's SweepSchedule) fire at their rate while the twin serves
+        eventbridge.run_schedules(STOP)
         for instance_type in INSTANCE_TYPES:
             service_quotas.set_quota(instance_type, args.quota, REGION)
         example = load_spec_file(EXAMPLE)

@@ -30,6 +30,7 @@ import copy
 import functools
 import itertools
 import json
+import re
 import secrets
 import string
 import threading
@@ -309,3 +310,79 @@ def install() -> None:
     s3_notifications._send_event_bridge_message = send_s3_event
     s3_notifications._invoke_awslambda = _invoke_s3_notification
     setattr(Rule, _PATCHED, True)
+
+
+# --- schedules ------------------------------------------------------------------------------------------------
+
+_RATE = re.compile(r"^rate\((\d+) (minute|minutes|hour|hours|day|days)\)$")
+_UNIT_S = {"minute": 60, "hour": 3600, "day": 86400}
+
+
+def schedule_period_s(expression: str) -> float:
+    """The period of an EventBridge rate() expression ("rate(15 minutes)"); ValueError for anything else (the
+    twin fires cron() schedules by their rate only when given one)."""
+    found = _RATE.match(expression.strip())
+    if found is None:
+        raise ValueError(f"the twin fires rate() schedules only, like rate(15 minutes) (got {expression!r})")
+    count, unit = int(found.group(1)), found.group(2).rstrip("s")
+    if count < 1 or (count == 1) != (not found.group(2).endswith("s")):
+        raise ValueError(f"{expression!r}: EventBridge writes rate(1 minute) and rate(N minutes)")
+    return float(count * _UNIT_S[unit])
+
+
+def fire_schedule(rule: Rule) -> list[Delivery]:
+    """Deliver one "Scheduled Event" of `rule` to its targets, as EventBridge does at each tick."""
+    event = {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": rule.account_id,
+        "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": rule.region_name,
+        "resources": [rule.arn],
+        "detail": {},
+    }
+    sent = []
+    for target in rule.targets:
+        service = _arn_parts(target["Arn"])[0]
+        if service not in _SENDERS:
+            continue
+        record = Delivery(
+            event_id=event["id"], source="aws.events", detail_type="Scheduled Event", rule=rule.name,
+            target_arn=target["Arn"],
+        )
+        extra = {"role_arn": target.get("RoleArn"), "rule_arn": rule.arn} if service == "states" else {}
+        _deliver_async(record, functools.partial(_SENDERS[service], target["Arn"], _target_input(target, event), **extra))
+        sent.append(record)
+    return sent
+
+
+def run_schedules(stop: threading.Event, *, speedup: float = 1.0, poll_s: float = 1.0) -> threading.Thread:
+    """Fire every ENABLED rule with a rate() ScheduleExpression at its rate (divided by `speedup`), first one
+    period after this call, until `stop` is set: what EventBridge's scheduler does for `lustrain local up`."""
+    started = time.monotonic()
+    fired: dict[str, int] = {}
+
+    def loop() -> None:
+        while not stop.wait(poll_s):
+            now = time.monotonic() - started
+            for account in list(events_backends.values()):
+                for backend in list(account.values()):
+                    for bus in list(backend.event_buses.values()):
+                        for rule in list(bus.rules.values()):
+                            expression = getattr(rule, "scheduled_expression", None)
+                            if not expression or rule.state != "ENABLED":
+                                continue
+                            try:
+                                period = schedule_period_s(expression) / speedup
+                            except ValueError:
+                                continue
+                            due = int(now // period)
+                            if due > fired.get(rule.arn, 0):
+                                fired[rule.arn] = due
+                                fire_schedule(rule)
+
+    thread = threading.Thread(target=loop, name="eventbridge-scheduler", daemon=True)
+    thread.start()
+    return thread

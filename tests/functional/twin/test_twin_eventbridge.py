@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
@@ -206,3 +207,35 @@ def test_a_bucket_without_eventbridge_emits_nothing() -> None:
     client("s3").put_object(Bucket="quiet", Key="specs/a.yaml", Body=b"x")
 
     assert eventbridge.drain(timeout=10) == []
+
+
+def test_a_rate_schedule_fires_its_targets_at_its_rate_and_a_disabled_one_never() -> None:
+    import threading
+
+    function_arn = make_function("on-schedule", "twinfakes.handlers.record")
+    events = client("events")
+    for name, state in (("every-minute", "ENABLED"), ("switched-off", "DISABLED")):
+        events.put_rule(Name=name, ScheduleExpression="rate(1 minute)", State=state)
+        events.put_targets(Rule=name, Targets=[{"Id": "fn", "Arn": function_arn}])
+    stop = threading.Event()
+    eventbridge.run_schedules(stop, speedup=60, poll_s=0.05)  # a minute in a second
+    try:
+        deadline = time.monotonic() + 10
+        while len(eventbridge.deliveries()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+    log = eventbridge.drain(timeout=10)
+    assert len(log) >= 2 and {d.rule for d in log} == {"every-minute"}
+    assert {d.detail_type for d in log} == {"Scheduled Event"} and {d.status for d in log} == {"delivered"}
+
+
+@pytest.mark.parametrize("expression", ["rate(1 minutes)", "rate(5 minute)", "rate(0 minutes)", "cron(0 * * * ? *)"])
+def test_a_schedule_the_twin_cannot_fire_is_named(expression: str) -> None:
+    with pytest.raises(ValueError, match="rate"):
+        eventbridge.schedule_period_s(expression)
+
+
+def test_rate_periods() -> None:
+    assert eventbridge.schedule_period_s("rate(15 minutes)") == 900
+    assert eventbridge.schedule_period_s("rate(1 hour)") == 3600
