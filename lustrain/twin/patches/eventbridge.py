@@ -332,9 +332,10 @@ def schedule_period_s(expression: str) -> float:
 
 def fire_schedule(rule: Rule) -> list[Delivery]:
     """Deliver one "Scheduled Event" of `rule` to its targets, as EventBridge does at each tick."""
-    event = {
+    event_id = str(uuid.uuid4())
+    event: dict[str, Any] = {
         "version": "0",
-        "id": str(uuid.uuid4()),
+        "id": event_id,
         "detail-type": "Scheduled Event",
         "source": "aws.events",
         "account": rule.account_id,
@@ -349,7 +350,7 @@ def fire_schedule(rule: Rule) -> list[Delivery]:
         if service not in _SENDERS:
             continue
         record = Delivery(
-            event_id=event["id"], source="aws.events", detail_type="Scheduled Event", rule=rule.name,
+            event_id=event_id, source="aws.events", detail_type="Scheduled Event", rule=rule.name,
             target_arn=target["Arn"],
         )
         extra = {"role_arn": target.get("RoleArn"), "rule_arn": rule.arn} if service == "states" else {}
