@@ -23,33 +23,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fault_matrix import run_matrix
 
 from lustrain.twin.iam import enforce, usage
-from lustrain.twin.rehearse import TEMPLATE, rehearse
+from lustrain.twin.rehearse import TEMPLATE, rehearse, scaled_to_this_machine
 from lustrain.twin.stack import load_template
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "tests" / "e2e" / "quick.yaml"
 EXAMPLE = ROOT / "examples" / "p4d-50x-persistent.yaml"
 JUSTIFICATIONS = "lustrain:grants-no-run-uses"
-
-
-def scaled(example: Path, into: Path) -> Path:
-    """The example with what a 2-core machine cannot hold made small (as tests/e2e/test_examples.py does)."""
-    spec: dict[str, Any] = yaml.safe_load(example.read_text())
-    spec["compute"].update(instance_count=2, max_runtime_hours=1)
-    spec["code"] = {"source": "trainer/", "hyperparameters": {"preset": "tiny", "max_steps": 6, "log_interval": 2}}
-    spec["data"]["size_gib"] = 1.0
-    spec["output"]["expected_size_gib"] = 0.1
-    spec.pop("budget", None)
-    path = into / example.name
-    path.write_text(yaml.safe_dump(spec))
-    return path
 
 
 def justification(justified: dict[str, str], role: str, ref: Any, action: str) -> str | None:
@@ -73,7 +58,7 @@ def main() -> int:
     enforce.clear_log()
     outcomes = [rehearse(QUICK, inspect=inspect).status]
     with tempfile.TemporaryDirectory() as folder:
-        outcomes.append(rehearse(scaled(EXAMPLE, Path(folder)), inspect=inspect).status)
+        outcomes.append(rehearse(scaled_to_this_machine(EXAMPLE, Path(folder)), inspect=inspect).status)
     results = run_matrix()
     print(f"rehearsals={','.join(outcomes)} fault_matrix_runs={len(results)}")
     by_arn = {use.role_arn: use for use in roles.values()}

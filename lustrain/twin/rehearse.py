@@ -437,3 +437,22 @@ def resources_left(job_id: str | None, spec: JobSpec) -> tuple[list[str], list[s
         if job["TrainingJobName"].startswith(spec.name + "-"):
             left.append(job["TrainingJobName"])
     return left, kept
+
+
+def scaled_to_this_machine(spec_path: str | Path, into: Path) -> Path:
+    """A copy of a spec that keeps what decides how its run is built on AWS (the file system's type and links, the
+    network, output on Lustre, the tags) and makes small what one machine cannot hold (50 instances, a 6.4B
+    model, a week, the team's own code bucket): at most 2 instances for an hour, trainer/ with a tiny preset,
+    at most 1 GiB of data. For rehearsing the README's examples (tests/e2e/test_examples.py, make iam-report)."""
+    import yaml
+
+    spec: dict[str, Any] = yaml.safe_load(Path(spec_path).read_text())
+    compute = spec.setdefault("compute", {})
+    compute.update(instance_count=min(int(compute.get("instance_count", 2)), 2), max_runtime_hours=1)
+    spec["code"] = {"source": "trainer/", "hyperparameters": {"preset": "tiny", "max_steps": 6, "log_interval": 2}}
+    spec["data"]["size_gib"] = min(float(spec["data"].get("size_gib", 1)), 1.0)
+    spec["output"]["expected_size_gib"] = 0.1
+    spec.pop("budget", None)
+    path = into / Path(spec_path).name
+    path.write_text(yaml.safe_dump(spec))
+    return path
