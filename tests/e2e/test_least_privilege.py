@@ -21,7 +21,7 @@ from lustrain.twin.stack import copy_template
 pytestmark = pytest.mark.slow
 
 QUICK = Path(__file__).with_name("quick.yaml")
-#: Run by its schedule, not by a run: the sweeper's grants are proven by tests/e2e/test_sweeper.py's runs.
+#: Run by its schedule, not by a run: tests/e2e/test_sweeper.py proves the sweeper's grants the same way.
 NOT_IN_A_RUN = {"SweepFunctionRole"}
 
 

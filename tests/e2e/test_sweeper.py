@@ -20,6 +20,7 @@ import yaml
 from lustrain_core.spec import JobSpec, load_spec_file
 
 from lustrain.twin import rehearse
+from lustrain.twin.iam import usage
 from lustrain.twin.rehearse import REGION, twin
 
 pytestmark = pytest.mark.slow
@@ -184,3 +185,13 @@ def test_runs_killed_mid_run_are_swept_to_nothing(tmp_path, monkeypatch, quick_s
         for job_id in jobs.values():
             record = ddb.get_item(TableName=stack.ref("JobsTable"), Key={"job_id": {"S": job_id}})["Item"]
             assert (record["status"]["S"], record["error"]["M"]["Error"]["S"]) == ("FAILED", "RunAbandoned")
+
+        # each statement the sweep alone was allowed by, removed from its role, refuses that request naming the
+        # action (as tests/e2e/test_least_privilege.py proves for the functions of a run)
+        sweep = usage.collect(stack)["SweepFunctionRole"]
+        needed = usage.needed(sweep)
+        assert len(needed) >= 3, needed
+        for ref, records in needed.items():
+            decision = usage.replay(records[0], usage.without(sweep.policies, ref))
+            assert not decision.allowed, ref
+            assert f"not authorized to perform: {records[0].action}" in usage.denial(records[0], decision)
