@@ -67,6 +67,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import boto3
 import botocore.endpoint
 from moto import settings as moto_settings
 from moto.awslambda.models import LambdaFunction
@@ -90,6 +91,11 @@ _PATCHED = "_lustrain_twin_in_process"
 _env_lock = threading.Lock()
 #: Held while the process environment changes, and by whoever reads all of it (see the module's notes).
 ENVIRONMENT_LOCK = threading.RLock()
+#: An invocation's boto3 default session, made at its first boto3.client() (empty until then).
+_default_session: contextvars.ContextVar[list[boto3.session.Session] | None] = contextvars.ContextVar(
+    "lustrain_twin_default_session", default=None
+)
+_process_default_session = boto3._get_default_session
 _inside_invocation: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "lustrain_twin_inside_invocation", default=False
 )
@@ -233,6 +239,18 @@ def _applied(env: dict[str, str]) -> Iterator[None]:
                     os.environ[key] = value
 
 
+def _invocation_session() -> boto3.session.Session:
+    """boto3's default session as a handler sees it: its invocation's own, as in a fresh Lambda process. A
+    botocore session keeps the credentials it resolved first, so one shared default session would sign, for the
+    rest of the process, as whichever role (or caller) asked first."""
+    own = _default_session.get()
+    if own is None:
+        return _process_default_session()
+    if not own:
+        own.append(boto3.session.Session())
+    return own[0]
+
+
 def _reading_whole_environment(read: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(read)
     def locked(*args: Any, **kwargs: Any) -> Any:
@@ -291,6 +309,7 @@ def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
 
     def invocation() -> None:
         _inside_invocation.set(True)
+        _default_session.set([])
         with faults.running_step(step, event):
             timed_out = faults.consume(step, "lambda-timeout")
             loaded = _load_handler(handler, request_id)
@@ -352,6 +371,7 @@ def install() -> None:
     LambdaFunction._invoke_lambda = invoke_in_process  # type: ignore[method-assign]
     # every client creation, in any thread, reads the whole environment here (proxy variables)
     botocore.endpoint.get_environ_proxies = _reading_whole_environment(botocore.endpoint.get_environ_proxies)
+    boto3._get_default_session = _invocation_session
 
     original_invoke = LambdaFunction.invoke
 

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 
+import boto3
 import pytest
 from twinhelpers import REGION, client, history, lambda_task, make_function, make_state_machine, run_execution
 
@@ -69,6 +70,31 @@ def test_handler_that_cannot_run_or_answer_fails_like_the_lambda_runtime(
 
     assert payload["errorType"] == error_type
     assert message_part in payload["errorMessage"]
+
+
+def test_a_handlers_default_boto3_session_is_its_own_as_in_a_lambda_process() -> None:
+    iam = client("iam")
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+    }
+    role = iam.create_role(RoleName="lists-buckets-only", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    only_list = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:ListAllMyBuckets", "Resource": "*"}]}
+    iam.put_role_policy(RoleName="lists-buckets-only", PolicyName="list", PolicyDocument=json.dumps(only_list))
+    client("lambda").create_function(
+        FunctionName="lister",
+        Runtime="python3.12",
+        Role=role,
+        Handler="twinfakes.check_quota.handler",
+        Code={"ZipFile": b"PK\x05\x06" + b"\x00" * 18},
+    )
+
+    # the handler calls boto3.client("s3"): boto3's default session, made under the function's role
+    assert invoke("lister", {})["Payload"] == {"buckets": 0}
+
+    # the caller's own boto3.client() still signs as the caller, not as the function's role
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket="made-by-the-caller")
+    assert invoke("lister", {})["Payload"] == {"buckets": 1}
 
 
 def test_handler_past_its_timeout_fails_with_sandbox_timedout() -> None:
