@@ -14,7 +14,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from lustrain_core.errors import LustrainError, SpecInvalid
-from lustrain_core.planner import Plan, plan
+from lustrain_core.launch import compile_offline
+from lustrain_core.planner import Plan
 from lustrain_core.prices import PriceTable
 from lustrain_core.spec import json_schema, load_spec_file
 
@@ -89,7 +90,11 @@ def _add_twin_commands(sub: Any) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     spec = load_spec_file(args.spec)
-    print(f"{args.spec}: valid job spec {spec.name!r}")
+    _, launch = compile_offline(spec)
+    print(
+        f"{args.spec}: valid job spec {spec.name!r}; every request of the run is within AWS's limits "
+        f"(image {launch.image_uri}, quota '{launch.quota.name}')"
+    )
     return EXIT_OK
 
 
@@ -101,7 +106,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise SpecInvalid.one(
             "--prices", str(args.prices), f"not a valid price override file: {exc}"
         ) from None
-    result = plan(spec, data_gib=args.data_gib, prices=prices)
+    result, _ = compile_offline(spec, data_gib=args.data_gib, prices=prices)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -16,7 +16,7 @@ from typing import Any
 import boto3
 import yaml
 from lustrain_core.errors import SpecInvalid
-from lustrain_core.planner import plan
+from lustrain_core.launch import compile_offline
 from lustrain_core.spec import load_spec_file
 
 
@@ -50,7 +50,7 @@ def submit(
     session = session or boto3.Session()
     spec_path = Path(spec_path)
     spec = load_spec_file(spec_path)
-    estimate = plan(spec).cost.total_usd
+    estimate = compile_offline(spec)[0].cost.total_usd
     doc = spec.model_dump(mode="json")
     code_uri = None
     if not spec.code.source.startswith("s3://"):

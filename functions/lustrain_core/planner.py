@@ -65,9 +65,10 @@ LAMBDA_INVOCATIONS_PER_RUN = 15
 PERSISTENT_AFTER_HOURS = 72
 
 
-def quota_name(instance_type: str) -> str:
-    """The Service Quotas name of the training-job instance quota (the L- code differs between sources)."""
-    return f"{instance_type} for training job usage"
+def quota_name(instance_type: str, *, spot: bool) -> str:
+    """The Service Quotas name of the quota a training job's instances count against (the L- code differs between
+    sources): spot and on-demand jobs count against different quotas. The plan and the live check both use this."""
+    return f"{instance_type} for spot training job usage" if spot else f"{instance_type} for training job usage"
 
 
 def valid_capacities(upto_gib: float) -> list[int]:
@@ -118,6 +119,8 @@ class FilesystemPlan:
     compression: str
     reuse_file_system_id: str | None
     reason: str
+    #: the cheapest valid file system of each deployment type for the same data and demand, side by side
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -170,7 +173,7 @@ def plan(
     net = _plan_network(spec, itype, fs, errors)
     output = _plan_output(spec, itype, errors)
     cost = _plan_cost(spec, itype, fs, prices)
-    recommendation = _recommend(spec, fs, prices)
+    recommendation = _recommend(spec, fs)
     if (
         recommendation["deployment_type"] != spec.filesystem.deployment_type
         and not spec.filesystem.file_system_id
@@ -196,7 +199,7 @@ def plan(
     quota = {
         "instance_type": spec.compute.instance_type,
         "instances_requested": spec.compute.instance_count,
-        "quota_name": quota_name(spec.compute.instance_type),
+        "quota_name": quota_name(spec.compute.instance_type, spot=spec.compute.spot),
     }
     return Plan(net, fs, output, quota, cost, recommendation, warnings)
 
@@ -311,7 +314,12 @@ def _plan_filesystem(
                 f"({MAX_STORAGE_GIB:,} GiB): split the data into runs",
             )
         )
+    alternatives = [
+        _cheapest(other, need_gib, demand, prices, spec.compute.max_runtime_hours)
+        for other in ("SCRATCH_2", "PERSISTENT_2")
+    ]
     return FilesystemPlan(
+        alternatives=alternatives,
         deployment_type=kind,
         storage_gib=capacity,
         throughput_per_tib=per_tib,
@@ -324,6 +332,26 @@ def _plan_filesystem(
         reuse_file_system_id=None,
         reason=reason,
     )
+
+
+def _cheapest(kind: str, need_gib: float, demand: float, prices: PriceTable, hours: float) -> dict[str, Any]:
+    """The cheapest file system of `kind` that holds `need_gib` and serves `demand` MB/s: its capacity, throughput
+    tier, throughput, private IPs and cost for a run of `hours` (plus about an hour to create and delete it)."""
+    tiers = [SCRATCH_MB_S_PER_TIB] if kind == "SCRATCH_2" else list(PERSISTENT_THROUGHPUTS)
+    options = []
+    for tier in tiers:
+        capacity = smallest_capacity(max(need_gib, demand * 1024 / tier))
+        options.append((capacity * prices.fsx_gb_month_usd[(kind, tier)], capacity, tier))
+    _, capacity, tier = min(options)
+    monthly = capacity * 2**30 / 1e9 * prices.fsx_gb_month_usd[(kind, tier)]
+    return {
+        "deployment_type": kind,
+        "storage_gib": capacity,
+        "throughput_per_tib": tier,
+        "throughput_mb_s": round(capacity * tier / 1024, 1),
+        "ips": lustre_ips(capacity),
+        "cost_usd": round(monthly * (hours + 1) / prices.hours_per_month, 2),
+    }
 
 
 def _compression_ratio(compression: str, extension_bytes: dict[str, int] | None) -> float:
@@ -422,7 +450,8 @@ def _plan_output(spec: JobSpec, itype: InstanceType, errors: list[FieldError]) -
         "expected_size_gib": o.expected_size_gib,
         "local_usable_gib": round(itype.usable_output_gib, 1),
         "to_filesystem": o.to_filesystem,
-        "checkpoints_s3_uri": spec.checkpoint_s3_uri,
+        # each run's own: register_job appends its job id (launch.checkpoint_location)
+        "checkpoints_s3_uri": f"{spec.checkpoints_base.rstrip('/')}/<job id>/checkpoints/",
     }
 
 
@@ -462,21 +491,32 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
     )
 
 
-def _recommend(spec: JobSpec, fs: FilesystemPlan, prices: PriceTable) -> dict[str, Any]:
+def _recommend(spec: JobSpec, fs: FilesystemPlan) -> dict[str, Any]:
+    """Scratch or persistent, for reasons true of the plan's own figures: the cost of each for this run, the IPs,
+    surviving a file-server failure (PERSISTENT_2 replicates, SCRATCH_2 does not), the run's length, `keep`."""
     hours = spec.compute.max_runtime_hours
-    if spec.filesystem.keep or hours > PERSISTENT_AFTER_HOURS:
-        choice = "persistent"
-        why = (
-            f"persistent recommended: a {hours:g} h run{' kept afterwards' if spec.filesystem.keep else ''} should "
-            "survive a file-server failure (PERSISTENT_2 replicates; SCRATCH_2 loses its data and must be rebuilt)"
+    by_kind = {a["deployment_type"]: a for a in fs.alternatives}
+    scratch, persistent = by_kind.get("SCRATCH_2"), by_kind.get("PERSISTENT_2")
+    if scratch is None or persistent is None:
+        return {"deployment_type": spec.filesystem.deployment_type, "why": fs.reason}
+    figures = (
+        f"for this run persistent {persistent['storage_gib']:,} GiB at {persistent['throughput_per_tib']} MB/s/TiB "
+        f"costs ${persistent['cost_usd']:,.2f} and takes {persistent['ips']} IPs, scratch {scratch['storage_gib']:,} "
+        f"GiB ${scratch['cost_usd']:,.2f} and {scratch['ips']} IPs"
+    )
+    cheaper = "persistent" if persistent["cost_usd"] <= scratch["cost_usd"] else "scratch"
+    if spec.filesystem.keep:
+        choice, why = "persistent", "the file system is kept after the run (keep), and only PERSISTENT_2 survives a file-server failure"
+    elif hours > PERSISTENT_AFTER_HOURS:
+        choice, why = "persistent", (
+            f"a {hours:g} h run should survive a file-server failure (PERSISTENT_2 replicates; SCRATCH_2 loses its "
+            "data and must be rebuilt from S3)"
         )
+    elif cheaper == "persistent":
+        choice, why = "persistent", "it costs no more, and it survives a file-server failure"
     else:
-        choice = "scratch"
-        why = (
-            f"scratch recommended: a {hours:g} h run can rebuild its file system from S3 after a failure, "
-            "and SCRATCH_2 costs less"
-        )
-    return {"deployment_type": choice, "why": why}
+        choice, why = "scratch", f"it costs less, and a {hours:g} h run can rebuild its file system from S3 after a failure"
+    return {"deployment_type": choice, "why": f"{choice} recommended: {why}; {figures}"}
 
 
 def _neighbours(value: int, valid: list[int]) -> str:

@@ -178,8 +178,25 @@ class Output(_Section):
     to_filesystem: bool = False
 
 
+#: An earlier run's job id (register_job's `<spec name>-<8 hex>`).
+JOB_ID_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?-[0-9a-f]{8}$"
+
+
 class Checkpoints(_Section):
+    #: where the runs' checkpoints go, each run under its own <job id>/checkpoints/ (default: output.s3_uri)
     s3_uri: S3Uri | None = None
+    #: continue the training of an earlier run: its job id, or the s3:// prefix holding its checkpoints
+    resume_from: str | None = Field(None, min_length=1, max_length=1024)
+
+    @field_validator("resume_from")
+    @classmethod
+    def _run_or_prefix(cls, v: str | None) -> str | None:
+        if v is not None and not (re.fullmatch(JOB_ID_PATTERN, v) or re.fullmatch(S3_URI_PATTERN, v)):
+            raise ValueError(
+                "an earlier run's job id (like gpt-small-1a2b3c4d, as `lustrain rehearse` and the notices show it) "
+                "or the s3:// prefix of its checkpoints"
+            )
+        return v
 
 
 class Budget(_Section):
@@ -204,9 +221,9 @@ class JobSpec(_Section):
     )
 
     @property
-    def checkpoint_s3_uri(self) -> str:
-        """Where checkpoints go: the spec's, else <output>/checkpoints/."""
-        return self.checkpoints.s3_uri or self.output.s3_uri.rstrip("/") + "/checkpoints/"
+    def checkpoints_base(self) -> str:
+        """Where this spec's runs keep checkpoints, each under its own job id: checkpoints.s3_uri, else the output."""
+        return self.checkpoints.s3_uri or self.output.s3_uri
 
     @field_validator("tags")
     @classmethod
@@ -337,6 +354,8 @@ def _allowed_at(loc: list[str]) -> list[str]:
         if field is None:
             return []
         model = field.annotation
+        if not hasattr(model, "model_fields"):
+            return []
     return list(getattr(model, "model_fields", {}))
 
 

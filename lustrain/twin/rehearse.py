@@ -21,7 +21,7 @@ from typing import Any
 
 import boto3
 import yaml
-from lustrain_core.planner import plan
+from lustrain_core.launch import compile_offline
 from lustrain_core.spec import JobSpec, load_spec_file
 
 from lustrain.submit import upload_code_dir
@@ -151,7 +151,7 @@ def rehearse(
 
     say = printer or (lambda line: None)
     spec = load_spec_file(spec_path)
-    the_plan = plan(spec)
+    the_plan, _ = compile_offline(spec)
     parsed = [faults.parse(f) for f in inject or []]
     started = time.monotonic()
     with twin(parameters, template) as stack:
@@ -309,6 +309,36 @@ def _drop_spec(stack: Any, doc: dict[str, Any], say: Printer) -> str:
     raise RuntimeError(
         "no execution started within 30 s of the drop: is the jobs rule wired to the state machine?"
     )
+
+
+def until(probe: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
+    """Poll `probe` until it answers something but None; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while (found := probe()) is None:
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.2)
+    return found
+
+
+def drop(stack: Any, spec_path: Path, key: str | None = None) -> tuple[JobSpec, str]:
+    """Drop a spec file into a running twin's jobs bucket (under `key`, default jobs/<name>.yaml), its data and code
+    uploaded first as `lustrain rehearse` does; the spec and the execution the drop starts."""
+    spec = load_spec_file(spec_path)
+    ensure_data(spec, print)
+    ensure_bucket(bucket_of(spec.output.s3_uri))
+    doc = submittable(spec, spec_path.parent, stack.outputs, print)
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    machine = stack.outputs["StateMachineArn"]
+    before = {e["executionArn"] for e in sfn.list_executions(stateMachineArn=machine)["executions"]}
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=stack.outputs["JobsBucketName"], Key=key or f"jobs/{spec.name}.yaml", Body=yaml.safe_dump(doc).encode()
+    )
+
+    def started() -> str | None:
+        executions = sfn.list_executions(stateMachineArn=machine)["executions"]
+        return next((e["executionArn"] for e in executions if e["executionArn"] not in before), None)
+
+    return spec, until(started, f"an execution for {spec.name}")
 
 
 def _watch(

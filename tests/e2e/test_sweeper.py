@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 import yaml
-from lustrain_core.spec import JobSpec, load_spec_file
+from lustrain_core.spec import JobSpec
 
 from lustrain.twin import rehearse
 from lustrain.twin.iam import usage
-from lustrain.twin.rehearse import REGION, twin
+from lustrain.twin.rehearse import REGION, drop, twin, until
 
 pytestmark = pytest.mark.slow
 
@@ -40,41 +39,6 @@ def spec_file(tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def drop(stack: Any, spec_path: Path) -> tuple[JobSpec, str]:
-    """Drop a spec into the jobs bucket, as `lustrain rehearse` does; the spec and the execution it starts."""
-    spec = load_spec_file(spec_path)
-    rehearse.ensure_data(spec, print)
-    rehearse.ensure_bucket(rehearse.bucket_of(spec.output.s3_uri))
-    doc = rehearse.submittable(spec, spec_path.parent, stack.outputs, print)
-    sfn = boto3.client("stepfunctions", region_name=REGION)
-    machine = stack.outputs["StateMachineArn"]
-    before = {e["executionArn"] for e in sfn.list_executions(stateMachineArn=machine)["executions"]}
-    boto3.client("s3", region_name=REGION).put_object(
-        Bucket=stack.outputs["JobsBucketName"],
-        Key=f"jobs/{spec.name}.yaml",
-        Body=yaml.safe_dump(doc).encode(),
-    )
-    return spec, until(
-        lambda: next(
-            (
-                e["executionArn"]
-                for e in sfn.list_executions(stateMachineArn=machine)["executions"]
-                if e["executionArn"] not in before
-            ),
-            None,
-        ),
-        f"an execution for {spec.name}",
-    )
-
-
-def until(probe: Any, what: str, timeout: float = 180.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while (found := probe()) is None:
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.2)
-    return found
 
 
 def entered(sfn: Any, execution_arn: str) -> list[str]:

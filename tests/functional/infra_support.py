@@ -77,13 +77,19 @@ def spec(**sections: Any) -> dict[str, Any]:
 
 
 def seed_data(uri: str = SPEC["data"]["s3_uri"], files: dict[str, bytes] | None = None) -> None:
+    """The data under `uri`, and what register_job checks besides: the test spec's code (its entry point) and the
+    bucket its output goes to."""
     s3 = boto3.client("s3", region_name=REGION)
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     existing = {b["Name"] for b in s3.list_buckets()["Buckets"]}
-    if bucket not in existing:
-        s3.create_bucket(Bucket=bucket)
-    for key, body in (DATA if files is None else files).items():
-        s3.put_object(Bucket=bucket, Key=prefix + key, Body=body)
+    code = SPEC["code"]["source"] + SPEC["code"]["entry_point"]
+    output = SPEC["output"]["s3_uri"]
+    for where, content in ((uri, DATA if files is None else files), (code, {"": b"print('train')\n"}), (output, {})):
+        bucket, _, prefix = where.removeprefix("s3://").partition("/")
+        if bucket not in existing:
+            s3.create_bucket(Bucket=bucket)
+            existing.add(bucket)
+        for key, body in content.items():
+            s3.put_object(Bucket=bucket, Key=prefix + key, Body=body)
 
 
 def invoke(step: str, event: dict[str, Any], context: Any = None) -> dict[str, Any]:

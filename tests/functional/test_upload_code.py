@@ -85,22 +85,29 @@ def test_changed_code_gets_a_new_key(aws):
     assert second["key"] != first["key"] and second["uploaded"] is True
 
 
-def test_a_missing_entry_point_names_the_python_files_there(aws):
-    doc = register(spec(code={"source": f"s3://{CODE_BUCKET}/tiny/", "entry_point": "main.py"}))
-    put_code()
+def test_a_missing_entry_point_is_refused_when_the_run_registers_before_anything_exists(aws):
+    with pytest.raises(SpecInvalid) as info:
+        register(spec(code={"source": f"s3://{CODE_BUCKET}/tiny/", "entry_point": "main.py"}))
+    (error,) = info.value.errors
+    assert error.path == "code.entry_point" and "not found under code.source" in error.message
+    assert boto3.client("ec2", region_name=REGION).describe_vpcs(Filters=[{"Name": "tag-key", "Values": ["lustrain:job-id"]}])["Vpcs"] == []
+
+
+def test_a_missing_entry_point_at_upload_names_the_python_files_there(aws):
+    doc = register()
+    put_code(files={k: v for k, v in CODE.items() if k != "train.py"})
+    boto3.client("s3", region_name=REGION).delete_object(Bucket=CODE_BUCKET, Key="tiny/train.py")
     with pytest.raises(SpecInvalid) as info:
         invoke("upload_code", doc)
     (error,) = info.value.errors
     assert error.path == "code.entry_point"
-    assert "train.py" in error.message and "lustrain_trainer/trainer.py" in error.message
+    assert "lustrain_trainer/trainer.py" in error.message
 
 
-def test_an_empty_prefix_is_a_spec_error_at_code_source(aws):
-    doc = register()
-    boto3.client("s3", region_name=REGION).create_bucket(Bucket=CODE_BUCKET)
+def test_an_empty_code_prefix_is_refused_at_code_source_when_the_run_registers(aws):
     with pytest.raises(SpecInvalid) as info:
-        invoke("upload_code", doc)
-    assert info.value.errors[0].path == "code.source"
+        register(spec(code={"source": f"s3://{CODE_BUCKET}/empty/"}))
+    assert info.value.errors[0].path == "code.source" and "no objects" in info.value.errors[0].message
 
 
 def test_the_trainers_own_metric_definitions_are_returned_for_start_training(aws):

@@ -4,6 +4,7 @@ transient failures reach the state machine under the names its Retry knows."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,17 @@ def test_each_state_document_sample_holds_the_registered_job_and_what_came_befor
     assert registered.job_id == document["job"]["job_id"]
     assert registered.job_id == job.job_id_for(registered.spec.name, document["job"]["source"]["identity"])
     assert registered.plan["network"]["ips_needed"] > 0
+
+
+@pytest.mark.parametrize("path", sorted(EVENTS.glob("*.json")), ids=lambda p: p.stem)
+def test_each_samples_registered_job_is_what_register_job_compiles_for_its_spec(path):
+    """A sample never drifts from the compiler: its plan and launch plan are the ones register_job makes
+    (scripts/refresh_events.py rewrites them)."""
+    sys.path.insert(0, str(EVENTS.parent / "scripts"))
+    from refresh_events import refreshed
+
+    document = json.loads(path.read_text())
+    assert refreshed(json.loads(path.read_text())) == document
 
 
 def test_the_file_system_samples_agree_with_the_directory_path_rule():

@@ -9,7 +9,6 @@ from typing import Any
 import botocore.session
 import pytest
 from botocore.validate import ParamValidator
-from lustrain_core import planner
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.spec import validate_spec
@@ -33,7 +32,7 @@ def job_with(**sections: Any) -> Job:
     for key, value in sections.items():
         doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
     spec = validate_spec(doc)
-    return Job("gpt-0badc0de", spec, planner.plan(spec).to_dict())
+    return Job.of(spec, "gpt-0badc0de", SETTINGS)
 
 
 def valid(operation: str, request: dict[str, Any]) -> None:
@@ -101,7 +100,7 @@ def test_output_on_the_file_system_with_data_at_the_root_is_refused_at_mount_pat
 
 
 def test_a_mount_path_inside_the_output_area_is_refused():
-    spec = job_with(filesystem={"mount_path": "/lustrain-output/x"}, output={"to_filesystem": True}).spec
+    spec = validate_spec({**SPEC, "filesystem": {"mount_path": "/lustrain-output/x"}, "output": {**SPEC["output"], "to_filesystem": True}})
     with pytest.raises(SpecInvalid) as exc:
         fs.link_for(spec, "j")
     path, message = only_error(exc)

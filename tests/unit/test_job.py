@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from lustrain_core import planner
 from lustrain_core.errors import SpecForbidden, SpecInvalid
+from lustrain_core.launch import compile_offline
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps import job
 from lustrain_core.steps.policy import Policy
@@ -220,10 +221,10 @@ def test_the_measured_extensions_reach_the_planners_compression_judgement():
     assert text.filesystem.stored_gib < 3000
 
 
-def test_the_scratch_mount_path_rule_is_checked_when_the_job_is_registered():
+def test_the_scratch_mount_path_rule_is_checked_when_the_job_is_compiled():
     spec = spec_with(filesystem={"mount_path": "/"}, output={"to_filesystem": True})
     with pytest.raises(SpecInvalid) as exc:
-        job.filesystem.link_for(spec, "gpt-small-00000000")
+        compile_offline(spec)
     assert field_of(exc) == "filesystem.mount_path"
 
 

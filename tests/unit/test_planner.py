@@ -295,3 +295,34 @@ def test_any_spec_gives_a_plan_or_field_pointed_errors_never_a_crash(doc):
     assert fs.throughput_mb_s >= fs.demand_mb_s or any("GPUs will wait" in w for w in p.warnings)
     assert usable_ips(p.network.subnet_prefix_length) >= p.network.ips_needed
     assert p.cost.total_usd > 0
+
+
+def test_a_throughput_bound_run_is_compared_on_both_types_and_recommended_by_the_figures():
+    """50 x p4d over 20 TB for 48 h: the throughput sizes both file systems, and PERSISTENT_2 comes out cheaper
+    (and with fewer IPs) than SCRATCH_2, so the plan says so rather than "scratch costs less"."""
+    result = plan(spec_with(compute={"instance_count": 50, "max_runtime_hours": 48}, data={"size_gib": 20_000}))
+    options = {a["deployment_type"]: a for a in result.filesystem.alternatives}
+    scratch, persistent = options["SCRATCH_2"], options["PERSISTENT_2"]
+    assert persistent["cost_usd"] < scratch["cost_usd"] and persistent["ips"] < scratch["ips"]
+    for option in (scratch, persistent):
+        assert option["throughput_mb_s"] >= result.filesystem.demand_mb_s
+    assert result.recommendation["deployment_type"] == "persistent"
+    why = result.recommendation["why"]
+    assert f"${persistent['cost_usd']:,.2f}" in why and f"${scratch['cost_usd']:,.2f}" in why
+    assert "costs less" not in why.split(";")[0]
+
+
+def test_a_short_data_bound_run_is_recommended_scratch_because_its_figures_say_it_costs_less():
+    result = plan(spec_with(data={"size_gib": 5000}, compute={"instance_count": 1, "max_runtime_hours": 12}))
+    options = {a["deployment_type"]: a for a in result.filesystem.alternatives}
+    assert options["SCRATCH_2"]["cost_usd"] < options["PERSISTENT_2"]["cost_usd"]
+    assert result.recommendation["deployment_type"] == "scratch"
+    assert "costs less" in result.recommendation["why"]
+
+
+def test_the_plan_shows_the_quota_the_live_check_counts_a_spot_run_against():
+    from lustrain_core.launch import compile_offline
+
+    spot = spec_with(compute={"spot": True}, data={"size_gib": 1})
+    result, launch = compile_offline(spot)
+    assert result.quota["quota_name"] == "ml.p4d.24xlarge for spot training job usage" == launch.quota.name

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from lustrain_core import planner
 from lustrain_core.config import Settings
 from lustrain_core.errors import QuotaExceeded, SpecInvalid
+from lustrain_core.launch import registered
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps import quota
 
@@ -113,13 +113,7 @@ def document(count: int = 2, spot: bool = False) -> dict[str, Any]:
             "output": {"s3_uri": "s3://results/x/"},
         }
     )
-    return {
-        "job": {
-            "job_id": "gpt-0badc0de",
-            "spec": spec.model_dump(mode="json"),
-            "plan": planner.plan(spec).to_dict(),
-        }
-    }
+    return {"job": registered(spec, "gpt-0badc0de", Settings(region="eu-west-1"))}
 
 
 def run(

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from lustrain_core.errors import SpecInvalid
+from lustrain_core.launch import checkpoint_location
 from lustrain_core.spec import MAX_SPEC_BYTES, json_schema, load_spec
 
 MINIMAL = "name: gpt\ndata: {s3_uri: s3://bkt/data/}\noutput: {s3_uri: s3://bkt/out/}\n"
@@ -27,7 +28,8 @@ def test_minimal_spec_gets_design_defaults():
     assert spec.filesystem.deployment_type == "scratch"
     assert spec.filesystem.mount_path == "/data"
     assert spec.network.vpc_cidr == "10.80.0.0/16"
-    assert spec.checkpoint_s3_uri == "s3://bkt/out/checkpoints/"
+    # each run checkpoints under its own job id, below the output by default
+    assert checkpoint_location(spec, "gpt-0badc0de") == "s3://bkt/out/gpt-0badc0de/checkpoints/"
 
 
 def test_json_and_yaml_give_the_same_spec():

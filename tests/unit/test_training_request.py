@@ -12,6 +12,8 @@ import pytest
 from botocore.validate import validate_parameters
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid
+from lustrain_core.launch import registered
+from lustrain_core.spec import validate_spec
 from lustrain_core.steps.training import build_training_request, training_job_name
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
@@ -32,6 +34,10 @@ def document(spec_changes: dict | None = None, **sections) -> dict:
         spec[section] = {**spec[section], **values} if isinstance(values, dict) else values
     for key, value in sections.items():
         doc[key] = {**doc[key], **value}
+    # the launch plan of the changed spec, compiled as register_job compiles it (SpecInvalid as it refuses it)
+    # (on the sample's own plan: the planner's rules are tested apart)
+    spec = validate_spec(doc["job"]["spec"])
+    doc["job"].update(registered(spec, doc["job"]["job_id"], SETTINGS, plan=doc["job"]["plan"]))
     return doc
 
 
@@ -200,7 +206,7 @@ def test_network_output_checkpoints_role_and_tags():
     }
     assert request["OutputDataConfig"] == {"S3OutputPath": "s3://my-team-results/gpt-small/"}
     assert request["CheckpointConfig"] == {
-        "S3Uri": "s3://my-team-results/gpt-small/checkpoints/",
+        "S3Uri": f"s3://my-team-results/gpt-small/{doc['job']['job_id']}/checkpoints/",
         "LocalPath": "/opt/ml/checkpoints",
     }
     assert request["RoleArn"] == SETTINGS.sagemaker_role_arn
@@ -264,8 +270,9 @@ def test_spot_without_max_wait_may_wait_a_day_for_capacity_beyond_its_runtime():
 
 
 def test_environment_passes_through_and_is_checked_against_the_api():
-    request = request_for(document({"code": {"environment": {"NCCL_DEBUG": "INFO"}}}))
-    assert request["Environment"] == {"NCCL_DEBUG": "INFO"}
+    doc = document({"code": {"environment": {"NCCL_DEBUG": "INFO"}}})
+    # the trainer learns its run from LUSTRAIN_RUN_ID: it continues only that run's checkpoints
+    assert request_for(doc)["Environment"] == {"NCCL_DEBUG": "INFO", "LUSTRAIN_RUN_ID": doc["job"]["job_id"]}
     with pytest.raises(SpecInvalid) as info:
         request_for(document({"code": {"environment": {"1BAD": "x", "GOOD": "y" * 513}}}))
     assert {e.path for e in info.value.errors} == {"code.environment.1BAD", "code.environment.GOOD"}

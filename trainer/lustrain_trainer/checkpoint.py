@@ -1,6 +1,8 @@
 """Checkpoints: written atomically, found newest-first on start, corrupt ones skipped and set aside.
 
-A checkpoint is step-<step>.pt. It is written to a hidden temporary name in the same directory, flushed to
+A checkpoint is step-<step>.pt, with its manifest step-<step>.json beside it: the run that wrote it and its model's
+shape, readable without torch (lustrain's register_job reads it to check that a run told to continue this one,
+checkpoints.resume_from, trains the same model). It is written to a hidden temporary name in the same directory, flushed to
 disk and renamed into place, so a reader (a restart, or SageMaker syncing the directory to S3) never sees
 half a file under the real name. A file that still fails to load (a partial copy, a bad disk) is renamed
 to *.corrupt and the previous one is used instead.
@@ -8,6 +10,7 @@ to *.corrupt and the previous one is used instead.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -20,6 +23,9 @@ import torch
 FORMAT = "lustrain-checkpoint"
 VERSION = 1
 NAME = re.compile(r"step-(\d+)\.pt")
+#: the run a checkpoint belongs to, and the one a run may continue: set by lustrain on the training job
+RUN_ID_ENV = "LUSTRAIN_RUN_ID"
+RESUME_FROM_ENV = "LUSTRAIN_RESUME_FROM"
 REQUIRED = ("format", "version", "step", "model", "optimizer", "model_config")
 
 
@@ -36,6 +42,16 @@ class Loaded:
 
 def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"step-{step:09d}.pt"
+
+
+def manifest_path(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:09d}.json"
+
+
+def save_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -146,7 +162,22 @@ def load_latest(directory: Path, log: Callable[[str], None]) -> Loaded | None:
 
 def prune(directory: Path, keep: int) -> list[Path]:
     removed = []
-    for _step, path in list_checkpoints(directory)[keep:]:
+    for step, path in list_checkpoints(directory)[keep:]:
         path.unlink(missing_ok=True)
+        manifest_path(directory, step).unlink(missing_ok=True)
         removed.append(path)
     return removed
+
+
+def foreign(payload: dict[str, Any], run: str | None, resume_from: str | None) -> str | None:
+    """Why this run may not continue a checkpoint another run wrote, or None. A run lustrain started knows its id
+    (LUSTRAIN_RUN_ID) and continues only its own checkpoints, or those of the run it was told to resume."""
+    if run is None:
+        return None
+    owner = payload.get("run")
+    if owner in (run, resume_from) and owner is not None:
+        return None
+    return (
+        f"it belongs to run {owner or 'unknown (written without a run id)'}, not to this run {run}; continue it only "
+        "by naming it in checkpoints.resume_from"
+    )

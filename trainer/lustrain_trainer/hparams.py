@@ -84,6 +84,19 @@ class Hyperparameters:
         return asdict(self)
 
 
+#: the hyperparameters that decide the model's shape (a checkpoint continues only under the same ones)
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "seq_len", "dropout")
+
+
+def shape_of(hp: Hyperparameters) -> dict[str, Any]:
+    """The model's shape as its preset and the values that differ from the preset: what a checkpoint's manifest
+    records, so that lustrain can tell, from a spec's hyperparameters alone, whether it trains the same model."""
+    preset = PRESETS[hp.preset]
+    differs = {key: getattr(hp, key) for key in SHAPE_KEYS
+               if getattr(hp, key) != preset.get(key, getattr(Hyperparameters, key))}
+    return {"preset": hp.preset, "default_preset": Hyperparameters.preset, "overrides": differs}
+
+
 @dataclass(frozen=True)
 class RunPaths:
     data: Path

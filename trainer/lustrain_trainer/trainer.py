@@ -28,13 +28,24 @@ from torch import nn
 from . import checkpoint, distributed
 from .data import Batch, BatchPlan, Prefetcher, ShardReader
 from .distributed import Dist
-from .hparams import Hosts, HyperparameterError, Hyperparameters, RunPaths, parse, read_hosts, resolve_paths
+from .hparams import (
+    Hosts,
+    HyperparameterError,
+    Hyperparameters,
+    RunPaths,
+    parse,
+    read_hosts,
+    resolve_paths,
+    shape_of,
+)
 from .metrics import format_line
 from .model import CONFIG_FILE, GPT, MODEL_FILE
 from .shards import DataError, DataIndex, read_index
 from .tokenizer import TOKENIZER_INFO
 
 DATA_TRACE_ENV = "LUSTRAIN_DATA_TRACE"
+#: SageMaker's directory of the "resume" channel: the checkpoint of the run this one continues
+RESUME_CHANNEL_ENV = "SM_CHANNEL_RESUME"
 SUMMARY_FILE = "summary.json"
 
 
@@ -99,6 +110,11 @@ class Outcome:
 class Trainer:
     def __init__(self, hp: Hyperparameters, paths: RunPaths, info: Dist, hosts: Hosts, index: DataIndex) -> None:
         self.hp, self.paths, self.info, self.hosts = hp, paths, info, hosts
+        # the run lustrain started this job for, the run it may continue, and that run's checkpoint (if any)
+        self.run_id = os.environ.get(checkpoint.RUN_ID_ENV) or None
+        self.resume_from = os.environ.get(checkpoint.RESUME_FROM_ENV) or None
+        resume_dir = os.environ.get(RESUME_CHANNEL_ENV)
+        self.resume_dir = Path(resume_dir) if resume_dir else None
         # With distribution none on several hosts each host trains alone; only the first one writes.
         self.writes = info.is_main and (info.active or hosts.is_first)
         self.config = hp.model_config()
@@ -160,8 +176,12 @@ class Trainer:
             started = time.monotonic()
             path = checkpoint.checkpoint_path(self.paths.checkpoints, step)
             payload = checkpoint.make_payload(step, model_state, optim_state, self.config.to_dict(),
-                                              {"tokens_seen": tokens_seen, "hyperparameters": self.hp.to_dict()})
+                                              {"tokens_seen": tokens_seen, "hyperparameters": self.hp.to_dict(),
+                                               "run": self.run_id})
             checkpoint.save_atomic(payload, path)
+            checkpoint.save_manifest(checkpoint.manifest_path(self.paths.checkpoints, step), {
+                "format": checkpoint.FORMAT, "version": checkpoint.VERSION, "run": self.run_id, "step": step,
+                "model_config": self.config.to_dict(), "shape": shape_of(self.hp)})
             checkpoint.prune(self.paths.checkpoints, self.hp.keep_checkpoints)
             say(f"checkpoint saved {path.name} at step {step} ({reason}, {time.monotonic() - started:.2f}s)")
         distributed.barrier(self.info)
@@ -174,23 +194,35 @@ class Trainer:
         its own checkpoint directory (SageMaker restores the checkpoints to every instance).
         """
         loaded = checkpoint.load_latest(self.paths.checkpoints, say) if self.info.is_main else None
-        mismatch = loaded is not None and loaded.payload["model_config"] != self.config.to_dict()
+        if loaded is None and self.resume_dir is not None and self.info.is_main:
+            # the run this one continues (checkpoints.resume_from): its checkpoint, brought by the resume channel
+            loaded = checkpoint.load_latest(self.resume_dir, say)
+            if loaded is not None:
+                say(f"continuing run {loaded.payload.get('run')} from {loaded.path.name}")
+        refusal = None
+        if loaded is not None:
+            why = checkpoint.foreign(loaded.payload, self.run_id, self.resume_from)
+            if why:
+                refusal = f"{loaded.path} will not be continued: {why}"
+            elif loaded.payload["model_config"] != self.config.to_dict():
+                refusal = (
+                    f"the newest checkpoint in {loaded.path.parent} holds {loaded.payload['model_config']}, another "
+                    f"model than this run's {self.config.to_dict()}: use another checkpoint_dir or the same model "
+                    "hyperparameters")
         # -1 tells every rank that rank 0 refuses the checkpoint, so none waits for a broadcast that never comes.
-        step = distributed.broadcast_int(-1 if mismatch else loaded.step if loaded else 0, self.info)
+        step = distributed.broadcast_int(-1 if refusal else loaded.step if loaded else 0, self.info)
         if step < 0:
-            found = f" holds {loaded.payload['model_config']}" if loaded else ""
-            raise checkpoint.CheckpointMismatch(
-                f"the newest checkpoint in {self.paths.checkpoints}{found}, another model than this run's "
-                f"{self.config.to_dict()}: use another checkpoint_dir or the same model hyperparameters"
-            )
+            raise checkpoint.CheckpointMismatch(refusal or "rank 0 refused the newest checkpoint (see its log)")
         if step == 0:
             return 0, 0
         payload: dict[str, Any] = {}
         if loaded is not None:
             payload = loaded.payload
         elif not self.fsdp:
+            own = checkpoint.checkpoint_path(self.paths.checkpoints, step).exists()
+            source = self.paths.checkpoints if own or self.resume_dir is None else self.resume_dir
             try:
-                payload = checkpoint.load_step(self.paths.checkpoints, step)
+                payload = checkpoint.load_step(source, step)
             except FileNotFoundError as exc:
                 raise checkpoint.CheckpointMismatch(
                     f"rank {self.info.rank} on host {self.hosts.current}: rank 0 resumes from step {step} but "

@@ -28,17 +28,12 @@ from pydantic import (
 )
 
 from lustrain_core.errors import MISSING, SpecInvalid
+from lustrain_core.launch import LaunchPlan
 from lustrain_core.spec import S3_URI_PATTERN, JobSpec, field_errors, validate_spec
 
 #: Tag keys on everything a run creates: teardown deletes only what carries this job's id.
 TAG_JOB_ID = "lustrain:job-id"
 TAG_CREATED_BY = "lustrain:created-by"
-
-
-def job_tags(job_id: str, stack_name: str, spec_tags: dict[str, str], what: str) -> list[dict[str, str]]:
-    """The tags of one resource of a run: the spec's, then lustrain's (which the spec may not override)."""
-    tags = {**spec_tags, "Name": f"{job_id}-{what}", TAG_JOB_ID: job_id, TAG_CREATED_BY: stack_name}
-    return [{"Key": key, "Value": value} for key, value in tags.items()]
 
 
 def tag_dict(tags: list[dict[str, str]] | None) -> dict[str, str]:
@@ -168,11 +163,13 @@ def _check_plan(job_id: str, spec: JobSpec, plan: Any) -> None:
 
 @dataclass(frozen=True)
 class Job:
-    """The job a state document carries ($.job from register_job): its id, its spec and its plan."""
+    """The job a state document carries ($.job from register_job): its id, its spec, its plan and its launch plan
+    (every decision the steps act on, compiled once by register_job: lustrain_core.launch)."""
 
     job_id: str
     spec: JobSpec
     plan: dict[str, Any]
+    launch: LaunchPlan
 
     @classmethod
     def from_document(cls, document: Any, *needs: str) -> Job:
@@ -187,12 +184,36 @@ class Job:
         if not isinstance(job["job_id"], str):
             raise SpecInvalid.one("job.job_id", job["job_id"], "the job id register_job gave, a string")
         _check_plan(job["job_id"], spec, job.get("plan"))
+        launch = _checked_launch(job["job_id"], job.get("launch"))
         for name, (model, made_by) in SECTIONS.items():
             if name in document:
                 _checked(model, document[name], name)
             elif name in needs:
                 raise SpecInvalid.one(name, MISSING, f"the state document lacks $.{name} (made by {made_by})")
-        return cls(job["job_id"], spec, dict(job["plan"]))
+        return cls(job["job_id"], spec, dict(job["plan"]), launch)
 
-    def tags(self, stack_name: str, what: str) -> list[dict[str, str]]:
-        return job_tags(self.job_id, stack_name, dict(self.spec.tags), what)
+    @classmethod
+    def of(cls, spec: JobSpec, job_id: str, settings: Any = None, *, data_gib: float | None = None) -> Job:
+        """The job register_job would record for `spec` under `job_id` (its plan and launch plan compiled as
+        register_job compiles them), without AWS: what tests and tools build documents with."""
+        from lustrain_core.config import Settings
+        from lustrain_core.launch import registered
+
+        made = registered(spec, job_id, settings or Settings(), data_gib=data_gib)
+        return cls(job_id, spec, made["plan"], LaunchPlan.model_validate(made["launch"]))
+
+    def tags(self, resource: str) -> list[dict[str, str]]:
+        """The tags of one resource of the run: the launch plan's, and its Name (launch.names.<resource>)."""
+        return self.launch.tags_named(getattr(self.launch.names, resource))
+
+
+def _checked_launch(job_id: str, launch: Any) -> LaunchPlan:
+    if launch is None:
+        raise SpecInvalid.one("job.launch", MISSING, "the state document lacks the launch plan register_job compiles")
+    try:
+        checked = LaunchPlan.model_validate(launch)
+    except ValidationError as exc:
+        raise SpecInvalid(field_errors(exc, "job.launch")) from None
+    if checked.job_id != job_id:
+        raise SpecInvalid.one("job.launch.job_id", checked.job_id, f"the launch plan of {job_id}")
+    return checked

@@ -147,7 +147,7 @@ def create_request(job: Job, network: dict[str, Any], settings: Settings) -> dic
     }
     if kind == "PERSISTENT_2":
         lustre["PerUnitStorageThroughput"] = int(planned["per_unit_storage_throughput"])
-    tags = job.tags(settings.stack_name, "lustre")
+    tags = job.tags("filesystem")
     if job.spec.filesystem.keep:
         tags.append({"Key": TAG_KEEP, "Value": "true"})
     request: dict[str, Any] = {
@@ -185,7 +185,7 @@ def dra_request(job: Job, file_system_id: str, link: Link, settings: Settings) -
         "BatchImportMetaDataOnCreate": link.purpose == "data",
         "S3": s3,
         "ClientRequestToken": token,
-        "Tags": job.tags(settings.stack_name, f"link-{link.purpose}"),
+        "Tags": job.tags(f"link_{link.purpose}"),
     }
 
 

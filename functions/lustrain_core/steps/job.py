@@ -31,12 +31,12 @@ from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEve
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lustrain_core import planner
+from lustrain_core import launch, planner
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
 from lustrain_core.spec import MAX_SPEC_BYTES, S3_URI_PATTERN, JobSpec, parse_document, validate_spec
-from lustrain_core.steps import filesystem, records
+from lustrain_core.steps import records
 from lustrain_core.steps.policy import Policy
 
 #: Measuring a prefix lists every object; beyond this many the user must give data.size_gib.
@@ -227,13 +227,86 @@ def measure_data(s3: Any, s3_uri: str) -> tuple[float, dict[str, int]]:
     return total / 2**30, by_extension
 
 
+def _listing(s3: Any, uri: str, field: str, what: str, max_keys: int = 1) -> list[dict[str, Any]]:
+    """Up to `max_keys` objects under an S3 prefix; SpecInvalid naming `field` when the stack cannot list it."""
+    bucket, prefix = split_s3_uri(uri, field)
+    try:
+        return list(s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=max_keys).get("Contents", []))
+    except ClientError as exc:
+        if error_code(exc) in {"NoSuchBucket", "AccessDenied", "AllAccessDisabled", "PermanentRedirect"}:
+            raise SpecInvalid.one(
+                field, uri, f"{what} cannot be listed by the stack ({explained(exc)}); check the bucket and its policy"
+            ) from None
+        raise
+
+
+def check_locations(s3: Any, spec: JobSpec) -> None:
+    """Every S3 location of the spec, before anything is created: the data and the code exist and can be read
+    (listed: s3:ListBucket, as FSx and the SageMaker SDK list them), the entry point is in the code, and the
+    buckets the run writes to (output, checkpoints) exist and can be reached. Which prefixes the stack may write is
+    its AllowedOutputPrefixes (Policy.check_spec), from which the training role's grants are made."""
+    if spec.data.size_gib is not None and not _listing(s3, spec.data.s3_uri, "data.s3_uri", "the data"):
+        raise SpecInvalid.one("data.s3_uri", spec.data.s3_uri, "no objects under this prefix: upload the data or fix the URI")
+    source = spec.code.source
+    if not _listing(s3, source, "code.source", "the code"):
+        raise SpecInvalid.one("code.source", source, "no objects under this prefix: upload the code or fix the URI")
+    entry = source.rstrip("/") + "/" + spec.code.entry_point
+    if not any(o["Key"].endswith(spec.code.entry_point) for o in _listing(s3, entry, "code.source", "the code")):
+        raise SpecInvalid.one(
+            "code.entry_point", spec.code.entry_point, f"not found under code.source {source}: the script SageMaker runs"
+        )
+    _listing(s3, spec.output.s3_uri, "output.s3_uri", "the output location", max_keys=0)
+    if spec.checkpoints.s3_uri:
+        _listing(s3, spec.checkpoints.s3_uri, "checkpoints.s3_uri", "the checkpoint location", max_keys=0)
+
+
+def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch.Resume | None:
+    """The checkpoint checkpoints.resume_from names, checked against the spec's model before anything exists."""
+    ref = spec.checkpoints.resume_from
+    if ref is None:
+        return None
+    field = "checkpoints.resume_from"
+    if ref.startswith("s3://"):
+        prefix = ref if ref.endswith("/") else ref + "/"
+    else:
+        earlier = records.get(ddb, settings.jobs_table, ref)
+        if earlier is None or "launch" not in earlier:
+            raise SpecInvalid.one(field, ref, "no run with this job id in this stack (give the s3:// prefix instead)")
+        prefix = str(earlier["launch"]["checkpoint_s3_uri"])
+    steps = []
+    bucket, key_prefix = split_s3_uri(prefix, field)
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key_prefix):
+            for obj in page.get("Contents", []):
+                match = launch.MANIFEST_NAME.fullmatch(obj["Key"][len(key_prefix) :])
+                if match:
+                    steps.append((int(match[1]), str(obj["Key"])))
+        if not steps:
+            raise SpecInvalid.one(
+                field, ref, f"no checkpoint under {prefix} (lustrain's trainer writes step-N.pt with its step-N.json)"
+            )
+        step, key = max(steps)
+        manifest = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read(launch.MAX_MANIFEST_BYTES))
+    except ClientError as exc:
+        if error_code(exc) in {"NoSuchBucket", "NoSuchKey", "AccessDenied"}:
+            raise SpecInvalid.one(field, ref, f"the checkpoint cannot be read by the stack ({explained(exc)})") from None
+        raise
+    except ValueError:
+        raise SpecInvalid.one(field, ref, f"s3://{bucket}/{key} is not a checkpoint manifest (JSON)") from None
+    launch.check_resumable(spec, manifest, f"s3://{bucket}/{key}")
+    return launch.Resume(s3_uri=f"s3://{bucket}/{key.removesuffix('.json')}", step=step, run=manifest.get("run"))
+
+
 def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
-    """Validate, plan and record a run; returns $.job ({duplicate: true, ...} for a repeated start)."""
+    """Validate, plan, compile and record a run; returns $.job ({duplicate: true, ...} for a repeated start).
+    Nothing is created before every check passed (SpecInvalid, SpecForbidden)."""
     spec = validate_spec(read_spec_document(s3, source))
     check_code_source(spec)
-    filesystem.link_for(spec, job_id_for(spec.name, source.identity))
+    job_id = job_id_for(spec.name, source.identity)
     policy = Policy.from_env(settings.extra)
     policy.check_spec(spec)
+    check_locations(s3, spec)
+    resume = find_resume(s3, ddb, settings, spec)
 
     data_gib: float | None = None
     extension_bytes: dict[str, int] | None = None
@@ -241,18 +314,18 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
         data_gib, extension_bytes = measure_data(s3, spec.data.s3_uri)
     plan = planner.plan(spec, data_gib=data_gib, extension_bytes=extension_bytes).to_dict()
     policy.check_plan(plan)
+    compiled = launch.compile_launch(spec, job_id, settings, plan, resume).model_dump(mode="json")
 
     normalised = spec.model_dump(mode="json")
-    size = len(json.dumps(normalised)) + len(json.dumps(plan))
+    size = len(json.dumps(normalised)) + len(json.dumps(plan)) + len(json.dumps(compiled))
     if size > MAX_STATE_SPEC_BYTES:
         raise SpecInvalid.one(
             "",
             MISSING,
-            f"the spec and its plan are {size:,} bytes as JSON; at most {MAX_STATE_SPEC_BYTES:,} travel between "
-            "the run's states (shrink code.hyperparameters or code.environment)",
+            f"the spec, its plan and its launch plan are {size:,} bytes as JSON; at most {MAX_STATE_SPEC_BYTES:,} "
+            "travel between the run's states (shrink code.hyperparameters or code.environment)",
         )
 
-    job_id = job_id_for(spec.name, source.identity)
     started_at = records.now_iso()
     record = {
         "job_id": job_id,
@@ -260,6 +333,7 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
         "execution": source.execution or "",
         "spec": normalised,
         "plan": plan,
+        "launch": compiled,
         "status": "RUNNING",
         "created_at": started_at,
         "resources": [],
@@ -281,6 +355,7 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
         "duplicate": False,
         "spec": normalised,
         "plan": plan,
+        "launch": compiled,
         "source": source.to_dict(),
         "started_at": started_at,
     }

@@ -119,8 +119,18 @@ def _tag_filters(job_id: str, stack_name: str) -> list[dict[str, Any]]:
     ]
 
 
-def _spec(job: Job, settings: Settings, what: str, resource_type: str) -> list[dict[str, Any]]:
-    return [{"ResourceType": resource_type, "Tags": job.tags(settings.stack_name, what)}]
+def tag_spec(job: Job, resource: str, resource_type: str) -> list[dict[str, Any]]:
+    return [{"ResourceType": resource_type, "Tags": job.tags(resource)}]
+
+
+def security_group_request(job: Job, vpc_id: str) -> dict[str, Any]:
+    """CreateSecurityGroup of the run's group (its name from the launch plan)."""
+    return {
+        "GroupName": job.launch.names.security_group,
+        "Description": f"lustrain {job.job_id}: EFA and Lustre between the training instances and the file system",
+        "VpcId": vpc_id,
+        "TagSpecifications": tag_spec(job, "security_group", "security-group"),
+    }
 
 
 def choose_zone(ec2: Any, wanted: str) -> str:
@@ -241,7 +251,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
         vpc_id = vpcs[0]["VpcId"]
     else:
         vpc_id = ec2.create_vpc(
-            CidrBlock=net["vpc_cidr"], TagSpecifications=_spec(job, settings, "vpc", "vpc")
+            CidrBlock=net["vpc_cidr"], TagSpecifications=tag_spec(job, "vpc", "vpc")
         )["Vpc"]["VpcId"]
     remember("vpc", vpc_id)
 
@@ -254,7 +264,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
             VpcId=vpc_id,
             CidrBlock=net["subnet_cidr"],
             AvailabilityZone=zone,
-            TagSpecifications=_spec(job, settings, "private", "subnet"),
+            TagSpecifications=tag_spec(job, "subnet", "subnet"),
         )["Subnet"]
     remember("subnet", subnet["SubnetId"])
 
@@ -263,7 +273,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
         table = tables[0]
     else:
         table = ec2.create_route_table(
-            VpcId=vpc_id, TagSpecifications=_spec(job, settings, "private", "route-table")
+            VpcId=vpc_id, TagSpecifications=tag_spec(job, "route_table", "route-table")
         )["RouteTable"]
     remember("route_table", table["RouteTableId"])
     if not any(a.get("SubnetId") == subnet["SubnetId"] for a in table.get("Associations", [])):
@@ -279,7 +289,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
             ServiceName=f"com.amazonaws.{settings.region}.s3",
             RouteTableIds=[table["RouteTableId"]],
             ClientToken=f"{job.job_id}-s3",
-            TagSpecifications=_spec(job, settings, "s3", "vpc-endpoint"),
+            TagSpecifications=tag_spec(job, "endpoint", "vpc-endpoint"),
         )["VpcEndpoint"]["VpcEndpointId"]
     remember("vpc_endpoint", endpoint_id)
 
@@ -287,12 +297,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
     if groups:
         group_id = groups[0]["GroupId"]
     else:
-        group_id = ec2.create_security_group(
-            GroupName=f"{job.job_id}-training",
-            Description=f"lustrain {job.job_id}: EFA and Lustre between the job's instances and its file system",
-            VpcId=vpc_id,
-            TagSpecifications=_spec(job, settings, "training", "security-group"),
-        )["GroupId"]
+        group_id = ec2.create_security_group(**security_group_request(job, vpc_id))["GroupId"]
     remember("security_group", group_id)
     _ensure_rules(ec2, group_id, s3_prefix_list(ec2, settings.region))
 

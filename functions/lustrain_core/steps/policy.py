@@ -97,8 +97,11 @@ class Policy:
         self._under(spec.data.s3_uri, self.data_prefixes, "data.s3_uri", DATA_PREFIXES, "data")
         self._under(spec.output.s3_uri, self.output_prefixes, "output.s3_uri", OUTPUT_PREFIXES, "output")
         self._under(
-            spec.checkpoint_s3_uri, self.output_prefixes, "checkpoints.s3_uri", OUTPUT_PREFIXES, "output"
+            spec.checkpoints_base, self.output_prefixes, "checkpoints.s3_uri", OUTPUT_PREFIXES, "output"
         )
+        resume = spec.checkpoints.resume_from
+        if resume is not None and resume.startswith("s3://"):
+            self._under(resume, self.output_prefixes, "checkpoints.resume_from", OUTPUT_PREFIXES, "output")
         if spec.code.source.startswith("s3://"):
             self._under(spec.code.source, self.code_prefixes, "code.source", CODE_PREFIXES, "code")
         if self.instance_types and spec.compute.instance_type not in self.instance_types:

@@ -17,15 +17,10 @@ from botocore.exceptions import ClientError
 
 from lustrain_core.config import Settings
 from lustrain_core.errors import QuotaExceeded, SpecInvalid
-from lustrain_core.planner import quota_name
 from lustrain_core.steps import Job
 
 SERVICE_CODE = "sagemaker"
 REQUEST_INCREASE = "LUSTRAIN_REQUEST_QUOTA_INCREASE"
-
-
-def quota_name_for(instance_type: str, spot: bool) -> str:
-    return f"{instance_type} for spot training job usage" if spot else quota_name(instance_type)
 
 
 def find_quota(quotas: Any, name: str) -> dict[str, Any] | None:
@@ -93,7 +88,7 @@ def check_quota(
     """$.quota: the quota, what is in use and what the run asks for; QuotaExceeded when it does not fit."""
     job = Job.from_document(document)
     compute = job.spec.compute
-    name = quota_name_for(compute.instance_type, compute.spot)
+    name = job.launch.quota.name
     quota = find_quota(quotas, name)
     if quota is None:
         raise SpecInvalid.one(

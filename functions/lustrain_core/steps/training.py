@@ -27,11 +27,11 @@ from lustrain_core import images
 from lustrain_core.aws_errors import CONDITION_FAILED, QUOTA_REFUSED, error_code, training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, FieldError, QuotaExceeded, SpecInvalid
+from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
 from lustrain_core.steps import Job, records
 from lustrain_core.steps.filesystem import directory_path, output_path
-from lustrain_core.steps.quota import quota_name_for
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 MAX_NAME = 63
@@ -54,13 +54,8 @@ RESOURCE_TYPE = "training_job"
 WAITING = "waiting"
 CALLBACK_SENT = "callback_sent"
 
-# CreateTrainingJob's limits (botocore validates only minimums, so these are checked here)
-MAX_HYPERPARAMETERS = 100
-MAX_HYPERPARAMETER_VALUE = 2500
-MAX_ENVIRONMENT = 100
-MAX_ENVIRONMENT_KEY = 512
-MAX_ENVIRONMENT_VALUE = 512
-_ENVIRONMENT_KEY = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+#: the trainer's own variables (the run's id, the run it continues)
+RESERVED_ENVIRONMENT_PREFIX = "LUSTRAIN_"
 
 
 def job_hex(job_id: str, spec_name: str) -> str:
@@ -87,7 +82,8 @@ def archive_target(settings: Settings, job_id: str) -> str:
 
 
 def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[str, str]:
-    """Script mode's hyperparameters: every value JSON-encoded, as the SageMaker SDK sends them."""
+    """Script mode's hyperparameters: every value JSON-encoded, as the SageMaker SDK sends them. Their limits
+    (count, key and value lengths) are CreateTrainingJob's, checked by the launch compiler against its model."""
     values: dict[str, Any] = {
         "sagemaker_program": spec.code.entry_point,
         "sagemaker_submit_directory": submit_directory,
@@ -96,50 +92,20 @@ def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[s
     if spec.code.distribution == "torchrun":
         values["sagemaker_torch_distributed_enabled"] = True
     values.update(spec.code.hyperparameters)
-    encoded = {key: json.dumps(value) for key, value in values.items()}
-    errors = [
-        FieldError(
-            f"code.hyperparameters.{key}", value, f"at most {MAX_HYPERPARAMETER_VALUE} characters as JSON"
-        )
-        for key, value in encoded.items()
-        if len(value) > MAX_HYPERPARAMETER_VALUE
-    ]
-    if len(encoded) > MAX_HYPERPARAMETERS:
-        reserved = len(encoded) - len(spec.code.hyperparameters)
-        errors.append(
-            FieldError(
-                "code.hyperparameters",
-                len(spec.code.hyperparameters),
-                f"at most {MAX_HYPERPARAMETERS - reserved} (SageMaker takes {MAX_HYPERPARAMETERS}; lustrain sets "
-                f"{reserved})",
-            )
-        )
-    if errors:
-        raise SpecInvalid(errors)
-    return encoded
+    return {key: json.dumps(value) for key, value in values.items()}
 
 
 def environment(spec: JobSpec) -> dict[str, str]:
-    env = spec.code.environment
-    errors = [
-        FieldError(
-            f"code.environment.{key}",
-            key,
-            f"a name of letters, digits and _ not starting with a digit, at most {MAX_ENVIRONMENT_KEY} characters",
+    """The job's environment as the spec gives it; LUSTRAIN_* names are lustrain's own (the run's identity)."""
+    reserved = [key for key in spec.code.environment if key.upper().startswith(RESERVED_ENVIRONMENT_PREFIX)]
+    if reserved:
+        raise SpecInvalid(
+            [
+                FieldError(f"code.environment.{key}", key, f"{RESERVED_ENVIRONMENT_PREFIX}* names are lustrain's own")
+                for key in reserved
+            ]
         )
-        for key in env
-        if len(key) > MAX_ENVIRONMENT_KEY or not _ENVIRONMENT_KEY.fullmatch(key)
-    ]
-    errors += [
-        FieldError(f"code.environment.{key}", value, f"at most {MAX_ENVIRONMENT_VALUE} characters")
-        for key, value in env.items()
-        if len(value) > MAX_ENVIRONMENT_VALUE
-    ]
-    if len(env) > MAX_ENVIRONMENT:
-        errors.append(FieldError("code.environment", len(env), f"at most {MAX_ENVIRONMENT} variables"))
-    if errors:
-        raise SpecInvalid(errors)
-    return dict(env)
+    return dict(spec.code.environment)
 
 
 def training_image(spec: JobSpec, region: str) -> str:
@@ -149,11 +115,10 @@ def training_image(spec: JobSpec, region: str) -> str:
     return images.pytorch_training_image(spec.image.framework_version, region, spec.compute.instance_type)
 
 
-def _stopping_condition(spec: JobSpec) -> dict[str, int]:
-    compute = spec.compute
-    condition = {"MaxRuntimeInSeconds": math.ceil(compute.max_runtime_hours * 3600)}
-    if compute.wait_hours is not None:
-        condition["MaxWaitTimeInSeconds"] = math.ceil(compute.wait_hours * 3600)
+def _stopping_condition(job: Job) -> dict[str, int]:
+    condition = {"MaxRuntimeInSeconds": job.launch.max_runtime_seconds}
+    if job.launch.max_wait_seconds is not None:
+        condition["MaxWaitTimeInSeconds"] = job.launch.max_wait_seconds
     return condition
 
 
@@ -215,7 +180,54 @@ def _channels(job: Job, document: dict[str, Any]) -> list[dict[str, Any]]:
     channels = [channel(TRAINING_CHANNEL, spec.filesystem.mount_path, "rw" if to_fs else "ro")]
     if to_fs:
         channels.append(channel(OUTPUT_CHANNEL, output_path(job.job_id), "rw"))
+    resume = job.launch.resume
+    if resume is not None:
+        # the checkpoint this run continues (step-N.pt and its step-N.json), copied to every instance at start
+        s3 = {"S3DataType": "S3Prefix", "S3Uri": resume.s3_uri, "S3DataDistributionType": "FullyReplicated"}
+        channels.append({"ChannelName": RESUME_CHANNEL, "DataSource": {"S3DataSource": s3}, "InputMode": "File"})
     return channels
+
+
+def request_from(job: Job, document: dict[str, Any], training_job_name: str, settings: Settings) -> dict[str, Any]:
+    """The whole CreateTrainingJob request: the launch plan's decisions, and the ids of the steps before
+    (network, file system, code bundle), with the stack's own settings (role, KMS key, encryption)."""
+    launch = job.launch
+    spec = job.spec
+    code = document.get("code") or {}
+    submit_directory = _required(document, "code", "submit_directory")
+    kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
+
+    algorithm: dict[str, Any] = {"TrainingImage": launch.image_uri, "TrainingInputMode": "File"}
+    if code.get("metric_definitions"):
+        algorithm["MetricDefinitions"] = code["metric_definitions"]
+    output: dict[str, Any] = {"S3OutputPath": spec.output.s3_uri}
+    if kms_key_id:
+        output["KmsKeyId"] = kms_key_id
+    environment = {**launch.environment, RUN_ID_VARIABLE: job.job_id}
+    if launch.resume is not None and launch.resume.run:
+        environment[RESUME_FROM_VARIABLE] = launch.resume.run
+    request: dict[str, Any] = {
+        "TrainingJobName": training_job_name,
+        "RoleArn": settings.sagemaker_role_arn,
+        "AlgorithmSpecification": algorithm,
+        "HyperParameters": {**launch.hyperparameters, "sagemaker_submit_directory": json.dumps(submit_directory)},
+        "InputDataConfig": _channels(job, document),
+        "OutputDataConfig": output,
+        "ResourceConfig": _resource_config(spec, kms_key_id),
+        "VpcConfig": {
+            "Subnets": [_required(document, "network", "subnet_id")],
+            "SecurityGroupIds": list(_required(document, "network", "security_group_ids")),
+        },
+        "StoppingCondition": _stopping_condition(job),
+        "CheckpointConfig": {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
+        "EnableInterContainerTrafficEncryption": inter_container_encryption(settings),
+        "EnableManagedSpotTraining": spec.compute.spot,
+        "Environment": environment,
+        "Tags": job.tags("training_job"),
+    }
+    if spec.compute.spot:
+        request["RetryStrategy"] = {"MaximumRetryAttempts": SPOT_RETRY_ATTEMPTS}
+    return request
 
 
 def build_training_request(
@@ -225,44 +237,7 @@ def build_training_request(
     settings: Settings,
 ) -> dict[str, Any]:
     """The whole CreateTrainingJob request of a run, from the state document (job, network, filesystem, code)."""
-    job = Job.from_document(document)
-    spec = job.spec
-    code = document.get("code") or {}
-    submit_directory = _required(document, "code", "submit_directory")
-    kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
-
-    algorithm: dict[str, Any] = {
-        "TrainingImage": training_image(spec, settings.region),
-        "TrainingInputMode": "File",
-    }
-    if code.get("metric_definitions"):
-        algorithm["MetricDefinitions"] = code["metric_definitions"]
-    output: dict[str, Any] = {"S3OutputPath": spec.output.s3_uri}
-    if kms_key_id:
-        output["KmsKeyId"] = kms_key_id
-
-    request: dict[str, Any] = {
-        "TrainingJobName": training_job_name,
-        "RoleArn": settings.sagemaker_role_arn,
-        "AlgorithmSpecification": algorithm,
-        "HyperParameters": hyperparameters(spec, submit_directory, settings.region),
-        "InputDataConfig": _channels(job, document),
-        "OutputDataConfig": output,
-        "ResourceConfig": _resource_config(spec, kms_key_id),
-        "VpcConfig": {
-            "Subnets": [_required(document, "network", "subnet_id")],
-            "SecurityGroupIds": list(_required(document, "network", "security_group_ids")),
-        },
-        "StoppingCondition": _stopping_condition(spec),
-        "CheckpointConfig": {"S3Uri": spec.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
-        "EnableInterContainerTrafficEncryption": inter_container_encryption(settings),
-        "EnableManagedSpotTraining": spec.compute.spot,
-        "Environment": environment(spec),
-        "Tags": job.tags(settings.stack_name, "training"),
-    }
-    if spec.compute.spot:
-        request["RetryStrategy"] = {"MaximumRetryAttempts": SPOT_RETRY_ATTEMPTS}
-    return request
+    return request_from(Job.from_document(document), document, training_job_name, settings)
 
 
 # --------------------------------------------------------------------------- the tokens table
@@ -395,7 +370,7 @@ def start_training(
             raise QuotaExceeded(
                 f"SageMaker refused {compute.instance_count} x {compute.instance_type}: "
                 f"{exc.response.get('Error', {}).get('Message', '')} (quota "
-                f"'{quota_name_for(compute.instance_type, compute.spot)}'; request an increase in Service Quotas)",
+                f"'{job.launch.quota.name}'; request an increase in Service Quotas)",
                 training_job_name=name,
                 instance_type=compute.instance_type,
                 instance_count=compute.instance_count,
