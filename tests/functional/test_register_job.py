@@ -151,6 +151,27 @@ def test_an_empty_data_prefix_fails_at_data_s3_uri(aws):
     assert [e.path for e in exc.value.errors] == ["data.s3_uri"]
 
 
+@pytest.mark.parametrize(
+    ("changed", "field"),
+    [
+        ({"data": {"s3_uri": "s3://no-such-data-bucket/tokens/", "size_gib": 10}}, "data.s3_uri"),
+        ({"data": {"s3_uri": "s3://lustrain-test-data/nothing-here/", "size_gib": 10}}, "data.s3_uri"),
+        ({"output": {"s3_uri": "s3://no-such-results-bucket/x/"}}, "output.s3_uri"),
+        ({"checkpoints": {"s3_uri": "s3://no-such-checkpoints-bucket/x/"}}, "checkpoints.s3_uri"),
+        ({"checkpoints": {"resume_from": "tiny-0badc0de"}}, "checkpoints.resume_from"),
+        ({"checkpoints": {"resume_from": "s3://lustrain-test-results/tiny/none/"}}, "checkpoints.resume_from"),
+    ],
+)
+def test_every_s3_location_is_checked_before_anything_is_recorded_whether_or_not_size_gib_is_given(
+    aws, changed, field
+):
+    seed_data()
+    with pytest.raises(SpecInvalid) as exc:
+        invoke("register_job", {"execution": "where", "input": {"spec": spec(**changed)}})
+    assert [e.path for e in exc.value.errors] == [field]
+    assert records_in(aws.jobs_table) == []
+
+
 def test_a_spec_outside_the_stacks_rules_is_forbidden_before_anything_is_recorded(aws, monkeypatch):
     seed_data()
     monkeypatch.setenv("LUSTRAIN_ALLOWED_INSTANCE_TYPES", "ml.g5.48xlarge,ml.m5.xlarge")

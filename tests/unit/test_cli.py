@@ -104,3 +104,20 @@ def test_data_prepare_makes_token_shards_from_a_text_tree(tmp_path, capsys):
 
 def test_data_prepare_refuses_a_missing_source(tmp_path, capsys):
     assert main(["data", "prepare", str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ("name: sg-team\n", "name"),
+        ("name: gpt\nimage: {framework_version: '1.2'}\n", "image.framework_version"),
+        ("name: gpt\ntags: {team: 'a#b'}\n", "tags.team"),
+        ("name: gpt\ncode: {environment: {'NCCL-DEBUG': INFO}}\n", "code.environment.NCCL-DEBUG"),
+    ],
+)
+def test_a_spec_aws_would_refuse_at_launch_exits_2_at_validate_and_plan(tmp_path, capsys, command, extra, field):
+    spec = tmp_path / "launch.yaml"
+    spec.write_text(extra + "data: {s3_uri: s3://bkt/d/, size_gib: 1}\noutput: {s3_uri: s3://bkt/o/}\n")
+    assert main([command, str(spec)]) == 2
+    assert f"- {field}:" in capsys.readouterr().err

@@ -552,3 +552,12 @@ def test_allowed_prefixes_must_end_at_a_folder_so_iam_and_register_job_agree() -
         assert pattern.fullmatch("*")
         assert not pattern.fullmatch("s3://my-data/team"), "s3://my-data/team* would also allow team-b/"
         assert not pattern.fullmatch("s3://my-data")
+
+
+def test_the_readmes_launch_plan_table_lists_exactly_the_models_fields() -> None:
+    from lustrain_core.launch import LaunchPlan
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("<!-- launch-plan-fields -->")[1].split("<!-- /launch-plan-fields -->")[0]
+    named = {name for row in table.splitlines()[3:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert named == set(LaunchPlan.model_fields)
