@@ -14,6 +14,7 @@ import threading
 import moto
 
 from lustrain.twin.patches import (
+    ec2,
     eventbridge,
     fsx,
     iam,
@@ -55,6 +56,7 @@ def install() -> None:
         service_quotas.install()
         fsx.install()
         eventbridge.install()
+        ec2.install()
         stepfunctions.install()
         if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:
             importlib.import_module(f"{__name__}.sagemaker").install()

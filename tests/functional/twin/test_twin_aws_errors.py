@@ -56,3 +56,20 @@ def test_conflicts_are_answered_with_awss_codes() -> None:
         ddb.put_item, TableName="lustrain-errors", Item={"k": {"S": "1"}}, ConditionExpression="attribute_not_exists(k)"
     )
     assert refused == aws_errors.CONDITION_FAILED
+
+
+@pytest.mark.parametrize(
+    ("name", "description", "says"),
+    [
+        ("sg-team-training", "lustrain run", "Group names may not be in the format sg-*."),
+        ("run-training", "EFA between the job's instances", "parameter GroupDescription is invalid"),
+    ],
+)
+def test_a_security_group_name_or_description_ec2_refuses_is_refused(name: str, description: str, says: str) -> None:
+    ec2 = client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    with pytest.raises(ClientError) as refused:
+        ec2.create_security_group(GroupName=name, Description=description, VpcId=vpc)
+    assert aws_errors.error_code(refused.value) == "InvalidParameterValue"
+    assert says in refused.value.response["Error"]["Message"]
+    ec2.create_security_group(GroupName="run-training", Description="lustrain run: EFA and Lustre", VpcId=vpc)
