@@ -79,6 +79,18 @@ class Rehearsal:
         return asdict(self)
 
 
+#: The rehearsal's own credentials in the twin: the user's, allowed everything. Clients the rehearsal makes sign
+#: with these explicitly, never with the process environment, which holds a function's role credentials while one
+#: of its invocations runs (in-process Lambda).
+OPERATOR_KEY = "twin"
+
+
+def operator_session() -> boto3.Session:
+    return boto3.Session(
+        aws_access_key_id=OPERATOR_KEY, aws_secret_access_key=OPERATOR_KEY, region_name=REGION
+    )
+
+
 @contextlib.contextmanager
 def twin(parameters: dict[str, str] | None = None, template: dict[str, Any] | None = None) -> Iterator[Any]:
     """moto with the twin's patches, executing state machines for real, and the stack materialised (from
@@ -91,8 +103,8 @@ def twin(parameters: dict[str, str] | None = None, template: dict[str, Any] | No
 
     saved = lambda_invoke.environment_copy()
     os.environ.update(
-        AWS_ACCESS_KEY_ID="twin",
-        AWS_SECRET_ACCESS_KEY="twin",  # noqa: S106 - moto's fake credentials
+        AWS_ACCESS_KEY_ID=OPERATOR_KEY,
+        AWS_SECRET_ACCESS_KEY=OPERATOR_KEY,  # moto's fake credentials
         AWS_DEFAULT_REGION=REGION,
         AWS_REGION=REGION,
     )
@@ -223,7 +235,7 @@ def _key_of(uri: str) -> str:
 
 
 def ensure_bucket(name: str) -> None:
-    s3 = boto3.client("s3", region_name=REGION)
+    s3 = operator_session().client("s3")
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=name)
 
@@ -232,7 +244,7 @@ def ensure_data(spec: JobSpec, say: Printer) -> None:
     """An empty data prefix is filled with token shards of Python's standard library (cached between runs)."""
     bucket, prefix = bucket_of(spec.data.s3_uri), _key_of(spec.data.s3_uri)
     ensure_bucket(bucket)
-    s3 = boto3.client("s3", region_name=REGION)
+    s3 = operator_session().client("s3")
     if s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
         return
     shards = example_shards()
@@ -281,7 +293,7 @@ def submittable(spec: JobSpec, base: Path, outputs: dict[str, str], say: Printer
         if not local.is_dir():
             local = REPO_ROOT / source
         bucket = outputs.get("ArtifactsBucketName") or next(v for k, v in outputs.items() if "Artifact" in k)
-        doc["code"]["source"] = upload_code_dir(local, bucket, spec.name, boto3.Session(region_name=REGION))
+        doc["code"]["source"] = upload_code_dir(local, bucket, spec.name, operator_session())
         say(f"code: {source} uploaded to {doc['code']['source']}")
     return doc
 
@@ -327,10 +339,11 @@ def drop(stack: Any, spec_path: Path, key: str | None = None) -> tuple[JobSpec, 
     ensure_data(spec, print)
     ensure_bucket(bucket_of(spec.output.s3_uri))
     doc = submittable(spec, spec_path.parent, stack.outputs, print)
-    sfn = boto3.client("stepfunctions", region_name=REGION)
+    session = operator_session()
+    sfn = session.client("stepfunctions")
     machine = stack.outputs["StateMachineArn"]
     before = {e["executionArn"] for e in sfn.list_executions(stateMachineArn=machine)["executions"]}
-    boto3.client("s3", region_name=REGION).put_object(
+    session.client("s3").put_object(
         Bucket=stack.outputs["JobsBucketName"], Key=key or f"jobs/{spec.name}.yaml", Body=yaml.safe_dump(doc).encode()
     )
 

@@ -296,4 +296,4 @@ def test_a_document_without_the_network_is_refused_by_name():
     del doc["network"]
     with pytest.raises(SpecInvalid) as info:
         request_for(doc)
-    assert "$.network.subnet_id" in str(info.value)
+    assert "lacks $.network (made by create_network)" in str(info.value)

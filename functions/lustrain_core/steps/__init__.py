@@ -125,6 +125,27 @@ SECTIONS: dict[str, tuple[type[_Shape], str]] = {
 }
 
 
+@dataclass(frozen=True)
+class Sections:
+    """The parts of the run document beside $.job, typed: what a step reads of the steps before it."""
+
+    network: _Network | None = None
+    filesystem: _Filesystem | None = None
+    code: _Code | None = None
+    poll: _Poll | None = None
+
+    @classmethod
+    def of(cls, document: dict[str, Any], *needs: str) -> Sections:
+        """Each part the document holds, checked by its model; SpecInvalid for a part in `needs` it lacks."""
+        found: dict[str, Any] = {}
+        for name, (model, made_by) in SECTIONS.items():
+            if name in document:
+                found[name] = _checked(model, document[name], name)
+            elif name in needs:
+                raise SpecInvalid.one(name, MISSING, f"the state document lacks $.{name} (made by {made_by})")
+        return cls(**found)
+
+
 def _checked(model: type[_ShapeT], value: Any, where: str) -> _ShapeT:
     try:
         return model.model_validate(value)
@@ -185,11 +206,7 @@ class Job:
             raise SpecInvalid.one("job.job_id", job["job_id"], "the job id register_job gave, a string")
         _check_plan(job["job_id"], spec, job.get("plan"))
         launch = _checked_launch(job["job_id"], job.get("launch"))
-        for name, (model, made_by) in SECTIONS.items():
-            if name in document:
-                _checked(model, document[name], name)
-            elif name in needs:
-                raise SpecInvalid.one(name, MISSING, f"the state document lacks $.{name} (made by {made_by})")
+        Sections.of(document, *needs)
         return cls(job["job_id"], spec, dict(job["plan"]), launch)
 
     @classmethod

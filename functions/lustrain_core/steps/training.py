@@ -30,7 +30,7 @@ from lustrain_core.errors import MISSING, FieldError, QuotaExceeded, SpecInvalid
 from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
-from lustrain_core.steps import Job, records
+from lustrain_core.steps import Job, Sections, records
 from lustrain_core.steps.filesystem import directory_path, output_path
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -155,17 +155,13 @@ def inter_container_encryption(settings: Settings) -> bool:
     return raw == "true"
 
 
-def _required(document: dict[str, Any], section: str, key: str) -> Any:
-    value = (document.get(section) or {}).get(key)
-    if not value:
-        raise SpecInvalid.one(section, MISSING, f"the state document lacks $.{section}.{key}")
-    return value
-
-
-def _channels(job: Job, document: dict[str, Any]) -> list[dict[str, Any]]:
+def _channels(job: Job, built: Sections) -> list[dict[str, Any]]:
     spec = job.spec
-    fs_id = _required(document, "filesystem", "file_system_id")
-    mount_name = _required(document, "filesystem", "mount_name")
+    assert built.filesystem is not None  # Sections.of(..., "filesystem")
+    fs_id = built.filesystem.file_system_id
+    mount_name = built.filesystem.mount_name
+    if not mount_name:
+        raise SpecInvalid.one("filesystem.mount_name", MISSING, "the file system's MountName (check_filesystem's)")
 
     def channel(name: str, path: str, mode: str) -> dict[str, Any]:
         source = {
@@ -193,13 +189,13 @@ def request_from(job: Job, document: dict[str, Any], training_job_name: str, set
     (network, file system, code bundle), with the stack's own settings (role, KMS key, encryption)."""
     launch = job.launch
     spec = job.spec
-    code = document.get("code") or {}
-    submit_directory = _required(document, "code", "submit_directory")
+    built = Sections.of(document, "network", "filesystem", "code")
+    assert built.network is not None and built.code is not None
     kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
 
     algorithm: dict[str, Any] = {"TrainingImage": launch.image_uri, "TrainingInputMode": "File"}
-    if code.get("metric_definitions"):
-        algorithm["MetricDefinitions"] = code["metric_definitions"]
+    if built.code.metric_definitions:
+        algorithm["MetricDefinitions"] = [{"Name": m.Name, "Regex": m.Regex} for m in built.code.metric_definitions]
     output: dict[str, Any] = {"S3OutputPath": spec.output.s3_uri}
     if kms_key_id:
         output["KmsKeyId"] = kms_key_id
@@ -210,13 +206,13 @@ def request_from(job: Job, document: dict[str, Any], training_job_name: str, set
         "TrainingJobName": training_job_name,
         "RoleArn": settings.sagemaker_role_arn,
         "AlgorithmSpecification": algorithm,
-        "HyperParameters": {**launch.hyperparameters, "sagemaker_submit_directory": json.dumps(submit_directory)},
-        "InputDataConfig": _channels(job, document),
+        "HyperParameters": {**launch.hyperparameters, "sagemaker_submit_directory": json.dumps(built.code.submit_directory)},
+        "InputDataConfig": _channels(job, built),
         "OutputDataConfig": output,
         "ResourceConfig": _resource_config(spec, kms_key_id),
         "VpcConfig": {
-            "Subnets": [_required(document, "network", "subnet_id")],
-            "SecurityGroupIds": list(_required(document, "network", "security_group_ids")),
+            "Subnets": [built.network.subnet_id],
+            "SecurityGroupIds": list(built.network.security_group_ids),
         },
         "StoppingCondition": _stopping_condition(job),
         "CheckpointConfig": {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
