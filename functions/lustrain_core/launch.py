@@ -27,7 +27,6 @@ from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
 from lustrain_core.spec import JobSpec
 
-VERSION = 1
 #: What a run's checkpoints are called under its location: <checkpoints.s3_uri or output.s3_uri>/<job id>/...
 CHECKPOINTS_DIR = "checkpoints/"
 #: The trainer learns its run, and the run it may continue, from these (the training job's Environment).
@@ -358,7 +357,7 @@ def _as_field_error(spec: JobSpec, service: str, problem: limits.Problem, reques
         field = "code.hyperparameters" if path == "HyperParameters" else "code.environment"
         given = spec.code.hyperparameters if path == "HyperParameters" else spec.code.environment
         reserved = len(request[path]) - len(given)
-        limit = int(problem.allowed.split()[2])
+        limit = problem.limit or 0
         return FieldError(
             field, len(given), f"at most {limit - reserved} ({service} takes {limit}; lustrain sets {reserved})"
         )

@@ -44,6 +44,10 @@ class Problem:
     path: str
     value: Any
     allowed: str
+    #: the model's number the value broke (a length or a count), where there is one
+    limit: int | None = None
+    #: the constraint as AWS words it ("Member must have length less than or equal to 63")
+    constraint: str = ""
 
 
 @cache
@@ -85,21 +89,26 @@ def _string(shape: Any, value: str, path: str, rule: tuple[str, str] | None) -> 
     meta = shape.metadata
     low, high = meta.get("min"), meta.get("max")
     if high is not None and len(value) > high:
-        yield Problem(path, value, f"at most {high} characters (it has {len(value)})")
-        return
+        yield Problem(
+            path, value, f"at most {high} characters (it has {len(value)})", high,
+            f"Member must have length less than or equal to {high}",
+        )
     if low is not None and len(value) < low:
-        yield Problem(path, value, f"at least {low} characters")
-        return
+        yield Problem(
+            path, value, f"at least {low} characters", low, f"Member must have length greater than or equal to {low}"
+        )
     enum = meta.get("enum")
     if enum and value not in enum:
-        yield Problem(path, value, f"one of {', '.join(enum)}")
-        return
+        yield Problem(
+            path, value, f"one of {', '.join(enum)}", None, f"Member must satisfy enum value set: [{', '.join(enum)}]"
+        )
     pattern = meta.get("pattern")
     if pattern and not _compiled(pattern).fullmatch(value):
-        yield Problem(path, value, f"must match {pattern}")
-        return
+        yield Problem(
+            path, value, f"must match {pattern}", None, f"Member must satisfy regular expression pattern: {pattern}"
+        )
     if rule and not _compiled(rule[0]).fullmatch(value):
-        yield Problem(path, value, rule[1])
+        yield Problem(path, value, rule[1], None, rule[1])
 
 
 def _walk(service: str, operation: str, shape: Any, value: Any, path: str) -> Iterator[Problem]:
@@ -111,12 +120,18 @@ def _walk(service: str, operation: str, shape: Any, value: Any, path: str) -> It
                 yield from _walk(service, operation, shape.members[name], member, f"{path}.{name}".lstrip("."))
     elif kind == "list" and isinstance(value, list):
         if meta.get("max") is not None and len(value) > meta["max"]:
-            yield Problem(path, len(value), f"at most {meta['max']} items")
+            yield Problem(
+                path, len(value), f"at most {meta['max']} items", meta["max"],
+                f"Member must have length less than or equal to {meta['max']}",
+            )
         for index, item in enumerate(value):
             yield from _walk(service, operation, shape.member, item, f"{path}[{index}]")
     elif kind == "map" and isinstance(value, dict):
         if meta.get("max") is not None and len(value) > meta["max"]:
-            yield Problem(path, len(value), f"at most {meta['max']} entries")
+            yield Problem(
+                path, len(value), f"at most {meta['max']} entries", meta["max"],
+                f"Member must have length less than or equal to {meta['max']}",
+            )
         for key, item in value.items():
             yield from _walk(service, operation, shape.key, key, f"{path}{{{key}}}")
             yield from _walk(service, operation, shape.value, item, f"{path}{{{key}}}.value")
@@ -125,18 +140,48 @@ def _walk(service: str, operation: str, shape: Any, value: Any, path: str) -> It
         yield from _string(shape, value, path, _documented(service, operation, path))
     elif kind in {"integer", "long"} and isinstance(value, int):
         if meta.get("max") is not None and value > meta["max"]:
-            yield Problem(path, value, f"at most {meta['max']}")
+            yield Problem(path, value, f"at most {meta['max']}", meta["max"], f"Member must be less than or equal to {meta['max']}")
         if meta.get("min") is not None and value < meta["min"]:
-            yield Problem(path, value, f"at least {meta['min']}")
+            yield Problem(
+                path, value, f"at least {meta['min']}", meta["min"], f"Member must be greater than or equal to {meta['min']}"
+            )
+
+
+def aws_path(path: str) -> str:
+    """Our path of a member (Tags[0].Value, HyperParameters{k}) as AWS names it in a ValidationException
+    (tags.1.member.value, hyperParameters)."""
+    parts: list[str] = []
+    for segment in path.split("."):
+        name, _, rest = segment.partition("[")
+        name = name.split("{", 1)[0]
+        if name == "value" and parts and "{" in path:
+            continue
+        parts.append(name[:1].lower() + name[1:])
+        if rest:
+            parts.append(f"{int(rest.rstrip(']')) + 1}.member")
+    return ".".join(p for p in parts if p)
+
+
+def validation_message(problems: list[Problem]) -> str:
+    """AWS's ValidationException text for these problems."""
+    shown = [f"Value '{p.value}' at '{aws_path(p.path)}' failed to satisfy constraint: {p.constraint}" for p in problems]
+    noun = "error" if len(problems) == 1 else "errors"
+    return f"{len(problems)} validation {noun} detected: {'; '.join(shown)}"
 
 
 def problems(service: str, operation: str, request: dict[str, Any]) -> list[Problem]:
     """Every value of `request` that the operation's model (and AWS's documented rules) refuses."""
-    found = list(_walk(service, operation, input_shape(service, operation), request, ""))
+    shape = input_shape(service, operation)
+    if shape is None:
+        return []
+    found = list(_walk(service, operation, shape, request, ""))
     if service == "ec2":
         for index, spec in enumerate(request.get("TagSpecifications") or []):
             if len(spec.get("Tags") or []) > EC2_MAX_TAGS:
                 found.append(
-                    Problem(f"TagSpecifications[{index}].Tags", len(spec["Tags"]), f"at most {EC2_MAX_TAGS} tags")
+                    Problem(
+                        f"TagSpecifications[{index}].Tags", len(spec["Tags"]), f"at most {EC2_MAX_TAGS} tags",
+                        EC2_MAX_TAGS, f"Member must have length less than or equal to {EC2_MAX_TAGS}",
+                    )
                 )
     return found

@@ -290,11 +290,8 @@ def _plan_filesystem(
             )
         reason = f"{capacity} GiB as given at {per_tib} MB/s per TiB"
     else:
-        options = []
-        for t in tiers:
-            cap = smallest_capacity(max(need_gib, demand * 1024 / t))
-            options.append((cap * prices.fsx_gb_month_usd[(kind, t)], cap, t))
-        _, capacity, per_tib = min(options)
+        cheapest = _cheapest(kind, need_gib, demand, prices, spec.compute.max_runtime_hours, tiers)
+        capacity, per_tib = cheapest["storage_gib"], cheapest["throughput_per_tib"]
         throughput = capacity * per_tib / 1024
         for_throughput = demand * 1024 / per_tib
         if max(need_gib, for_throughput) <= 1200:
@@ -334,10 +331,14 @@ def _plan_filesystem(
     )
 
 
-def _cheapest(kind: str, need_gib: float, demand: float, prices: PriceTable, hours: float) -> dict[str, Any]:
-    """The cheapest file system of `kind` that holds `need_gib` and serves `demand` MB/s: its capacity, throughput
-    tier, throughput, private IPs and cost for a run of `hours` (plus about an hour to create and delete it)."""
-    tiers = [SCRATCH_MB_S_PER_TIB] if kind == "SCRATCH_2" else list(PERSISTENT_THROUGHPUTS)
+def _cheapest(
+    kind: str, need_gib: float, demand: float, prices: PriceTable, hours: float, tiers: list[int] | None = None
+) -> dict[str, Any]:
+    """The cheapest file system of `kind` (among throughput `tiers`, default all of the kind's) that holds `need_gib`
+    and serves `demand` MB/s: its capacity, throughput tier, throughput, private IPs and cost for a run of `hours`
+    (plus about an hour to create and delete it)."""
+    if tiers is None:
+        tiers = [SCRATCH_MB_S_PER_TIB] if kind == "SCRATCH_2" else list(PERSISTENT_THROUGHPUTS)
     options = []
     for tier in tiers:
         capacity = smallest_capacity(max(need_gib, demand * 1024 / tier))

@@ -307,11 +307,11 @@ def _drop_spec(stack: Any, doc: dict[str, Any], say: Printer) -> str:
         r.ref for r in stack.resources.values() if r.type == "AWS::StepFunctions::StateMachine"
     )
     key = f"jobs/{doc['name']}.yaml"
-    boto3.client("s3", region_name=REGION).put_object(
+    operator_session().client("s3").put_object(
         Bucket=jobs_bucket, Key=key, Body=yaml.safe_dump(doc).encode()
     )
     say(f"drop: s3://{jobs_bucket}/{key} -> EventBridge 'Object Created' -> StartExecution")
-    sfn = boto3.client("stepfunctions", region_name=REGION)
+    sfn = operator_session().client("stepfunctions")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         runs = sfn.list_executions(stateMachineArn=machine)["executions"]
@@ -357,7 +357,7 @@ def drop(stack: Any, spec_path: Path, key: str | None = None) -> tuple[JobSpec, 
 def _watch(
     execution_arn: str, say: Printer, started: float, timeout_s: float
 ) -> tuple[list[StateRun], list[dict[str, Any]], dict[str, Any]]:
-    sfn = boto3.client("stepfunctions", region_name=REGION)
+    sfn = operator_session().client("stepfunctions")
     seen = 0
     states: list[StateRun] = []
     open_states: dict[str, StateRun] = {}
@@ -445,7 +445,7 @@ def archived_objects(stack: Any, job_id: str | None) -> tuple[str | None, list[d
         v for k, v in stack.outputs.items() if "Artifact" in k
     )
     prefix = f"{stack.parameters.get('ArchivePrefix', 'archive/')}{job_id}/"
-    s3 = boto3.client("s3", region_name=REGION)
+    s3 = operator_session().client("s3")
     listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
     if not listed:
         return None, []
@@ -457,7 +457,7 @@ def resources_left(job_id: str | None, spec: JobSpec) -> tuple[list[str], list[s
     """Everything tagged with the job id that still exists (and is not kept on purpose), across services."""
     if not job_id:
         return [], []
-    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2 = operator_session().client("ec2")
     tag = [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}]
     left: list[str] = []
     left += [v["VpcId"] for v in ec2.describe_vpcs(Filters=tag)["Vpcs"]]
@@ -470,12 +470,12 @@ def resources_left(job_id: str | None, spec: JobSpec) -> tuple[list[str], list[s
         if e.get("State", "").lower() not in ("deleted", "deleting")
     ]
     kept: list[str] = []
-    fsx = boto3.client("fsx", region_name=REGION)
+    fsx = operator_session().client("fsx")
     for fs in fsx.describe_file_systems()["FileSystems"]:
         tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
         if tags.get(TAG_JOB) == job_id and fs.get("Lifecycle") != "DELETING":
             (kept if spec.filesystem.keep else left).append(fs["FileSystemId"])
-    sm = boto3.client("sagemaker", region_name=REGION)
+    sm = operator_session().client("sagemaker")
     for job in sm.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"]:
         if job["TrainingJobName"].startswith(spec.name + "-"):
             left.append(job["TrainingJobName"])

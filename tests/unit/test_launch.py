@@ -3,6 +3,8 @@ at `lustrain validate` instead, naming the field; every spec it accepts makes re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import regex
 from botocore.validate import ParamValidator
@@ -149,3 +151,29 @@ def test_any_spec_the_compiler_accepts_makes_requests_aws_accepts(name, tags, hp
         assert len(key) <= 256 and len(value) <= 2500 and "\n" not in value
     group = requests[("ec2", "CreateSecurityGroup")]["GroupName"]
     assert not group.startswith("sg-") and len(group) <= 255
+
+
+def test_the_trainer_and_the_control_plane_name_the_run_variables_and_the_channel_alike():
+    """lustrain_trainer ships alone to SageMaker and cannot import the core: the contract is held here."""
+    from lustrain_core import launch
+    from lustrain_trainer import checkpoint, trainer
+
+    assert (launch.RUN_ID_VARIABLE, launch.RESUME_FROM_VARIABLE) == (checkpoint.RUN_ID_ENV, checkpoint.RESUME_FROM_ENV)
+    assert f"SM_CHANNEL_{launch.RESUME_CHANNEL.upper()}" == trainer.RESUME_CHANNEL_ENV
+    assert launch.MANIFEST_NAME.fullmatch(checkpoint.manifest_path(Path("."), 6).name)
+
+
+@pytest.mark.parametrize(
+    ("owner", "run", "resume_from", "refused"),
+    [
+        ("a-00000001", "a-00000001", None, False),  # its own (a SageMaker retry of the same run)
+        ("a-00000001", "b-00000002", "a-00000001", False),  # the run it was told to continue
+        ("a-00000001", "b-00000002", None, True),  # another run's, not named
+        (None, "b-00000002", None, True),  # written without a run id
+        ("a-00000001", None, None, False),  # outside lustrain (no run id): the trainer's own choice
+    ],
+)
+def test_the_trainer_continues_only_its_own_or_the_named_runs_checkpoint(owner, run, resume_from, refused):
+    from lustrain_trainer import checkpoint
+
+    assert bool(checkpoint.foreign({"run": owner}, run, resume_from)) is refused

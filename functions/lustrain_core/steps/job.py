@@ -251,7 +251,8 @@ def check_locations(s3: Any, spec: JobSpec) -> None:
     if not _listing(s3, source, "code.source", "the code"):
         raise SpecInvalid.one("code.source", source, "no objects under this prefix: upload the code or fix the URI")
     entry = source.rstrip("/") + "/" + spec.code.entry_point
-    if not any(o["Key"].endswith(spec.code.entry_point) for o in _listing(s3, entry, "code.source", "the code")):
+    key = split_s3_uri(entry, "code.source")[1]
+    if not any(o["Key"] == key for o in _listing(s3, entry, "code.source", "the code")):
         raise SpecInvalid.one(
             "code.entry_point", spec.code.entry_point, f"not found under code.source {source}: the script SageMaker runs"
         )

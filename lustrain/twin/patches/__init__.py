@@ -22,6 +22,7 @@ from lustrain.twin.patches import (
     service_quotas,
     stepfunctions,
     throttling,
+    validation,
 )
 
 MOTO_VERSION = "5.2.5"
@@ -57,6 +58,7 @@ def install() -> None:
         fsx.install()
         eventbridge.install()
         ec2.install()
+        validation.install()
         stepfunctions.install()
         if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:
             importlib.import_module(f"{__name__}.sagemaker").install()

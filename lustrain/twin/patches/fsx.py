@@ -386,9 +386,7 @@ def _validate_throughput(deployment_type: str, throughput: Any) -> None:
 
 
 def _validate_lustre_options(deployment_type: str, lustre: dict[str, Any], kms_key_id: str | None) -> None:
-    compression = lustre.get("DataCompressionType", "NONE")
-    if compression not in ("LZ4", "NONE"):
-        raise bad_request(f"DataCompressionType must be LZ4 or NONE (got {compression!r})")
+    # DataCompressionType's values are the model's enum: patches/validation.py refuses the others
     if kms_key_id and not deployment_type.startswith("PERSISTENT"):
         raise bad_request(f"KmsKeyId can only be set on PERSISTENT deployment types (got {deployment_type})")
     import_path = lustre.get("ImportPath")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,9 +43,6 @@ from lustrain.twin.simulator import ROLE_SESSION, Collaborators, SimulatedJob
 _PATCHED = "_lustrain_twin_sagemaker"
 _STATE = "_lustrain_twin_training"
 
-NAME_PATTERN = "[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"
-_NAME_RE = re.compile(NAME_PATTERN)
-NAME_MAX = 63
 
 #: Instance families whose storage is local NVMe (encrypted by the instance, no EBS volume to give a KMS key):
 #: every family with a "d" (p4d, p4de, g4dn, p3dn, c5d, ...), as the SageMaker Python SDK decides it, and the
@@ -92,23 +88,6 @@ def _state(backend: SageMakerModelBackend) -> _TrainingState:
 
 
 # --- validation ---------------------------------------------------------------------------------------------
-
-
-def _check_name(name: str) -> None:
-    problems = []
-    if len(name) > NAME_MAX:
-        problems.append(
-            f"Value '{name}' at 'trainingJobName' failed to satisfy constraint: "
-            f"Member must have length less than or equal to {NAME_MAX}"
-        )
-    if not _NAME_RE.fullmatch(name):
-        problems.append(
-            f"Value '{name}' at 'trainingJobName' failed to satisfy constraint: "
-            f"Member must satisfy regular expression pattern: {NAME_PATTERN}"
-        )
-    if problems:
-        noun = "error" if len(problems) == 1 else "errors"
-        raise ValidationError(f"{len(problems)} validation {noun} detected: {'; '.join(problems)}")
 
 
 def has_local_nvme(instance_type: str) -> bool:
@@ -279,7 +258,6 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
     request.pop("Action", None)
     request.pop("Version", None)
     name = str(request.get("TrainingJobName", ""))
-    _check_name(name)
     _check_volume_key(request.get("ResourceConfig") or {})
     _check_spot(request)
     backend = self.sagemaker_backend

@@ -73,3 +73,24 @@ def test_a_security_group_name_or_description_ec2_refuses_is_refused(name: str, 
     assert aws_errors.error_code(refused.value) == "InvalidParameterValue"
     assert says in refused.value.response["Error"]["Message"]
     ec2.create_security_group(GroupName="run-training", Description="lustrain run: EFA and Lustre", VpcId=vpc)
+
+
+def test_a_request_outside_sagemakers_and_fsxs_model_limits_is_refused_as_each_refuses_it() -> None:
+    """botocore checks only minimums; AWS refuses the rest (a tag value FSx's pattern refuses, a name too long)."""
+    fsx, sm = client("fsx"), client("sagemaker")
+    with pytest.raises(ClientError) as tagged:
+        fsx.create_file_system(
+            FileSystemType="LUSTRE",
+            StorageCapacity=1200,
+            SubnetIds=["subnet-0123456789abcdef0"],
+            Tags=[{"Key": "team", "Value": "a#b"}],
+        )
+    assert aws_errors.error_code(tagged.value) == "BadRequest"
+    assert (
+        "1 validation error detected: Value 'a#b' at 'tags.1.member.value' failed to satisfy constraint: Member must "
+        "satisfy regular expression pattern: ^([\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*)$"
+    ) in tagged.value.response["Error"]["Message"]
+    with pytest.raises(ClientError) as named:
+        sm.describe_training_job(TrainingJobName="x" * 64)
+    assert aws_errors.error_code(named.value) == "ValidationException"
+    assert "Member must have length less than or equal to 63" in named.value.response["Error"]["Message"]

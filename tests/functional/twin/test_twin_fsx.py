@@ -132,7 +132,7 @@ def test_scratch_file_system_keeps_import_and_export_paths_and_links_them(networ
         (
             {"LustreConfiguration": {"DeploymentType": "SCRATCH_2", "DataCompressionType": "GZIP"}},
             "BadRequest",
-            "DataCompressionType must be LZ4 or NONE",
+            "at 'lustreConfiguration.dataCompressionType' failed to satisfy constraint: Member must satisfy enum value set",
         ),
         (
             {"KmsKeyId": "alias/aws/fsx", "LustreConfiguration": {"DeploymentType": "SCRATCH_2"}},
