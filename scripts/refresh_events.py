@@ -1,5 +1,6 @@
 """Recompile the registered job in each events/ sample that carries one (its plan and launch plan), as register_job
-would for the sample's spec and job id: run after changing the planner or the launch compiler.
+would for the sample's spec and job id, and write each section the steps make ($.network, $.filesystem, $.code,
+$.poll) as its run-document model holds it: run after changing the planner, the launch compiler or those models.
 
     .venv/bin/python scripts/refresh_events.py
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from lustrain_core.config import Settings
 from lustrain_core.launch import registered
 from lustrain_core.spec import validate_spec
+from lustrain_core.steps import SECTIONS
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 #: the samples' stack: `sam local invoke` runs them under the template's defaults
@@ -22,6 +24,9 @@ SETTINGS = Settings()
 
 
 def refreshed(document: dict) -> dict:
+    for name, (model, _) in SECTIONS.items():
+        if isinstance(document.get(name), dict):
+            document[name] = model.model_validate(document[name]).model_dump(mode="json", exclude_none=name == "poll")
     job = document.get("job")
     if not isinstance(job, dict) or "spec" not in job:
         return document

@@ -8,15 +8,16 @@ from aws_lambda_powertools import Logger
 from lustrain_core import clients
 from lustrain_core.aws_errors import translate_aws_errors
 from lustrain_core.config import Settings
-from lustrain_core.steps import filesystem
+from lustrain_core.steps import dumped, filesystem
 
 logger = Logger(service="lustrain")
 
 
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    result = filesystem.create_filesystem(
+    made = filesystem.create_filesystem(
         event, fsx=clients.client("fsx"), ddb=clients.client("dynamodb"), settings=Settings.from_env()
     )
+    result = dumped(made)
     logger.info("file system requested", extra={"filesystem": result})
     return result

@@ -11,15 +11,16 @@ from aws_lambda_powertools import Logger
 from lustrain_core import clients
 from lustrain_core.aws_errors import translate_aws_errors
 from lustrain_core.config import Settings
-from lustrain_core.steps import network
+from lustrain_core.steps import dumped, network
 
 logger = Logger(service="lustrain")
 
 
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    result = network.create_network(
+    made = network.create_network(
         event, ec2=clients.client("ec2"), ddb=clients.client("dynamodb"), settings=Settings.from_env()
     )
+    result = dumped(made)
     logger.info("network ready", extra={"network": result})
     return result

@@ -12,14 +12,14 @@ from aws_lambda_powertools import Logger
 from lustrain_core import clients
 from lustrain_core.aws_errors import translate_aws_errors
 from lustrain_core.config import Settings
-from lustrain_core.steps import code
+from lustrain_core.steps import code, dumped
 
 logger = Logger(service="lustrain")
 
 
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    result = code.upload_code(event, s3=clients.client("s3"), settings=Settings.from_env())
+    result = dumped(code.upload_code(event, s3=clients.client("s3"), settings=Settings.from_env()))
     logger.info(
         "code bundled",
         extra={k: result[k] for k in ("submit_directory", "uploaded", "files", "bytes")},

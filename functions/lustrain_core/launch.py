@@ -281,16 +281,29 @@ def _collect(errors: list[FieldError], decide: Any) -> Any:
 
 def _check_requests(spec: JobSpec, launch: LaunchPlan, plan: dict[str, Any], settings: Settings) -> None:
     """Build each request of the run as its step will, with placeholder ids, and check it against AWS's limits."""
-    from lustrain_core.steps import Job, filesystem, network, training
+    from lustrain_core.steps import (
+        Code,
+        Filesystem,
+        Job,
+        Network,
+        Plan,
+        Run,
+        Sections,
+        filesystem,
+        network,
+        training,
+    )
 
-    job = Job(launch.job_id, spec, plan, launch)
-    network_section = {"subnet_id": PLACEHOLDER_SUBNET, "security_group_ids": [PLACEHOLDER_GROUP]}
-    document = {
-        "job": {"job_id": launch.job_id},
-        "network": network_section,
-        "filesystem": {"file_system_id": PLACEHOLDER_FILE_SYSTEM, "mount_name": PLACEHOLDER_MOUNT},
-        "code": {"submit_directory": f"s3://{settings.artifacts_bucket}/{settings.code_prefix}{launch.job_id}/"},
-    }
+    job = Job(launch.job_id, spec, plan, launch, Plan.model_validate(plan))
+    network_section = Network(subnet_id=PLACEHOLDER_SUBNET, security_group_ids=[PLACEHOLDER_GROUP])
+    run = Run(
+        job,
+        Sections(
+            network=network_section,
+            filesystem=Filesystem(file_system_id=PLACEHOLDER_FILE_SYSTEM, mount_name=PLACEHOLDER_MOUNT),
+            code=Code(submit_directory=f"s3://{settings.artifacts_bucket}/{settings.code_prefix}{launch.job_id}/"),
+        ),
+    )
     found: list[tuple[str, limits.Problem, dict[str, Any]]] = []
 
     def check(service: str, operation: str, request: dict[str, Any]) -> None:
@@ -300,7 +313,7 @@ def _check_requests(spec: JobSpec, launch: LaunchPlan, plan: dict[str, Any], set
         name = training.training_job_name(spec.name, launch.job_id, 1)
     except ValueError as exc:
         raise SpecInvalid.one("name", spec.name, str(exc)) from None
-    check("sagemaker", "CreateTrainingJob", training.request_from(job, document, name, settings))
+    check("sagemaker", "CreateTrainingJob", training.request_from(run, name, settings))
     if spec.network.subnet_id is None:
         check("ec2", "CreateSecurityGroup", network.security_group_request(job, PLACEHOLDER_VPC))
         vpc = {"CidrBlock": spec.network.vpc_cidr, "TagSpecifications": network.tag_spec(job, "vpc", "vpc")}

@@ -26,6 +26,7 @@ import boto3
 import pytest
 from infra_support import any_role
 from lustrain_core.errors import FileSystemFailed, NetworkInvalid, SpecInvalid, TeardownIncomplete
+from lustrain_core.steps import Code, Filesystem, Network, dumped
 from moto import mock_aws
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,16 +96,19 @@ def _filesystem(event: dict[str, Any], polls: int) -> dict[str, Any]:
     elapsed = sum(_scheduled_wait(PRODUCTION_POLL, n) for n in range(polls))
     ready = SCENARIO.available_after_s == 0 or (polls > 0 and elapsed >= SCENARIO.available_after_s)
     wait = _scheduled_wait(event["poll"], polls) if SCENARIO.real_wait_s is None else SCENARIO.real_wait_s
-    return {
-        "file_system_id": "fs-0123456789abcdef0",
-        "lifecycle": "AVAILABLE" if ready else "CREATING",
-        "dns_name": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
-        "mount_name": "abcdefgh",
-        "directory_path": "/abcdefgh/data",
-        "created": True,
-        "polls": polls,
-        "wait_seconds": wait,
-    }
+    return dumped(
+        Filesystem(
+            file_system_id="fs-0123456789abcdef0",
+            lifecycle="AVAILABLE" if ready else "CREATING",
+            ready=ready,
+            dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+            mount_name="abcdefgh",
+            directory_path="/abcdefgh/data",
+            created=True,
+            polls=polls,
+            wait_seconds=wait,
+        )
+    )
 
 
 def _stub(name: str, result: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
@@ -166,10 +170,17 @@ def _install_stubs() -> None:
             "requested": 2,
             "available": 4,
         },
-        "create_network": lambda event: {"vpc_id": "vpc-1", "subnet_id": "subnet-1", "created": True},
+        "create_network": lambda event: dumped(
+            Network(
+                vpc_id="vpc-0a1b2c3d4e5f60718",
+                subnet_id="subnet-0f1e2d3c4b5a69788",
+                security_group_ids=["sg-0123456789abcdef0"],
+                created=True,
+            )
+        ),
         "create_filesystem": lambda event: _filesystem(event, 0),
         "check_filesystem": lambda event: _filesystem(event, event["filesystem"]["polls"] + 1),
-        "upload_code": lambda event: {"submit_directory": "s3://lustrain-artifacts/code/x/sourcedir.tar.gz"},
+        "upload_code": lambda event: dumped(Code(submit_directory="s3://lustrain-artifacts/code/x/sourcedir.tar.gz")),
         "start_training": _start_training,
         "teardown": lambda event: {"deleted": ["fs-0123456789abcdef0", "vpc-1"], "kept": []},
         "notify": lambda event: {

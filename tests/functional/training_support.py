@@ -9,38 +9,47 @@ from typing import Any
 
 import boto3
 from infra_support import REGION, register
+from lustrain_core.steps import Code, Filesystem, MetricDefinition, Network, dumped
 
 CODE_BUCKET = "lustrain-test-code"
 RESULTS_BUCKET = "lustrain-test-results"
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAdGVzdC10b2tlbi1vbmU="
 
-NETWORK = {
-    "vpc_id": "vpc-0a1b2c3d4e5f60718",
-    "subnet_id": "subnet-0f1e2d3c4b5a69788",
-    "security_group_ids": ["sg-0123456789abcdef0"],
-    "availability_zone": "us-east-1a",
-    "created": True,
-}
-FILESYSTEM = {
-    "file_system_id": "fs-0123456789abcdef0",
-    "lifecycle": "AVAILABLE",
-    "mount_name": "abcdef12",
-    "directory_path": "/abcdef12/data",
-    "created": True,
-}
+# the sections the steps before start_training make, built through the run document's own models
+NETWORK = dumped(
+    Network(
+        vpc_id="vpc-0a1b2c3d4e5f60718",
+        subnet_id="subnet-0f1e2d3c4b5a69788",
+        security_group_ids=["sg-0123456789abcdef0"],
+        availability_zone="us-east-1a",
+        created=True,
+    )
+)
+FILESYSTEM = dumped(
+    Filesystem(
+        file_system_id="fs-0123456789abcdef0",
+        lifecycle="AVAILABLE",
+        ready=True,
+        mount_name="abcdef12",
+        directory_path="/abcdef12/data",
+        created=True,
+    )
+)
 
 
 def code_section(job: dict[str, Any]) -> dict[str, Any]:
     name = job["spec"]["name"]
     key = f"code/{name}/{'0' * 64}/sourcedir.tar.gz"
-    return {
-        "submit_directory": f"s3://lustrain-test-artifacts/{key}",
-        "bucket": "lustrain-test-artifacts",
-        "key": key,
-        "sha256": "0" * 64,
-        "uploaded": True,
-        "metric_definitions": [{"Name": "train_loss", "Regex": r"\btrain_loss=([0-9.]+)"}],
-    }
+    return dumped(
+        Code(
+            submit_directory=f"s3://lustrain-test-artifacts/{key}",
+            bucket="lustrain-test-artifacts",
+            key=key,
+            sha256="0" * 64,
+            uploaded=True,
+            metric_definitions=[MetricDefinition(Name="train_loss", Regex=r"\btrain_loss=([0-9.]+)")],
+        )
+    )
 
 
 def training_input(spec_doc: dict[str, Any] | None = None, token: str = TOKEN) -> dict[str, Any]:

@@ -12,12 +12,12 @@ from botocore.validate import ParamValidator
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import Job
+from lustrain_core.steps import Job, Network
 from lustrain_core.steps import filesystem as fs
 
 FSX = botocore.session.get_session().get_service_model("fsx")
 SETTINGS = Settings(stack_name="lustrain-test")
-NETWORK = {"subnet_id": "subnet-0f1e2d3c4b5a69788", "security_group_ids": ["sg-0123456789abcdef0"]}
+NETWORK = Network(subnet_id="subnet-0f1e2d3c4b5a69788", security_group_ids=["sg-0123456789abcdef0"])
 SPEC: dict[str, Any] = {
     "name": "gpt",
     "code": {"source": "s3://code/gpt/"},

@@ -15,7 +15,7 @@ from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.launch import PLACEHOLDER_GROUP, PLACEHOLDER_SUBNET, check_resumable, compile_offline
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import Job, filesystem, network, training
+from lustrain_core.steps import Code, Filesystem, Job, Network, Run, Sections, filesystem, network, training
 
 BASE = {
     "name": "gpt",
@@ -128,13 +128,15 @@ def test_any_spec_the_compiler_accepts_makes_requests_aws_accepts(name, tags, hp
         return
     settings_ = Settings()
     job = Job.of(spec, launch.job_id, settings_)
-    net = {"subnet_id": PLACEHOLDER_SUBNET, "security_group_ids": [PLACEHOLDER_GROUP]}
-    document = {"job": {"job_id": launch.job_id}, "network": net,
-                "filesystem": {"file_system_id": "fs-0123456789abcdef0", "mount_name": "abcdefgh"},
-                "code": {"submit_directory": "s3://artifacts/code/x/sourcedir.tar.gz"}}
+    net = Network(subnet_id=PLACEHOLDER_SUBNET, security_group_ids=[PLACEHOLDER_GROUP])
+    run = Run(job, Sections(
+        network=net,
+        filesystem=Filesystem(file_system_id="fs-0123456789abcdef0", mount_name="abcdefgh"),
+        code=Code(submit_directory="s3://artifacts/code/x/sourcedir.tar.gz"),
+    ))
     name_1 = training.training_job_name(spec.name, launch.job_id, 1)
     requests = {
-        ("sagemaker", "CreateTrainingJob"): training.request_from(job, document, name_1, settings_),
+        ("sagemaker", "CreateTrainingJob"): training.request_from(run, name_1, settings_),
         ("fsx", "CreateFileSystem"): filesystem.create_request(job, net, settings_),
         ("ec2", "CreateSecurityGroup"): network.security_group_request(job, "vpc-0123456789abcdef0"),
     }

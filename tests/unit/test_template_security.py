@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from lustrain_core.config import Settings
-from lustrain_core.steps import Job, network
+from lustrain_core.steps import Job, Network, network
 from lustrain_core.steps.filesystem import create_request
 from lustrain_core.steps.training import build_training_request, training_job_name
 
@@ -471,7 +471,7 @@ def filesystem_job(deployment_type: str) -> Job:
 
 
 def test_the_stack_key_encrypts_persistent_file_systems_only():
-    net = {"subnet_id": "subnet-0f1e2d3c4b5a69788", "security_group_ids": ["sg-0123456789abcdef0"]}
+    net = Network(subnet_id="subnet-0f1e2d3c4b5a69788", security_group_ids=["sg-0123456789abcdef0"])
     persistent = create_request(filesystem_job("PERSISTENT_2"), net, settings(LUSTRAIN_KMS_KEY_ID=KEY))
     assert persistent["KmsKeyId"] == KEY
     scratch = create_request(filesystem_job("SCRATCH_2"), net, settings(LUSTRAIN_KMS_KEY_ID=KEY))
@@ -481,7 +481,7 @@ def test_the_stack_key_encrypts_persistent_file_systems_only():
 
 def test_a_kept_file_system_carries_the_keep_tag_the_sweeper_honours_without_a_record():
     job = filesystem_job("SCRATCH_2")
-    net = {"subnet_id": "subnet-0f1e2d3c4b5a69788", "security_group_ids": ["sg-0123456789abcdef0"]}
+    net = Network(subnet_id="subnet-0f1e2d3c4b5a69788", security_group_ids=["sg-0123456789abcdef0"])
     assert {"Key": "lustrain:keep", "Value": "true"} not in create_request(job, net, settings())["Tags"]
     document = start_training_document()
     document["job"]["spec"]["filesystem"]["keep"] = True

@@ -50,58 +50,96 @@ class _Shape(BaseModel):
 _ShapeT = TypeVar("_ShapeT", bound=_Shape)
 
 
-class _PlannedNetwork(_Shape):
+class PlannedNetwork(_Shape):
     ips_needed: NonNegativeInt
     ips_per_instance: NonNegativeInt
     vpc_cidr: str | None = None
     subnet_cidr: str | None = None
 
 
-class _PlannedFilesystem(_Shape):
+class PlannedFilesystem(_Shape):
     deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"]
     storage_gib: PositiveInt | None = None
     per_unit_storage_throughput: PositiveInt | None = None
 
 
-class _Plan(_Shape):
-    network: _PlannedNetwork
-    filesystem: _PlannedFilesystem
+class Plan(_Shape):
+    """$.job.plan as the steps read it: the planner's sizing of the network and the file system."""
+
+    network: PlannedNetwork
+    filesystem: PlannedFilesystem
 
 
-class _Network(_Shape):
+class Resource(_Shape):
+    type: str
+    id: str
+
+
+class Network(_Shape):
+    """$.network, made by create_network: the subnet and security groups the file system and the job use."""
+
     subnet_id: str = Field(pattern=r"^subnet-[0-9a-f]{8,17}$")
     security_group_ids: list[Annotated[str, Field(pattern=r"^sg-[0-9a-f]{8,17}$")]] = Field(
         min_length=1, max_length=5
     )
     vpc_id: str | None = None
+    route_table_id: str | None = None
+    endpoint_id: str | None = None
+    availability_zone: str | None = None
+    #: True when the run built this network (and tears it down); False for network.subnet_id's
+    created: bool = False
+    resources: list[Resource] = Field(default_factory=list)
 
 
-class _Link(_Shape):
+class LinkState(_Shape):
+    """One data repository association of the run's file system, as the last poll saw it."""
+
     path: str | None = None
     lifecycle: str | None = None
+    association_id: str | None = None
+    s3_uri: str | None = None
+    purpose: Literal["data", "output"] | None = None
 
 
-class _Filesystem(_Shape):
+class Filesystem(_Shape):
+    """$.filesystem, made by create_filesystem and each turn of check_filesystem's poll loop."""
+
     file_system_id: str = Field(pattern=r"^fs-[0-9a-f]{8,21}$")
-    mount_name: str | None = None
+    lifecycle: str | None = None
     file_system_lifecycle: str | None = None
-    polls: NonNegativeInt = 0
-    backoff: NonNegativeInt | None = None
+    ready: bool = False
+    dns_name: str | None = None
+    mount_name: str | None = None
+    directory_path: str | None = None
+    output_path: str | None = None
+    output_directory_path: str | None = None
+    deployment_type: str | None = None
     created: bool = False
-    links: list[_Link] = Field(default_factory=list)
+    links: list[LinkState] = Field(default_factory=list)
+    polls: NonNegativeInt = 0
+    wait_seconds: NonNegativeInt = 0
+    backoff: NonNegativeInt | None = None
 
 
-class _MetricDefinition(_Shape):
+class MetricDefinition(_Shape):
     Name: str
     Regex: str
 
 
-class _Code(_Shape):
+class Code(_Shape):
+    """$.code, made by upload_code: the bundle SageMaker downloads, stored by its content."""
+
     submit_directory: str = Field(pattern=S3_URI_PATTERN)
-    metric_definitions: list[_MetricDefinition] = Field(default_factory=list)
+    metric_definitions: list[MetricDefinition] = Field(default_factory=list)
+    bucket: str | None = None
+    key: str | None = None
+    sha256: str | None = None
+    uploaded: bool = False
+    files: NonNegativeInt = 0
+    bytes: NonNegativeInt = 0
 
 
-class _Poll(_Shape):
+class Poll(_Shape):
     """Absent keys take the poll loop's defaults (filesystem.DEFAULT_POLL); a given one must be a whole number."""
 
     initial_seconds: PositiveInt | None = None
@@ -118,10 +156,10 @@ class _Poll(_Shape):
 
 #: The parts of the state document besides $.job that steps read, and the step that makes each.
 SECTIONS: dict[str, tuple[type[_Shape], str]] = {
-    "network": (_Network, "create_network"),
-    "filesystem": (_Filesystem, "create_filesystem / check_filesystem"),
-    "code": (_Code, "upload_code"),
-    "poll": (_Poll, "the state machine's Parameters"),
+    "network": (Network, "create_network"),
+    "filesystem": (Filesystem, "create_filesystem / check_filesystem"),
+    "code": (Code, "upload_code"),
+    "poll": (Poll, "the state machine's Parameters"),
 }
 
 
@@ -129,10 +167,10 @@ SECTIONS: dict[str, tuple[type[_Shape], str]] = {
 class Sections:
     """The parts of the run document beside $.job, typed: what a step reads of the steps before it."""
 
-    network: _Network | None = None
-    filesystem: _Filesystem | None = None
-    code: _Code | None = None
-    poll: _Poll | None = None
+    network: Network | None = None
+    filesystem: Filesystem | None = None
+    code: Code | None = None
+    poll: Poll | None = None
 
     @classmethod
     def of(cls, document: dict[str, Any], *needs: str) -> Sections:
@@ -153,14 +191,14 @@ def _checked(model: type[_ShapeT], value: Any, where: str) -> _ShapeT:
         raise SpecInvalid(field_errors(exc, where)) from None
 
 
-def _check_plan(job_id: str, spec: JobSpec, plan: Any) -> None:
+def _check_plan(job_id: str, spec: JobSpec, plan: Any) -> Plan:
     if not re.fullmatch(rf"{re.escape(spec.name)}-[0-9a-f]{{8}}", job_id):
         raise SpecInvalid.one(
             "job.job_id",
             job_id,
             f"a job id of the form {spec.name}-<8 hex digits> (spec name, then its hash)",
         )
-    checked = _checked(_Plan, plan, "job.plan")
+    checked = _checked(Plan, plan, "job.plan")
     if spec.network.subnet_id is None:
         for key in ("vpc_cidr", "subnet_cidr"):
             cidr = getattr(checked.network, key)
@@ -180,6 +218,7 @@ def _check_plan(job_id: str, spec: JobSpec, plan: Any) -> None:
         raise SpecInvalid.one(
             "job.plan.filesystem.per_unit_storage_throughput", MISSING, "PERSISTENT_2 needs its throughput"
         )
+    return checked
 
 
 @dataclass(frozen=True)
@@ -191,6 +230,8 @@ class Job:
     spec: JobSpec
     plan: dict[str, Any]
     launch: LaunchPlan
+    #: the plan's sizing of the network and file system, typed (the rest of `plan` is the planner's report)
+    planned: Plan
 
     @classmethod
     def from_document(cls, document: Any, *needs: str) -> Job:
@@ -204,10 +245,10 @@ class Job:
         spec = validate_spec(job.get("spec") or {})
         if not isinstance(job["job_id"], str):
             raise SpecInvalid.one("job.job_id", job["job_id"], "the job id register_job gave, a string")
-        _check_plan(job["job_id"], spec, job.get("plan"))
+        planned = _check_plan(job["job_id"], spec, job.get("plan"))
         launch = _checked_launch(job["job_id"], job.get("launch"))
         Sections.of(document, *needs)
-        return cls(job["job_id"], spec, dict(job["plan"]), launch)
+        return cls(job["job_id"], spec, dict(job["plan"]), launch, planned)
 
     @classmethod
     def of(cls, spec: JobSpec, job_id: str, settings: Any = None, *, data_gib: float | None = None) -> Job:
@@ -217,7 +258,9 @@ class Job:
         from lustrain_core.launch import registered
 
         made = registered(spec, job_id, settings or Settings(), data_gib=data_gib)
-        return cls(job_id, spec, made["plan"], LaunchPlan.model_validate(made["launch"]))
+        return cls(
+            job_id, spec, made["plan"], LaunchPlan.model_validate(made["launch"]), Plan.model_validate(made["plan"])
+        )
 
     def tags(self, resource: str) -> list[dict[str, str]]:
         """The tags of one resource of the run: the launch plan's, and its Name (launch.names.<resource>)."""
@@ -234,3 +277,50 @@ def _checked_launch(job_id: str, launch: Any) -> LaunchPlan:
     if checked.job_id != job_id:
         raise SpecInvalid.one("job.launch.job_id", checked.job_id, f"the launch plan of {job_id}")
     return checked
+
+
+@dataclass(frozen=True)
+class Run:
+    """A state document parsed once: its job, and the parts the steps before it made, each typed.
+
+    A step parses its input with `Run.parse(document, *needs)` and reads only models from then on; what it
+    returns is a model too (Network, Filesystem, Code), which its handler dumps into the next state's input.
+    """
+
+    job: Job
+    sections: Sections
+
+    @classmethod
+    def parse(cls, document: Any, *needs: str) -> Run:
+        job = Job.from_document(document, *needs)
+        return cls(job, Sections.of(document, *needs))
+
+    @property
+    def network(self) -> Network:
+        return _needed(self.sections.network, "network")
+
+    @property
+    def filesystem(self) -> Filesystem:
+        return _needed(self.sections.filesystem, "filesystem")
+
+    @property
+    def code(self) -> Code:
+        return _needed(self.sections.code, "code")
+
+    @property
+    def poll(self) -> Poll:
+        return self.sections.poll or Poll()
+
+
+_SectionT = TypeVar("_SectionT")
+
+
+def _needed(section: _SectionT | None, name: str) -> _SectionT:
+    if section is None:
+        raise SpecInvalid.one(name, MISSING, f"the state document lacks $.{name} (made by {SECTIONS[name][1]})")
+    return section
+
+
+def dumped(section: BaseModel) -> dict[str, Any]:
+    """A step's result as the JSON its state's output carries."""
+    return section.model_dump(mode="json")

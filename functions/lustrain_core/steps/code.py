@@ -26,7 +26,7 @@ from botocore.exceptions import ClientError
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
-from lustrain_core.steps import Job
+from lustrain_core.steps import Code, MetricDefinition, Run
 from lustrain_core.steps.job import split_s3_uri
 
 BUNDLE_NAME = "sourcedir.tar.gz"
@@ -175,9 +175,9 @@ def _exists(s3: Any, bucket: str, key: str) -> bool:
     return True
 
 
-def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> dict[str, Any]:
+def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> Code:
     """Bundle code.source and store it by content; returns $.code."""
-    spec = Job.from_document(document).spec
+    spec = Run.parse(document).job.spec
     files = read_source(s3, spec.code.source)
     names = [name for name, _ in files]
     check_entry_point(names, spec.code.entry_point, spec.code.source)
@@ -197,13 +197,13 @@ def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> dic
             ChecksumAlgorithm="SHA256",
             Metadata={"sha256": sha256, "source": spec.code.source},
         )
-    return {
-        "submit_directory": f"s3://{bucket}/{key}",
-        "bucket": bucket,
-        "key": key,
-        "sha256": sha256,
-        "uploaded": uploaded,
-        "files": len(files),
-        "bytes": len(bundle),
-        "metric_definitions": metric_definitions,
-    }
+    return Code(
+        submit_directory=f"s3://{bucket}/{key}",
+        bucket=bucket,
+        key=key,
+        sha256=sha256,
+        uploaded=uploaded,
+        files=len(files),
+        bytes=len(bundle),
+        metric_definitions=[MetricDefinition(**m) for m in metric_definitions],
+    )

@@ -46,7 +46,19 @@ from botocore.exceptions import ClientError
 from lustrain_core.config import Settings
 from lustrain_core.errors import FileSystemFailed, SpecInvalid
 from lustrain_core.spec import JobSpec
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, records, tag_dict
+from lustrain_core.steps import (
+    TAG_CREATED_BY,
+    TAG_JOB_ID,
+    Filesystem,
+    Job,
+    LinkState,
+    Network,
+    Poll,
+    Run,
+    Sections,
+    records,
+    tag_dict,
+)
 
 #: Where a job's output lives on a file system when output.to_filesystem is true (one directory per job).
 OUTPUT_ROOT = "/lustrain-output"
@@ -136,27 +148,27 @@ def link_for(spec: JobSpec, job_id: str) -> LinkPlan:
     return LinkPlan("import_path" if scratch_at_root else "dra", tuple(links), out)
 
 
-def create_request(job: Job, network: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def create_request(job: Job, network: Network, settings: Settings) -> dict[str, Any]:
     """The CreateFileSystem request of a run's file system, as planned."""
-    planned = job.plan["filesystem"]
-    kind = planned["deployment_type"]
+    planned = job.planned.filesystem
+    kind = planned.deployment_type
     links = link_for(job.spec, job.job_id)
     lustre: dict[str, Any] = {
         "DeploymentType": kind,
         "DataCompressionType": "LZ4" if job.spec.filesystem.compression == "lz4" else "NONE",
     }
     if kind == "PERSISTENT_2":
-        lustre["PerUnitStorageThroughput"] = int(planned["per_unit_storage_throughput"])
+        lustre["PerUnitStorageThroughput"] = int(planned.per_unit_storage_throughput or 0)
     tags = job.tags("filesystem")
     if job.spec.filesystem.keep:
         tags.append({"Key": TAG_KEEP, "Value": "true"})
     request: dict[str, Any] = {
         "ClientRequestToken": job.job_id,
         "FileSystemType": "LUSTRE",
-        "StorageCapacity": int(planned["storage_gib"]),
+        "StorageCapacity": int(planned.storage_gib or 0),
         "StorageType": "SSD",
-        "SubnetIds": [network["subnet_id"]],
-        "SecurityGroupIds": list(network["security_group_ids"]),
+        "SubnetIds": [network.subnet_id],
+        "SecurityGroupIds": list(network.security_group_ids),
         "Tags": tags,
         "LustreConfiguration": lustre,
     }
@@ -190,12 +202,9 @@ def dra_request(job: Job, file_system_id: str, link: Link, settings: Settings) -
 
 
 def poll_settings(document: dict[str, Any]) -> dict[str, int]:
-    given = document.get("poll") or {}
-    settings = {key: int(given.get(key, default)) for key, default in DEFAULT_POLL.items()}
-    for key, value in settings.items():
-        if value < 1:
-            raise SpecInvalid.one(f"poll.{key}", value, "must be a whole number of at least 1")
-    return settings
+    """The poll loop's settings: $.poll's, checked by its model, and DEFAULT_POLL's for those it leaves out."""
+    given = Sections.of(document).poll or Poll()
+    return {key: getattr(given, key) or default for key, default in DEFAULT_POLL.items()}
 
 
 def next_wait(polls: int, poll: dict[str, int]) -> int:
@@ -269,7 +278,7 @@ def data_location(fs: dict[str, Any], dras: list[dict[str, Any]], data_s3_uri: s
     return None
 
 
-def validate_reuse(fsx: Any, job: Job, network: dict[str, Any]) -> dict[str, Any]:
+def validate_reuse(fsx: Any, job: Job, network: Network) -> dict[str, Any]:
     """The file system named by filesystem.file_system_id, checked to carry this run; FileSystemFailed if not."""
     fs_id = str(job.spec.filesystem.file_system_id)
     fs = describe(fsx, fs_id)
@@ -289,10 +298,10 @@ def validate_reuse(fsx: Any, job: Job, network: dict[str, Any]) -> dict[str, Any
             file_system_id=fs_id,
             lifecycle=fs.get("Lifecycle"),
         )
-    if fs.get("VpcId") and network.get("vpc_id") and fs["VpcId"] != network["vpc_id"]:
+    if fs.get("VpcId") and network.vpc_id and fs["VpcId"] != network.vpc_id:
         raise FileSystemFailed(
             f"filesystem.file_system_id: {fs_id} is in {fs['VpcId']} but the job's network is in "
-            f"{network['vpc_id']}: set network.subnet_id (and security_group_ids) to a subnet of {fs['VpcId']}",
+            f"{network.vpc_id}: set network.subnet_id (and security_group_ids) to a subnet of {fs['VpcId']}",
             file_system_id=fs_id,
         )
     where = data_location(fs, associations(fsx, fs_id), job.spec.data.s3_uri)
@@ -323,36 +332,39 @@ def _result(
     created: bool,
     polls: int,
     wait_seconds: int,
-    links: list[dict[str, Any]],
+    links: list[LinkState],
     ready: bool,
-) -> dict[str, Any]:
+    backoff: int | None = None,
+) -> Filesystem:
     mount = _mount_name(fs)
     out = output_path(job.job_id) if job.spec.output.to_filesystem else None
-    return {
-        "file_system_id": fs["FileSystemId"],
-        "lifecycle": "AVAILABLE"
+    return Filesystem(
+        file_system_id=fs["FileSystemId"],
+        lifecycle="AVAILABLE"
         if ready
         else ("CREATING" if fs.get("Lifecycle") == "AVAILABLE" else fs.get("Lifecycle")),
-        "file_system_lifecycle": fs.get("Lifecycle"),
-        "ready": ready,
-        "dns_name": fs.get("DNSName"),
-        "mount_name": mount,
-        "directory_path": directory_path(mount, job.spec.filesystem.mount_path) if mount else None,
-        "output_path": out,
-        "output_directory_path": directory_path(mount, out) if mount and out else None,
-        "deployment_type": fs.get("LustreConfiguration", {}).get("DeploymentType"),
-        "created": created,
-        "links": links,
-        "polls": polls,
-        "wait_seconds": wait_seconds,
-    }
+        file_system_lifecycle=fs.get("Lifecycle"),
+        ready=ready,
+        dns_name=fs.get("DNSName"),
+        mount_name=mount,
+        directory_path=directory_path(mount, job.spec.filesystem.mount_path) if mount else None,
+        output_path=out,
+        output_directory_path=directory_path(mount, out) if mount and out else None,
+        deployment_type=fs.get("LustreConfiguration", {}).get("DeploymentType"),
+        created=created,
+        links=links,
+        polls=polls,
+        wait_seconds=wait_seconds,
+        backoff=backoff,
+    )
 
 
-def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> Filesystem:
     """Create the run's file system (or validate the one to reuse); returns $.filesystem for the poll loop."""
-    job = Job.from_document(document, "network")
+    run = Run.parse(document, "network")
+    job = run.job
     records.require(ddb, settings.jobs_table, job.job_id)
-    network = document["network"]
+    network = run.network
     poll = poll_settings(document)
     links = link_for(job.spec, job.job_id)
     if job.spec.filesystem.file_system_id:
@@ -393,9 +405,7 @@ def _note_export(ddb: Any, settings: Settings, job: Job, file_system_id: str, pa
     )
 
 
-def ensure_links(
-    fsx: Any, ddb: Any, settings: Settings, job: Job, fs: dict[str, Any]
-) -> list[dict[str, Any]]:
+def ensure_links(fsx: Any, ddb: Any, settings: Settings, job: Job, fs: dict[str, Any]) -> list[LinkState]:
     """Create the DRAs the run needs on an AVAILABLE file system (once) and report each one's lifecycle."""
     plan = link_for(job.spec, job.job_id)
     wanted = (
@@ -441,27 +451,26 @@ def ensure_links(
                 lifecycle=dra["Lifecycle"],
             )
         states.append(
-            {
-                "association_id": dra["AssociationId"],
-                "path": link.path,
-                "s3_uri": link.s3_uri,
-                "purpose": link.purpose,
-                "lifecycle": dra.get("Lifecycle"),
-            }
+            LinkState(
+                association_id=dra["AssociationId"],
+                path=link.path,
+                s3_uri=link.s3_uri,
+                purpose=link.purpose,
+                lifecycle=dra.get("Lifecycle"),
+            )
         )
     return states
 
 
-def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> Filesystem:
     """One turn of the poll loop: the file system's lifecycle, its links, and how long to wait for the next."""
-    job = Job.from_document(document)
+    run = Run.parse(document, "filesystem")
+    job = run.job
     records.require(ddb, settings.jobs_table, job.job_id)
-    previous = document.get("filesystem") or {}
-    fs_id = previous.get("file_system_id")
-    if not fs_id:
-        raise FileSystemFailed("the state document has no file system to check ($.filesystem.file_system_id)")
+    previous = run.filesystem
+    fs_id = previous.file_system_id
     poll = poll_settings(document)
-    polls = int(previous.get("polls", 0)) + 1
+    polls = previous.polls + 1
     fs = describe(fsx, fs_id)
     if fs is None:
         raise FileSystemFailed(f"file system {fs_id} no longer exists", file_system_id=fs_id)
@@ -479,14 +488,12 @@ def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: 
             file_system_id=fs_id,
             lifecycle=repository["Lifecycle"],
         )
-    links: list[dict[str, Any]] = []
+    links: list[LinkState] = []
     if fs.get("Lifecycle") == "AVAILABLE":
         links = ensure_links(fsx, ddb, settings, job, fs)
-    ready = fs.get("Lifecycle") == "AVAILABLE" and all(link["lifecycle"] == "AVAILABLE" for link in links)
+    ready = fs.get("Lifecycle") == "AVAILABLE" and all(link.lifecycle == "AVAILABLE" for link in links)
     if not ready and polls >= poll["max_polls"]:
-        pending = [
-            f"{link['path']} {link['lifecycle']}" for link in links if link["lifecycle"] != "AVAILABLE"
-        ]
+        pending = [f"{link.path} {link.lifecycle}" for link in links if link.lifecycle != "AVAILABLE"]
         raise FileSystemFailed(
             f"file system {fs_id} is still not ready after {polls} checks (file system {fs.get('Lifecycle')}"
             + (f"; links: {', '.join(pending)}" if pending else "")
@@ -496,21 +503,21 @@ def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: 
         )
     # The wait doubles while nothing changes; progress (the file system turning AVAILABLE, a new link) restarts
     # it at the initial wait, so a link created on this poll is seen seconds after it is ready, not minutes.
-    progressed = fs.get("Lifecycle") != previous.get("file_system_lifecycle") or _link_states(links) != _link_states(
-        previous.get("links") or []
+    progressed = fs.get("Lifecycle") != previous.file_system_lifecycle or _link_states(links) != _link_states(
+        previous.links
     )
-    backoff = 0 if progressed else int(previous.get("backoff", polls - 1)) + 1
-    result = _result(
+    backoff = 0 if progressed else (polls - 1 if previous.backoff is None else previous.backoff) + 1
+    return _result(
         job,
         fs,
-        created=bool(previous.get("created")),
+        created=previous.created,
         polls=polls,
         wait_seconds=next_wait(backoff, poll),
         links=links,
         ready=ready,
+        backoff=backoff,
     )
-    return {**result, "backoff": backoff}
 
 
-def _link_states(links: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
-    return [(link.get("path"), link.get("lifecycle")) for link in links]
+def _link_states(links: list[LinkState]) -> list[tuple[Any, Any]]:
+    return [(link.path, link.lifecycle) for link in links]

@@ -26,7 +26,7 @@ from typing import Any
 from lustrain_core.config import Settings
 from lustrain_core.errors import NetworkInvalid, SpecInvalid
 from lustrain_core.prices import INSTANCE_TYPES
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, records
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, Network, Resource, Run, records
 
 LUSTRE_PORT_RANGES = ((988, 988), (1018, 1023))
 HTTPS = 443
@@ -235,9 +235,9 @@ def _live(items: list[dict[str, Any]], state_key: str = "State") -> list[dict[st
     ]
 
 
-def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict[str, Any]:
+def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Network:
     records.require(ddb, settings.jobs_table, job.job_id)
-    net = job.plan["network"]
+    net = job.planned.network
     filters = _tag_filters(job.job_id, settings.stack_name)
     created: list[dict[str, str]] = []
 
@@ -251,7 +251,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
         vpc_id = vpcs[0]["VpcId"]
     else:
         vpc_id = ec2.create_vpc(
-            CidrBlock=net["vpc_cidr"], TagSpecifications=tag_spec(job, "vpc", "vpc")
+            CidrBlock=str(net.vpc_cidr), TagSpecifications=tag_spec(job, "vpc", "vpc")
         )["Vpc"]["VpcId"]
     remember("vpc", vpc_id)
 
@@ -262,7 +262,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
         zone = choose_zone(ec2, job.spec.network.availability_zone)
         subnet = ec2.create_subnet(
             VpcId=vpc_id,
-            CidrBlock=net["subnet_cidr"],
+            CidrBlock=str(net.subnet_cidr),
             AvailabilityZone=zone,
             TagSpecifications=tag_spec(job, "subnet", "subnet"),
         )["Subnet"]
@@ -301,16 +301,16 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> dict
     remember("security_group", group_id)
     _ensure_rules(ec2, group_id, s3_prefix_list(ec2, settings.region))
 
-    return {
-        "vpc_id": vpc_id,
-        "subnet_id": subnet["SubnetId"],
-        "security_group_ids": [group_id],
-        "route_table_id": table["RouteTableId"],
-        "endpoint_id": endpoint_id,
-        "availability_zone": subnet["AvailabilityZone"],
-        "created": True,
-        "resources": created,
-    }
+    return Network(
+        vpc_id=vpc_id,
+        subnet_id=subnet["SubnetId"],
+        security_group_ids=[group_id],
+        route_table_id=table["RouteTableId"],
+        endpoint_id=endpoint_id,
+        availability_zone=subnet["AvailabilityZone"],
+        created=True,
+        resources=[Resource(**r) for r in created],
+    )
 
 
 def _route_table_of(ec2: Any, subnet: dict[str, Any]) -> dict[str, Any] | None:
@@ -346,7 +346,7 @@ def _reaches_s3(ec2: Any, table: dict[str, Any], vpc_id: str, region: str) -> st
     return None
 
 
-def check_existing_network(ec2: Any, job: Job, settings: Settings) -> dict[str, Any]:
+def check_existing_network(ec2: Any, job: Job, settings: Settings) -> Network:
     spec = job.spec.network
     subnet_id = str(spec.subnet_id)
     problems: list[str] = []
@@ -356,12 +356,12 @@ def check_existing_network(ec2: Any, job: Job, settings: Settings) -> dict[str, 
             f"network.subnet_id: {subnet_id} does not exist in {settings.region}", subnet_id=subnet_id
         )
     subnet = found[0]
-    needed = int(job.plan["network"]["ips_needed"])
+    needed = job.planned.network.ips_needed
     free = int(subnet.get("AvailableIpAddressCount", 0))
     if free < needed:
         problems.append(
             f"network.subnet_id: {subnet_id} has {free} free IP addresses; the run needs {needed} "
-            f"({job.spec.compute.instance_count} x {job.plan['network']['ips_per_instance']} for instances, "
+            f"({job.spec.compute.instance_count} x {job.planned.network.ips_per_instance} for instances, "
             "plus the file system and headroom): use a larger subnet"
         )
 
@@ -406,21 +406,20 @@ def check_existing_network(ec2: Any, job: Job, settings: Settings) -> dict[str, 
             problems=problems,
             subnet_id=subnet_id,
         )
-    return {
-        "vpc_id": subnet["VpcId"],
-        "subnet_id": subnet_id,
-        "security_group_ids": group_ids,
-        "route_table_id": table["RouteTableId"] if table else None,
-        "endpoint_id": via if via and via.startswith("vpce-") else None,
-        "availability_zone": subnet["AvailabilityZone"],
-        "created": False,
-        "resources": [],
-    }
+    return Network(
+        vpc_id=subnet["VpcId"],
+        subnet_id=subnet_id,
+        security_group_ids=group_ids,
+        route_table_id=table["RouteTableId"] if table else None,
+        endpoint_id=via if via and via.startswith("vpce-") else None,
+        availability_zone=subnet["AvailabilityZone"],
+        created=False,
+    )
 
 
-def create_network(document: dict[str, Any], *, ec2: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+def create_network(document: dict[str, Any], *, ec2: Any, ddb: Any, settings: Settings) -> Network:
     """$.network: a new network for the run, or the checked existing one named by network.subnet_id."""
-    job = Job.from_document(document)
+    job = Run.parse(document).job
     if job.spec.network.subnet_id:
         return check_existing_network(ec2, job, settings)
     return create_new_network(ec2, ddb, job, settings)

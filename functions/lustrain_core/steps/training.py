@@ -30,7 +30,7 @@ from lustrain_core.errors import MISSING, FieldError, QuotaExceeded, SpecInvalid
 from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
-from lustrain_core.steps import Job, Sections, records
+from lustrain_core.steps import Job, Run, records
 from lustrain_core.steps.filesystem import directory_path, output_path
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -155,11 +155,11 @@ def inter_container_encryption(settings: Settings) -> bool:
     return raw == "true"
 
 
-def _channels(job: Job, built: Sections) -> list[dict[str, Any]]:
+def _channels(run: Run) -> list[dict[str, Any]]:
+    job = run.job
     spec = job.spec
-    assert built.filesystem is not None  # Sections.of(..., "filesystem")
-    fs_id = built.filesystem.file_system_id
-    mount_name = built.filesystem.mount_name
+    fs_id = run.filesystem.file_system_id
+    mount_name = run.filesystem.mount_name
     if not mount_name:
         raise SpecInvalid.one("filesystem.mount_name", MISSING, "the file system's MountName (check_filesystem's)")
 
@@ -184,18 +184,17 @@ def _channels(job: Job, built: Sections) -> list[dict[str, Any]]:
     return channels
 
 
-def request_from(job: Job, document: dict[str, Any], training_job_name: str, settings: Settings) -> dict[str, Any]:
+def request_from(run: Run, training_job_name: str, settings: Settings) -> dict[str, Any]:
     """The whole CreateTrainingJob request: the launch plan's decisions, and the ids of the steps before
     (network, file system, code bundle), with the stack's own settings (role, KMS key, encryption)."""
+    job = run.job
     launch = job.launch
     spec = job.spec
-    built = Sections.of(document, "network", "filesystem", "code")
-    assert built.network is not None and built.code is not None
     kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
 
     algorithm: dict[str, Any] = {"TrainingImage": launch.image_uri, "TrainingInputMode": "File"}
-    if built.code.metric_definitions:
-        algorithm["MetricDefinitions"] = [{"Name": m.Name, "Regex": m.Regex} for m in built.code.metric_definitions]
+    if run.code.metric_definitions:
+        algorithm["MetricDefinitions"] = [{"Name": m.Name, "Regex": m.Regex} for m in run.code.metric_definitions]
     output: dict[str, Any] = {"S3OutputPath": spec.output.s3_uri}
     if kms_key_id:
         output["KmsKeyId"] = kms_key_id
@@ -206,13 +205,13 @@ def request_from(job: Job, document: dict[str, Any], training_job_name: str, set
         "TrainingJobName": training_job_name,
         "RoleArn": settings.sagemaker_role_arn,
         "AlgorithmSpecification": algorithm,
-        "HyperParameters": {**launch.hyperparameters, "sagemaker_submit_directory": json.dumps(built.code.submit_directory)},
-        "InputDataConfig": _channels(job, built),
+        "HyperParameters": {**launch.hyperparameters, "sagemaker_submit_directory": json.dumps(run.code.submit_directory)},
+        "InputDataConfig": _channels(run),
         "OutputDataConfig": output,
         "ResourceConfig": _resource_config(spec, kms_key_id),
         "VpcConfig": {
-            "Subnets": [built.network.subnet_id],
-            "SecurityGroupIds": list(built.network.security_group_ids),
+            "Subnets": [run.network.subnet_id],
+            "SecurityGroupIds": list(run.network.security_group_ids),
         },
         "StoppingCondition": _stopping_condition(job),
         "CheckpointConfig": {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
@@ -233,7 +232,7 @@ def build_training_request(
     settings: Settings,
 ) -> dict[str, Any]:
     """The whole CreateTrainingJob request of a run, from the state document (job, network, filesystem, code)."""
-    return request_from(Job.from_document(document), document, training_job_name, settings)
+    return request_from(Run.parse(document, "network", "filesystem", "code"), training_job_name, settings)
 
 
 # --------------------------------------------------------------------------- the tokens table
@@ -334,7 +333,8 @@ def start_training(
     clock: Callable[[], float] = time.time,
 ) -> dict[str, Any]:
     """Start (or adopt) the run's training job; returns {training_job_name, attempt} while the task waits."""
-    job = Job.from_document(document)
+    run = Run.parse(document, "network", "filesystem", "code")
+    job = run.job
     token = document.get("task_token")
     if not token or not isinstance(token, str):
         raise SpecInvalid.one(
@@ -349,7 +349,7 @@ def start_training(
 
     attempt = _next_attempt(ddb, settings, job.job_id)
     name = training_job_name(job.spec.name, job.job_id, attempt)
-    request = build_training_request(document, training_job_name=name, settings=settings)
+    request = request_from(run, name, settings)
     _store_token(ddb, settings, job, name, attempt, token, clock())
     records.add_resources(ddb, settings.jobs_table, job.job_id, [{"type": RESOURCE_TYPE, "id": name}])
     try:
