@@ -16,7 +16,7 @@ Expected endings, as the state machine (statemachine/training_job.asl.json) deci
 - lambda-timeout: every Task state retries Sandbox.Timedout once, and every handler is idempotent: the retry
   finds what the timed-out invocation did (start_training adopts the training job the lost answer had started,
   rather than starting a second fleet) -> SUCCEEDED; on_training_event is retried by Lambda itself;
-- fsx-failed, quota, capacity-error, training-error, stopped -> FAILED with the error class named for each;
+- fsx-failed, quota, capacity-error, user-error, stopped -> FAILED with the error class named for each;
 - silent (the training job never reports) -> the task's HeartbeatSeconds fires States.Timeout -> the teardown
   must stop the job -> FAILED with TrainingTimedOut (a Fail state may not raise a States.* name; the Cause keeps
   it). That case runs in a twin of its own, whose heartbeat is a few seconds.
@@ -150,7 +150,7 @@ def cases() -> list[Case]:
         Case("create_filesystem", "fsx-failed", "FAILED", "FileSystemFailed"),
         Case("check_quota", "quota", "FAILED", "QuotaExceeded"),
         Case("start_training", "capacity-error", "FAILED", "CapacityError"),
-        Case("start_training", "training-error", "FAILED", "TrainingFailed"),
+        Case("start_training", "user-error", "FAILED", "TrainingFailed"),
         Case("start_training", "stopped", "FAILED", "TrainingStopped", hyperparameters=busy),
         Case(
             "start_training",

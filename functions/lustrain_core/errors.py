@@ -7,9 +7,8 @@ from typing import Any
 
 
 class LustrainError(Exception):
-    """Base of every error lustrain raises on purpose; `details` travels in the error's cause."""
-
-    retryable = False
+    """Base of every error lustrain raises on purpose; `details` travels in the error's cause. Whether a run
+    tries again after one is the run policy's decision (lustrain_core.recovery), not the error's."""
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -85,6 +84,14 @@ class MountFailed(LustrainError):
     """The training job could not mount the Lustre file system."""
 
 
+class InfrastructureError(LustrainError):
+    """The training job failed under the code: an instance, GPU, EFA or NCCL fault, or SageMaker's internal error."""
+
+
+class SpotInterrupted(LustrainError):
+    """A managed spot job lost its capacity and did not get it back within its MaxWait (SageMaker's retries spent)."""
+
+
 class TrainingFailed(LustrainError):
     """The training job ran and failed (the algorithm's error, or an internal one)."""
 
@@ -105,15 +112,11 @@ class StepFunctionsError(LustrainError):
 
 
 class AwsThrottled(LustrainError):
-    """AWS asked us to slow down; Step Functions retries this with backoff."""
-
-    retryable = True
+    """AWS asked us to slow down; Step Functions retries this with backoff (recovery.AWS_TRANSIENT)."""
 
 
 class AwsUnavailable(LustrainError):
-    """A transient AWS service error (5xx); Step Functions retries this with backoff."""
-
-    retryable = True
+    """A transient AWS service error (5xx); Step Functions retries this with backoff (recovery.AWS_TRANSIENT)."""
 
 
 class TeardownIncomplete(LustrainError):
@@ -131,6 +134,8 @@ ALL_ERRORS: dict[str, type[LustrainError]] = {
         FileSystemFailed,
         CapacityError,
         MountFailed,
+        InfrastructureError,
+        SpotInterrupted,
         TrainingFailed,
         TrainingStopped,
         TrainingTimedOut,

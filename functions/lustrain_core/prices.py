@@ -24,14 +24,17 @@ class InstanceType:
     #: instance types with local NVMe cannot take a VolumeKmsKeyId
     local_nvme: bool
     efa: bool
+    #: SageMaker's infrastructure health check (InfraCheckConfig) is turned on for multi-instance jobs of this type:
+    #: the accelerated training families, whose jobs span many hosts joined by EFA
+    infra_check: bool = False
 
 
 _TB = 1e12 / 2**30  # GiB in one TB
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
-    "ml.p4d.24xlarge": InstanceType(8, 6, 6 * _TB, 37.688, local_nvme=True, efa=True),
-    "ml.p4de.24xlarge": InstanceType(8, 6, 6 * _TB, 47.11, local_nvme=True, efa=True),
-    "ml.p5.48xlarge": InstanceType(8, 6, 24 * _TB, 113.07, local_nvme=True, efa=True),
+    "ml.p4d.24xlarge": InstanceType(8, 6, 6 * _TB, 37.688, local_nvme=True, efa=True, infra_check=True),
+    "ml.p4de.24xlarge": InstanceType(8, 6, 6 * _TB, 47.11, local_nvme=True, efa=True, infra_check=True),
+    "ml.p5.48xlarge": InstanceType(8, 6, 24 * _TB, 113.07, local_nvme=True, efa=True, infra_check=True),
     "ml.g5.12xlarge": InstanceType(4, 1, 3 * _TB, 7.09, local_nvme=True, efa=False),
     "ml.g5.48xlarge": InstanceType(8, 6, 6 * _TB, 20.36, local_nvme=True, efa=True),
     # CPU types: the local rehearsal plans with these

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from lustrain_core import recovery
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
 
 MAX_SPEC_BYTES = 1024 * 1024
@@ -43,6 +44,8 @@ class Compute(_Section):
     spot: bool = False
     max_runtime_hours: float = Field(24, gt=0, le=MAX_RUNTIME_HOURS)
     max_wait_hours: float | None = Field(None, gt=0, le=MAX_RUNTIME_HOURS)
+    #: training jobs per run, the first included: a retryable failure (lustrain_core.recovery) starts another
+    max_attempts: int = Field(recovery.DEFAULT_MAX_ATTEMPTS, ge=1, le=recovery.MAX_ATTEMPTS)
 
     @model_validator(mode="after")
     def _wait_needs_spot(self) -> Compute:

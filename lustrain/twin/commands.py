@@ -30,8 +30,8 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="STEP:FAULT",
-        help="rehearse a failure, e.g. create_filesystem:fsx-failed, start_training:capacity-error, "
-        "check_quota:quota, start_training:training-error, start_training:stopped, STEP:throttling",
+        help="rehearse a failure, e.g. start_training:hardware-failure, start_training:capacity-error-once, "
+        "start_training:user-error, create_filesystem:fsx-failed, check_quota:quota, STEP:throttling",
     )
     r.add_argument("--quota", type=int, help="the twin account's instance quota for the spec's type")
     r.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")

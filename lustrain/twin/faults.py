@@ -8,7 +8,10 @@ Who fires what:
 - the twin's FSx (patches/fsx.py): `fsx-failed`, the file system created by create_filesystem goes FAILED;
 - the twin's Service Quotas (patches/service_quotas.py): `quota`, every SageMaker quota reads 0 while it is
   armed (it looks with `active`: a quota stays low for the whole run, and for every read of it);
-- the SageMaker simulator, for the job start_training creates: `capacity-error`, `training-error`, `stopped`
+- the SageMaker simulator, for the job start_training creates: `capacity-error` (every attempt of the run gets
+  no capacity), `capacity-error-once` (the first attempt gets none), `hardware-failure` (the job fails with
+  SageMaker's InternalServerError after its trainer has written a checkpoint and logged a step past it, before it
+  ends: its checkpoints are in S3, as SageMaker syncs them), `user-error` (the user's script raises), `stopped`
   (MaxRuntime), `silent` (the job never reports: it sends no event and holds its instances until it is stopped
   or reaches MaxRuntime) and `repeat-events` (each of its events is delivered three times);
 - the botocore hook (patches/throttling.py): `throttling` / `throttling-always` (a ThrottlingException) and
@@ -48,6 +51,7 @@ STEPS: tuple[str, ...] = (
     "check_filesystem",
     "upload_code",
     "start_training",
+    "next_attempt",
     "on_training_event",
     "teardown",
     "notify",
@@ -56,7 +60,14 @@ STEPS: tuple[str, ...] = (
 _THROTTLING = ("throttling", "throttling-always")
 #: Faults of the handler's own invocation or AWS calls: they can happen at any step.
 ANY_STEP: tuple[str, ...] = (*_THROTTLING, "service-error", "lambda-timeout")
-TRAINING_JOB_FAULTS: tuple[str, ...] = ("capacity-error", "training-error", "stopped", "silent")
+TRAINING_JOB_FAULTS: tuple[str, ...] = (
+    "capacity-error",
+    "capacity-error-once",
+    "hardware-failure",
+    "user-error",
+    "stopped",
+    "silent",
+)
 
 #: Each fault and the steps it can be injected at.
 FAULTS: dict[str, tuple[str, ...]] = {
@@ -68,7 +79,9 @@ FAULTS: dict[str, tuple[str, ...]] = {
     **{name: STEPS for name in ANY_STEP},
 }
 
-_PERSISTENT = frozenset({"throttling-always"})
+#: faults that stay armed once fired: `capacity-error` refuses every attempt of the run, as a region with no
+#: capacity for the type would
+_PERSISTENT = frozenset({"throttling-always", "capacity-error"})
 #: SageMaker statuses after which a training job sends no more events.
 _JOB_ENDED = frozenset({"Completed", "Failed", "Stopped"})
 

@@ -41,6 +41,7 @@ FAST_PARAMETERS: dict[str, str] = {
     "RetryIntervalSeconds": "1",
     "TeardownRetryIntervalSeconds": "1",
     "TeardownRetryMaxDelaySeconds": "2",
+    "AttemptWaitMaxSeconds": "1",
     "TrainingHeartbeatSeconds": "300",
     "TrainingTimeoutSeconds": "900",
     "LogLevel": "WARNING",

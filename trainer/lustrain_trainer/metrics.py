@@ -1,6 +1,10 @@
 """The metric log line and the SageMaker MetricDefinitions that read it, generated from one table.
 
     step=120 train_loss=2.3456 tokens_per_s=15234.2 lr=2.861e-03 val_loss=2.4012
+    step=100 resumed_from=100                                  (once, at start: the step training resumes from)
+
+`step` is a metric too: SageMaker keeps the last value of each (FinalMetricDataList), so the control plane knows
+how far a failed attempt got and where the next one resumed (lustrain_core.steps.attempts).
 
 trainer/metric_definitions.json is this module's output (`python -m lustrain_trainer.metrics`); a test
 keeps the two equal, so the control plane's regexes cannot drift from what the trainer prints.
@@ -17,7 +21,10 @@ METRICS: dict[str, str] = {
     "tokens_per_s": "{:.1f}",
     "lr": "{:.3e}",
     "val_loss": "{:.4f}",
+    "resumed_from": "{:.0f}",
 }
+#: the step every line starts with, a metric of its own
+STEP = "step"
 NUMBER = r"([0-9.eE+-]+)"
 
 
@@ -32,7 +39,7 @@ def format_line(step: int, values: dict[str, float]) -> str:
 
 def metric_definitions() -> list[dict[str, str]]:
     # \b keeps "lr=" from matching inside a longer key such as "min_lr=" ("_" is a word character).
-    return [{"Name": name, "Regex": f"\\b{name}={NUMBER}"} for name in METRICS]
+    return [{"Name": name, "Regex": f"\\b{name}={NUMBER}"} for name in (STEP, *METRICS)]
 
 
 def main() -> int:

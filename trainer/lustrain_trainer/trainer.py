@@ -5,6 +5,10 @@
 
 On SIGTERM (SageMaker stopping the job, a spot interruption) or Ctrl-C every rank finishes its step, a
 checkpoint is saved and the process exits 0; the next start resumes from the newest good checkpoint.
+
+Exit codes: 0 trained (or stopped with a checkpoint), 2 the run's own input is wrong (hyperparameters, data, a
+checkpoint of another model), faults.INFRASTRUCTURE_EXIT_CODE (75) the machine under it failed (NCCL, EFA, CUDA,
+ECC, a lost rank, a failed pre-flight: see faults.py), any other the code's own error (a traceback).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, faults
 from .data import Batch, BatchPlan, Prefetcher, ShardReader
 from .distributed import Dist
 from .hparams import (
@@ -317,6 +321,9 @@ class Trainer:
         hp, info = self.hp, self.info
         start, tokens_seen = self.restore()
         resumed_from = start or None
+        if info.is_main:
+            # where this attempt starts: with the `step` metric's last value, how far a failed attempt got
+            print(format_line(start, {"resumed_from": start}), flush=True)
         if start >= hp.max_steps:
             self.log(f"checkpoint step {start} already reaches max_steps {hp.max_steps}: nothing to train")
             self.write_model(start, {})
@@ -406,13 +413,27 @@ def main(argv: list[str] | None = None) -> int:
     except (HyperparameterError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    info = distributed.init()
+    try:
+        info = distributed.init()
+    except Exception as exc:
+        kind = faults.kind_of(exc)
+        if kind is None:
+            raise
+        return faults.report(kind, exc)
+    shut_down = True
     try:
         stop = StopRequest()
         with stop.installed():
             if info.is_main:
                 for warning in warnings:
                     say(f"warning: {warning}")
+            try:
+                check = faults.preflight(info)
+            except Exception as exc:
+                shut_down = False  # a collective that failed may hang the process group's teardown
+                return faults.report(faults.kind_of(exc) or "preflight", exc)
+            if info.is_main:
+                say(check.line())
             try:
                 trainer = Trainer(hp, paths, info, hosts, index)
             except (HyperparameterError, DataError) as exc:
@@ -430,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
             except checkpoint.CheckpointMismatch as exc:
                 print(f"error: {exc}", file=sys.stderr, flush=True)
                 return 2
+            except Exception as exc:
+                kind = faults.kind_of(exc)
+                if kind is None:
+                    raise  # the code's own error: its traceback is the job's FailureReason
+                shut_down = False
+                return faults.report(kind, exc)
         if trainer.writes:
             summary = {"status": outcome.status, "step": outcome.step, "max_steps": hp.max_steps,
                        "resumed_from_step": outcome.resumed_from, "tokens_seen": outcome.tokens_seen,
@@ -440,4 +467,5 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{outcome.status} at step {outcome.step} of {hp.max_steps}; summary in {paths.output / SUMMARY_FILE}")
         return 0
     finally:
-        distributed.shutdown(info)
+        if shut_down:
+            distributed.shutdown(info)

@@ -154,12 +154,50 @@ class Poll(_Shape):
         return value
 
 
+class Failure(_Shape):
+    """$.failure: how the latest training attempt ended, as the state machine's Catch gives it."""
+
+    Error: str
+    Cause: str | None = None
+
+
+class Attempt(_Shape):
+    """One training attempt that ended without a trained model, as next_attempt found it."""
+
+    attempt: PositiveInt
+    #: None when CreateTrainingJob itself was refused (no job exists)
+    training_job_name: str | None = None
+    #: the job's last status (Failed, Stopped), or NotStarted
+    outcome: str
+    error: str
+    #: its class in the run policy (lustrain_core.recovery); None for an error that is no attempt's end
+    failure_class: str | None = None
+    #: the last step the trainer logged (its `step` metric), and the step it resumed from (`resumed_from`)
+    step_reached: NonNegativeInt | None = None
+    resumed_from: NonNegativeInt | None = None
+    billable_seconds: NonNegativeInt = 0
+    cost_usd: float = Field(0.0, ge=0)
+
+
+class Recovery(_Shape):
+    """$.recovery: the attempts so far that ended without a model, and next_attempt's decision after the latest."""
+
+    attempts: list[Attempt] = Field(default_factory=list)
+    retry: bool = False
+    wait_seconds: NonNegativeInt = 0
+    reason: str | None = None
+    #: what the training attempts so far cost (billable seconds at the plan's prices)
+    spent_usd: float = Field(0.0, ge=0)
+
+
 #: The parts of the state document besides $.job that steps read, and the step that makes each.
 SECTIONS: dict[str, tuple[type[_Shape], str]] = {
     "network": (Network, "create_network"),
     "filesystem": (Filesystem, "create_filesystem / check_filesystem"),
     "code": (Code, "upload_code"),
     "poll": (Poll, "the state machine's Parameters"),
+    "failure": (Failure, "the Catch of the training task"),
+    "recovery": (Recovery, "register_job (empty), then next_attempt"),
 }
 
 
@@ -171,6 +209,8 @@ class Sections:
     filesystem: Filesystem | None = None
     code: Code | None = None
     poll: Poll | None = None
+    failure: Failure | None = None
+    recovery: Recovery | None = None
 
     @classmethod
     def of(cls, document: dict[str, Any], *needs: str) -> Sections:
@@ -310,6 +350,14 @@ class Run:
     @property
     def poll(self) -> Poll:
         return self.sections.poll or Poll()
+
+    @property
+    def failure(self) -> Failure:
+        return _needed(self.sections.failure, "failure")
+
+    @property
+    def recovery(self) -> Recovery:
+        return self.sections.recovery or Recovery()
 
 
 _SectionT = TypeVar("_SectionT")

@@ -5,8 +5,11 @@ is in the tokens table) are answered, the rest are ignored. Per status:
 
     InProgress, Stopping   SendTaskHeartbeat; the secondary status is noted in the tokens item
     Completed              archive (steps/archive.py), then SendTaskSuccess with the archive and the metrics
-    Failed                 SendTaskFailure, error = the class classify_failure picks, cause = FailureReason
-    Stopped                SendTaskFailure, error = TrainingStopped
+    Failed                 SendTaskFailure, error = the error of the failure's class (lustrain_core.recovery:
+                           CapacityError, QuotaExceeded, InfrastructureError, MountFailed, TrainingFailed),
+                           cause = FailureReason
+    Stopped                SendTaskFailure, error = TrainingStopped, or SpotInterrupted for a spot job whose
+                           capacity did not come back within its MaxWait
 
 Events can repeat and arrive out of order. The tokens item's status moves from "waiting" to "callback_sent" in
 one conditional UpdateItem, and only the delivery that made that move calls back; if its SendTask* call then
@@ -25,16 +28,10 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from lustrain_core import recovery
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
-from lustrain_core.errors import (
-    CapacityError,
-    MountFailed,
-    QuotaExceeded,
-    SpecInvalid,
-    TrainingFailed,
-    TrainingStopped,
-)
+from lustrain_core.errors import SpecInvalid
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
@@ -101,28 +98,9 @@ def parse_state_change(event: Any) -> TrainingJobStateChangeEvent:
         ) from None
 
 
-# Checked in order; the first match names the error. Texts are SageMaker's FailureReason wordings.
-_FAILURE_CLASSES: tuple[tuple[re.Pattern[str], type[Exception]], ...] = (
-    (
-        re.compile(r"CapacityError|InsufficientCapacity|Unable to provision requested ML compute", re.I),
-        CapacityError,
-    ),
-    (re.compile(r"ResourceLimitExceeded|resource limit", re.I), QuotaExceeded),
-    (
-        re.compile(
-            r"(unable|failed) to mount|mount\.lustre|mount(ing)? (the )?(FSx|Lustre|file ?system)", re.I
-        ),
-        MountFailed,
-    ),
-)
-
-
 def classify_failure(reason: str | None) -> str:
-    """The error class name for a FailureReason: CapacityError, QuotaExceeded, MountFailed, else TrainingFailed."""
-    for pattern, cls in _FAILURE_CLASSES:
-        if reason and pattern.search(reason):
-            return cls.__name__
-    return TrainingFailed.__name__
+    """The error a Failed training job's FailureReason names (the run policy's classes: lustrain_core.recovery)."""
+    return recovery.POLICY[recovery.classify("Failed", reason)].error
 
 
 def _claim(ddb: Any, settings: Settings, name: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
@@ -245,11 +223,13 @@ def on_training_event(
         done = _call_back(sfn, ddb, settings, name, output, "send_task_success", output=json.dumps(output))
         return {**result, **done, "output": output}
 
+    failure = recovery.classify(
+        status, detail.FailureReason, secondary_status=detail.SecondaryStatus, spot=bool(item.get("spot"))
+    )
+    error = recovery.POLICY[failure].error
     if status == "Failed":
-        error = classify_failure(detail.FailureReason)
         cause = detail.FailureReason or "SageMaker gave no FailureReason"
     else:
-        error = TrainingStopped.__name__
         cause = f"training job {name} was stopped ({detail.SecondaryStatus or 'Stopped'})"
     outcome = {"error": error, "cause": cause}
     done = _call_back(

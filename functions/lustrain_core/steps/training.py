@@ -23,7 +23,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lustrain_core import images
+from lustrain_core import images, recovery
 from lustrain_core.aws_errors import CONDITION_FAILED, QUOTA_REFUSED, error_code, training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, FieldError, QuotaExceeded, SpecInvalid
@@ -41,8 +41,6 @@ OUTPUT_CHANNEL = "output"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 #: SageMaker's own default volume; EBS-only instance types need one sized for model, output and checkpoints
 DEFAULT_VOLUME_GIB = 30
-#: spot capacity can be reclaimed: let SageMaker restart from the last checkpoint this many times
-SPOT_RETRY_ATTEMPTS = 2
 #: the tokens item outlives the longest possible run by this much, then DynamoDB's TTL removes it
 TOKEN_GRACE_SECONDS = 24 * 3600
 #: the stack may set a KMS key for the job's output and (where AWS allows) its storage volume
@@ -221,8 +219,19 @@ def request_from(run: Run, training_job_name: str, settings: Settings) -> dict[s
         "Tags": job.tags("training_job"),
     }
     if spec.compute.spot:
-        request["RetryStrategy"] = {"MaximumRetryAttempts": SPOT_RETRY_ATTEMPTS}
+        # spot capacity can be reclaimed: SageMaker restarts the job in place from its last checkpoint this many
+        # times before the run's own attempts (the run policy) count
+        request["RetryStrategy"] = {"MaximumRetryAttempts": recovery.SAGEMAKER_SPOT_RETRIES}
+    if infra_check(spec):
+        request["InfraCheckConfig"] = {"EnableInfraCheck": True}
     return request
+
+
+def infra_check(spec: JobSpec) -> bool:
+    """SageMaker's health check of the instances' hardware and their network before the script starts: for jobs
+    of several instances of a type that has it (INSTANCE_TYPES' infra_check), where one bad host stalls them all."""
+    itype = INSTANCE_TYPES.get(spec.compute.instance_type)
+    return spec.compute.instance_count > 1 and itype is not None and itype.infra_check
 
 
 def build_training_request(
@@ -250,12 +259,13 @@ def get_token_item(ddb: Any, settings: Settings, name: str) -> dict[str, Any] | 
 
 
 def _next_attempt(ddb: Any, settings: Settings, job_id: str) -> int:
+    """Count one more attempt in the job record, and when it started (the sweeper's deadline runs from there)."""
     answer = ddb.update_item(
         TableName=settings.jobs_table,
         Key={"job_id": {"S": job_id}},
-        UpdateExpression="ADD training_attempts :one",
+        UpdateExpression="ADD training_attempts :one SET attempt_started_at = :now",
         ConditionExpression="attribute_exists(job_id)",
-        ExpressionAttributeValues={":one": {"N": "1"}},
+        ExpressionAttributeValues={":one": {"N": "1"}, ":now": {"S": records.now_iso()}},
         ReturnValues="UPDATED_NEW",
     )
     return int(answer["Attributes"]["training_attempts"]["N"])
@@ -313,6 +323,7 @@ def _store_token(
         "job_id": job.job_id,
         "attempt": attempt,
         "archive_target": archive_target(settings, job.job_id),
+        "spot": job.spec.compute.spot,
         "status": WAITING,
         "created_at": records.now_iso(),
         "expires_at": int(now + longest + TOKEN_GRACE_SECONDS),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from botocore.exceptions import ClientError
 
 from lustrain.twin import faults
@@ -53,6 +54,11 @@ CAPACITY_ERROR = (
     "CapacityError: Unable to provision requested ML compute capacity. "
     "Please retry using a different ML instance type."
 )
+#: SageMaker's FailureReason when an instance of the job fails under it (the `hardware-failure` fault)
+INTERNAL_ERROR = "InternalServerError: We encountered an internal error. Please try again."
+#: A checkpoint of the trainer (trainer/lustrain_trainer/checkpoint.py), and how often the fault looks for one
+CHECKPOINT_FILE = re.compile(r"^step-(\d+)\.pt$")
+HARDWARE_POLL_S = 0.005
 #: An ECR image URI: REGISTRY.dkr.ecr.REGION.amazonaws.com[.cn]/REPOSITORY[:TAG|@DIGEST]
 ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+)")
 #: The step of the state machine whose faults (lustrain.twin.faults) this simulator fires.
@@ -217,6 +223,8 @@ class _JobRun:
         self.fsx_storage = JobStorage(job.account, lambda service, operation, params: None)
         self.mounts: list[mounts.Mount] = []
         self.logs = events.LogStream(job, self._authorize)
+        #: the `hardware-failure` fault took the trainer's instance away
+        self.hardware_failed = False
 
     def _authorize(self, service: str, operation: str, params: dict[str, Any]) -> None:
         self.parts.authorize(self.job, service, operation, params, self.gates if service == "s3" else [])
@@ -240,7 +248,7 @@ class _JobRun:
                 self._hold_silently()
                 return
             self._publish()
-            if job.fault == "capacity-error":
+            if job.fault in ("capacity-error", "capacity-error-once"):
                 raise JobFailure(CAPACITY_ERROR)
             self._pull_image()
             layout = self._prepare()
@@ -261,6 +269,11 @@ class _JobRun:
                 raise JobFailure(network.distributed_failure(job.instance_count))
             rc, stderr_tail, command = self._train(layout, code_dir, channels)
             self._export()
+            if job.fault == "hardware-failure" and not job.stop_reason:
+                # the instance failed before the job could end: what the trainer checkpointed is in S3 (SageMaker
+                # syncs the checkpoint directory while the job runs)
+                self._upload_after_failure(layout)
+                raise JobFailure(INTERNAL_ERROR)
             if job.stop_reason:
                 self._finish_stopped(upload=True, layout=layout)
             elif rc != 0:
@@ -439,13 +452,13 @@ class _JobRun:
         command = container.command(job, code_dir, hps, self.settings.max_processes)
         container.write_configs(job, layout, hps)
         launched = command
-        if job.fault == "training-error":
+        if job.fault == "user-error":
             launched = [
                 sys.executable,
                 "-c",
                 "import sys; sys.stderr.write('Traceback (most recent call last):\\n'); "
-                "sys.stderr.write('RuntimeError: injected fault training-error "
-                "(lustrain rehearse --inject start_training:training-error)\\n'); sys.exit(1)",
+                "sys.stderr.write('RuntimeError: injected fault user-error "
+                "(lustrain rehearse --inject start_training:user-error)\\n'); sys.exit(1)",
             ]
         max_runtime = max_runtime_s(job)
         if job.fault == "stopped":
@@ -472,6 +485,10 @@ class _JobRun:
             ]
             for reader in readers:
                 reader.start()
+            if job.fault == "hardware-failure":
+                threading.Thread(
+                    target=self._fail_hardware_after_checkpoint, args=(layout, process), daemon=True
+                ).start()
             rc = self._supervise(process, deadline)
             # The instance goes away with its trainer: a worker the launcher left behind would also hold the
             # pipes open (what it printed stays readable).
@@ -502,6 +519,18 @@ class _JobRun:
             self.job.record_metrics(line)
             self.sim.publish_line(self.job, line)
         stream.close()
+
+    def _fail_hardware_after_checkpoint(self, layout: Layout, process: subprocess.Popen[bytes]) -> None:
+        """The `hardware-failure` fault: the moment the trainer's first checkpoint is in place, its instance goes
+        (the trainer is killed where it stands, with what it has checkpointed). A thread of its own, polling the
+        checkpoint directory: the trainer's log lines reach the simulator too late to time it by them."""
+        while process.poll() is None:
+            if any(CHECKPOINT_FILE.match(p.name) for p in layout.checkpoints.glob("step-*.pt")):
+                self.hardware_failed = True
+                log.info("training job %s: hardware failure injected after its first checkpoint", self.job.name)
+                kill(process)
+                return
+            time.sleep(HARDWARE_POLL_S)
 
     def _supervise(self, process: subprocess.Popen[bytes], deadline: float) -> int:
         """Wait for the trainer; on StopTrainingJob or MaxRuntime, SIGTERM, then SIGKILL after the grace."""
@@ -569,8 +598,16 @@ class _JobRun:
 
 
 def kill(process: subprocess.Popen[bytes] | None) -> None:
-    """SIGKILL the trainer's whole process group (it was started in a session of its own)."""
+    """SIGKILL the trainer's whole process tree: its process group, and every descendant (torchrun starts each
+    worker in a session of its own), as an instance that goes away takes all its processes with it."""
     if process is None:
         return
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()

@@ -40,13 +40,19 @@ def test_bad_inject_spec_says_what_is_allowed(spec: str, message: str) -> None:
 
 
 def test_a_fault_fires_once_and_is_recorded() -> None:
+    faults.inject("start_training", "capacity-error-once")
+
+    assert faults.active("start_training", "capacity-error-once")
+    assert not faults.consume("start_training", "user-error")
+    assert faults.consume("start_training", "capacity-error-once")
+    assert not faults.consume("start_training", "capacity-error-once")
+    assert faults.fired() == [faults.Fault("start_training", "capacity-error-once")]
+
+
+def test_capacity_error_refuses_every_attempt_of_the_run() -> None:
     faults.inject("start_training", "capacity-error")
 
-    assert faults.active("start_training", "capacity-error")
-    assert not faults.consume("start_training", "training-error")
-    assert faults.consume("start_training", "capacity-error")
-    assert not faults.consume("start_training", "capacity-error")
-    assert faults.fired() == [faults.Fault("start_training", "capacity-error")]
+    assert [faults.consume("start_training", "capacity-error") for _ in range(3)] == [True, True, True]
 
 
 def test_throttling_always_stays_armed_until_cleared() -> None:

@@ -527,13 +527,13 @@ def test_capacity_fault_fails_the_job_before_training(twin: Twin) -> None:
 
 def test_training_error_fault_fails_the_algorithm(twin: Twin) -> None:
     fs_id, mount = twin.lustre()
-    faults.inject("start_training", "training-error")
+    faults.inject("start_training", "user-error")
     twin.sm.create_training_job(**twin.request("algo-fails", fs_id=fs_id, directory_path=f"/{mount}/data"))
     simulator.wait_all(timeout=60)
     failed = twin.describe("algo-fails")
     assert failed["TrainingJobStatus"] == "Failed"
     assert failed["FailureReason"].startswith("AlgorithmError: ExecuteUserScriptError:")
-    assert "injected fault training-error" in failed["FailureReason"]
+    assert "injected fault user-error" in failed["FailureReason"]
 
 
 # --- what CreateTrainingJob refuses -----------------------------------------------------------------------------

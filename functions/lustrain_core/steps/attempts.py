@@ -1,0 +1,154 @@
+"""next_attempt: a training attempt ended without a model; does the run try again? The run policy decides.
+
+The state machine's Catch on the training task puts the attempt's end in $.failure and calls this step, which:
+
+1. finds the attempt: the job record counts attempts (start_training's `training_attempts`), so its training job
+   is `<spec name>-<8 hex>-<attempt>`; DescribeTrainingJob gives its status, billable time and last metrics (the
+   trainer logs `step` and `resumed_from`, SageMaker keeps their last values);
+2. classifies the error with the run policy (lustrain_core.recovery) and decides, in this order: an error that is
+   no attempt's end, or a class not retried, ends the run; so does the last of `compute.max_attempts`; so does a
+   budget (budget.max_usd, or the stack's LUSTRAIN_MAX_BUDGET_USD) that the attempts so far plus one more whole run
+   (the plan's estimate) would pass;
+3. returns $.recovery: the attempts so far with this one appended, `retry`, and `wait_seconds` (the class's
+   wait, capped by the stack's LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS).
+
+On retry the state machine waits, then runs start_training again: a new training job on the same network and
+file system, whose trainer resumes from the newest checkpoint in the run's own checkpoint location. The network
+and the file system are torn down once, when the run ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core import recovery
+from lustrain_core.aws_errors import training_job_missing
+from lustrain_core.config import Settings
+from lustrain_core.prices import INSTANCE_TYPES, PriceTable
+from lustrain_core.steps import Attempt, Recovery, Run, records
+from lustrain_core.steps.policy import MAX_BUDGET, Policy
+from lustrain_core.steps.training import training_job_name
+
+#: the stack's ceiling on the wait between two attempts (seconds); unset: the policy's waits as they are
+WAIT_MAX_SETTING = "LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS"
+#: the trainer's metrics that say how far an attempt got (trainer/lustrain_trainer/metrics.py)
+STEP_METRIC = "step"
+RESUMED_METRIC = "resumed_from"
+
+
+def _wait_cap(settings: Settings) -> int | None:
+    raw = settings.extra.get(WAIT_MAX_SETTING, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"stack setting {WAIT_MAX_SETTING}={raw!r} is not a whole number of seconds") from None
+    if value < 0:
+        raise ValueError(f"stack setting {WAIT_MAX_SETTING}={raw!r} must be 0 or more")
+    return value
+
+
+def _describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
+    try:
+        return dict(sagemaker.describe_training_job(TrainingJobName=name))
+    except ClientError as exc:
+        if training_job_missing(exc):
+            return None
+        raise
+
+
+def _metric(description: dict[str, Any], name: str) -> int | None:
+    for metric in description.get("FinalMetricDataList") or []:
+        if metric.get("MetricName") == name:
+            return max(0, int(float(metric["Value"])))
+    return None
+
+
+def attempt_cost_usd(run: Run, billable_seconds: int, prices: PriceTable | None = None) -> float:
+    """What one attempt's instances cost: its billable seconds (SageMaker's, spot savings included) at the list
+    price of the instance type."""
+    prices = prices or PriceTable()
+    compute = run.job.spec.compute
+    itype = prices.instance_types.get(compute.instance_type) or INSTANCE_TYPES.get(compute.instance_type)
+    hourly = itype.hourly_usd if itype is not None else 0.0
+    return round(compute.instance_count * hourly * billable_seconds / 3600, 2)
+
+
+def budget_limit(run: Run, settings: Settings) -> tuple[float, str] | None:
+    """The budget the run is held to, and where it comes from: the smaller of budget.max_usd and the stack's."""
+    limits = []
+    if run.job.spec.budget.max_usd is not None:
+        limits.append((run.job.spec.budget.max_usd, "budget.max_usd"))
+    stack = Policy.from_env(settings.extra).max_budget_usd
+    if stack is not None:
+        limits.append((float(stack), MAX_BUDGET))
+    return min(limits) if limits else None
+
+
+def _this_attempt(run: Run, sagemaker: Any, number: int) -> Attempt:
+    failure = run.failure
+    failure_class = recovery.class_of_error(failure.Error)
+    if number < 1:
+        return Attempt(attempt=1, outcome="NotStarted", error=failure.Error, failure_class=failure_class)
+    name = training_job_name(run.job.spec.name, run.job.job_id, number)
+    description = _describe(sagemaker, name)
+    if description is None:
+        return Attempt(
+            attempt=number, outcome="NotStarted", error=failure.Error, failure_class=failure_class
+        )
+    billable = int(description.get("BillableTimeInSeconds") or 0)
+    return Attempt(
+        attempt=number,
+        training_job_name=name,
+        outcome=str(description.get("TrainingJobStatus", "Unknown")),
+        error=failure.Error,
+        failure_class=failure_class,
+        step_reached=_metric(description, STEP_METRIC),
+        resumed_from=_metric(description, RESUMED_METRIC),
+        billable_seconds=billable,
+        cost_usd=attempt_cost_usd(run, billable),
+    )
+
+
+def decide(run: Run, attempt: Attempt, spent_usd: float, settings: Settings) -> tuple[bool, int, str]:
+    """(retry?, wait seconds, why): the run policy applied to the attempt that just ended."""
+    failure_class = recovery.class_of_error(attempt.error)
+    if failure_class is None:
+        return False, 0, f"{attempt.error} is not a training attempt's end: the run ends"
+    policy = recovery.POLICY[failure_class]
+    if not policy.retried:
+        return False, 0, f"{failure_class} ({policy.error}) is not retried: {policy.why}"
+    most = run.job.spec.compute.max_attempts
+    if attempt.attempt >= most:
+        return False, 0, f"{failure_class}: attempt {attempt.attempt} was the last of compute.max_attempts={most}"
+    limit = budget_limit(run, settings)
+    if limit is not None:
+        whole_run = float(run.job.plan.get("cost", {}).get("total_usd", 0.0))
+        if spent_usd + whole_run > limit[0]:
+            return (
+                False,
+                0,
+                f"{failure_class}: the attempts so far cost ${spent_usd:,.2f}; one more (estimated ${whole_run:,.2f}) "
+                f"would pass the budget of ${limit[0]:,.2f} ({limit[1]})",
+            )
+    wait = policy.wait_seconds
+    cap = _wait_cap(settings)
+    if cap is not None:
+        wait = min(wait, cap)
+    return True, wait, f"{failure_class} is retried: attempt {attempt.attempt + 1} of {most} in {wait} s"
+
+
+def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings: Settings) -> Recovery:
+    """The run's attempts with the one that just ended, and whether another starts (and after how long)."""
+    run = Run.parse(document, "failure")
+    record = records.require(ddb, settings.jobs_table, run.job.job_id)
+    number = int(record.get("training_attempts") or 0)
+    earlier = [a for a in run.recovery.attempts if a.attempt != number]
+    attempt = _this_attempt(run, sagemaker, number)
+    attempts = [*earlier, attempt]
+    spent = round(sum(a.cost_usd for a in attempts), 2)
+    retry, wait, reason = decide(run, attempt, spent, settings)
+    return Recovery(attempts=attempts, retry=retry, wait_seconds=wait, reason=reason, spent_usd=spent)
