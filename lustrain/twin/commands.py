@@ -87,6 +87,15 @@ def _print_outcome(r: Any) -> None:
     )
     if r.error:
         print(f"error:   {r.error}: {r.cause}")
+    if len(r.attempts) > 1 or any(a["outcome"] != "Completed" for a in r.attempts):
+        for a in r.attempts:
+            how = a["outcome"] + (f" ({a['failure_class']})" if a.get("failure_class") else "")
+            steps = (
+                f", steps {a['resumed_from'] or 0}-{a['step_reached']}" if a.get("step_reached") is not None else ""
+            )
+            print(f"attempt {a['attempt']}: {a.get('training_job_name') or '(no job)'} {how}{steps}")
+        if r.goodput is not None:
+            print(f"goodput: {r.goodput:.0%} of the steps computed were kept")
     if r.archive:
         print(f"archive: {r.archive}")
         for obj in r.archive_objects:

@@ -23,6 +23,7 @@ import boto3
 import yaml
 from lustrain_core.launch import compile_offline
 from lustrain_core.spec import JobSpec, load_spec_file
+from lustrain_core.steps import Attempt, Recovery, attempts
 
 from lustrain.submit import upload_code_dir
 
@@ -75,6 +76,10 @@ class Rehearsal:
     wall_s: float
     states: list[StateRun] = field(default_factory=list)
     training_log_tail: list[str] = field(default_factory=list)
+    #: every training attempt: job name, outcome, failure class, the step it reached and the one it resumed from
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: useful steps / steps computed (steps_lost: computed - useful)
+    goodput: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -218,6 +223,9 @@ def rehearse(
             states=states,
             training_log_tail=log_tail[-5:],
         )
+        tried = attempts_of(history)
+        result.attempts = [a.model_dump(mode="json") for a in tried]
+        result.goodput = attempts.goodput(tried)
         if inspect is not None:
             inspect(stack, result)
     return result
@@ -423,6 +431,21 @@ def state_outputs(history: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
             output = json.loads(details.get("output") or "null")
             if isinstance(output, dict):
                 yield output
+
+
+def attempts_of(history: list[dict[str, Any]]) -> list[Attempt]:
+    """Every training attempt of a run, from its history: those next_attempt judged ($.recovery), and the one that
+    trained the model ($.training), in order."""
+    judged: list[Attempt] = []
+    final: Attempt | None = None
+    for output in state_outputs(history):
+        recovery = output.get("recovery")
+        if isinstance(recovery, dict) and isinstance(recovery.get("attempts"), list):
+            judged = Recovery.model_validate(recovery).attempts
+        training = output.get("training")
+        if isinstance(training, dict):
+            final = attempts.final_attempt(training) or final
+    return [*judged, final] if final is not None else judged
 
 
 def registered_job(history: list[dict[str, Any]]) -> dict[str, Any]:

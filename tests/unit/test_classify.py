@@ -36,7 +36,19 @@ TABLE = [
         'AlgorithmError: ExecuteUserScriptError: ExitCode 1 ErrorMessage "RuntimeError: CUDA out of memory"',
         "TrainingFailed",
     ),
-    ("InternalServerError: We encountered an internal error. Please try again.", "TrainingFailed"),
+    ("InternalServerError: We encountered an internal error. Please try again.", "InfrastructureError"),
+    # the trainer's own report of a fault under it (trainer/lustrain_trainer/faults.py), and torchrun's summary
+    (
+        'AlgorithmError: ExecuteUserScriptError:\nExitCode 75\nErrorMessage "lustrain: infrastructure fault (nccl): '
+        'DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error"',
+        "InfrastructureError",
+    ),
+    ('AlgorithmError: ExecuteUserScriptError:\nExitCode 1\nErrorMessage "  exitcode  : 75 (pid: 4121)"', "InfrastructureError"),
+    (
+        'AlgorithmError: ExitCode 1 ErrorMessage "RuntimeError: CUDA error: uncorrectable ECC error encountered"',
+        "InfrastructureError",
+    ),
+    ('AlgorithmError: ExitCode 1 ErrorMessage "torch.OutOfMemoryError: CUDA out of memory. NCCL"', "TrainingFailed"),
     ("", "TrainingFailed"),
     (None, "TrainingFailed"),
 ]

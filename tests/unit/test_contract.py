@@ -29,6 +29,7 @@ PLACEHOLDER = re.compile(r"\$\{([^}]+)\}")
 
 HANDLERS = {
     "register_job",
+    "next_attempt",
     "check_quota",
     "create_network",
     "create_filesystem",
@@ -41,6 +42,9 @@ HANDLERS = {
     "sweep",
 }
 COMPENSATION = "Tear down after failure"
+TRAINING = "Start the training job"
+DECIDE = "Decide on another attempt"
+KEEP_FAILURE = "Keep the failure as the run's error"
 
 
 def _default(value: Any) -> str:
@@ -211,8 +215,19 @@ def test_forward_states_catch_into_the_teardown() -> None:
             if target and target not in compensation:
                 compensation.add(target)
                 todo.append(target)
+    # the training task's failures go to the run policy's decision first; without another attempt, its error
+    # becomes the run's and the compensation runs
+    training = top[TRAINING]["Catch"][-1]
+    assert (training["ErrorEquals"], training["ResultPath"], training["Next"]) == (
+        ["States.ALL"], "$.failure", DECIDE
+    )
+    decide = top[DECIDE]
+    assert decide["Catch"][-1]["ErrorEquals"] == ["States.ALL"] and decide["Catch"][-1]["Next"] == KEEP_FAILURE
+    assert top[decide["Next"]]["Default"] == KEEP_FAILURE
+    assert (top[KEEP_FAILURE]["InputPath"], top[KEEP_FAILURE]["ResultPath"]) == ("$.failure", "$.error")
+    assert top[KEEP_FAILURE]["Next"] == COMPENSATION
     for name, state in top.items():
-        if state["Type"] not in ("Task", "Parallel") or name in compensation:
+        if state["Type"] not in ("Task", "Parallel") or name in compensation or name in (TRAINING, DECIDE):
             continue
         last = state.get("Catch", [{}])[-1]
         assert last.get("ErrorEquals") == ["States.ALL"], f"{name!r} has no catch-all"
@@ -301,6 +316,7 @@ def test_handlers_get_the_document_and_results_land_under_their_keys() -> None:
         "CheckFilesystemFunctionArn": "$.filesystem",
         "UploadCodeFunctionArn": "$",  # the branch's output becomes {"code": <result>}
         "StartTrainingFunctionArn": "$.training",
+        "NextAttemptFunctionArn": "$.recovery",
         "TeardownFunctionArn": "$.teardown",
         "NotifyFunctionArn": "$.notify",
     }
@@ -310,8 +326,8 @@ def test_handlers_get_the_document_and_results_land_under_their_keys() -> None:
             continue
         assert state["ResultPath"] == expected[function], name
         if state["ResultPath"] == "$":
-            (key,) = state["ResultSelector"]
-            assert state["ResultSelector"][key] == "$"
+            (key,) = [k for k, v in state["ResultSelector"].items() if v == "$"]
+            assert key.endswith(".$")
     register = DEFINITION["States"][DEFINITION["StartAt"]]
     assert register["Parameters"] == {"execution.$": "$$.Execution.Name", "input.$": "$"}
 

@@ -43,11 +43,11 @@ def test_the_inline_sample_carries_a_valid_spec():
 @pytest.mark.parametrize(
     ("name", "keys"),
     [
-        ("check_quota", {"job"}),
-        ("create_network", {"job", "quota"}),
+        ("check_quota", {"job", "recovery"}),
+        ("create_network", {"job", "recovery", "quota"}),
         ("create_filesystem", {"job", "quota", "network", "poll"}),
         ("check_filesystem", {"job", "quota", "network", "poll", "filesystem"}),
-        ("teardown", {"job", "quota", "network", "filesystem", "code", "training"}),
+        ("teardown", {"job", "recovery", "quota", "network", "filesystem", "code", "training"}),
     ],
 )
 def test_each_state_document_sample_holds_the_registered_job_and_what_came_before(name, keys):

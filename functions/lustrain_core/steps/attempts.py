@@ -152,3 +152,39 @@ def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings
     spent = round(sum(a.cost_usd for a in attempts), 2)
     retry, wait, reason = decide(run, attempt, spent, settings)
     return Recovery(attempts=attempts, retry=retry, wait_seconds=wait, reason=reason, spent_usd=spent)
+
+
+def final_attempt(training: dict[str, Any]) -> Attempt | None:
+    """The attempt that trained the model, from the training task's output ($.training), or None."""
+    name = training.get("training_job_name")
+    if not isinstance(name, str) or training.get("status") != "Completed":
+        return None
+    metrics = training.get("metrics") or {}
+
+    def step(key: str) -> int | None:
+        value = metrics.get(key)
+        return max(0, int(float(value))) if isinstance(value, int | float) else None
+
+    return Attempt(
+        attempt=int(name.rsplit("-", 1)[1]),
+        training_job_name=name,
+        outcome="Completed",
+        error="",
+        step_reached=step(STEP_METRIC),
+        resumed_from=step(RESUMED_METRIC),
+        billable_seconds=int(training.get("billable_seconds") or 0),
+    )
+
+
+def goodput(attempts: list[Attempt]) -> float | None:
+    """Useful steps over steps computed: the model's last step, over every attempt's steps from where it resumed to
+    where it got (steps an attempt computed past its last checkpoint are computed again by the next). None when
+    no attempt says how far it got; 0 when none trained a model."""
+    computed = sum(
+        max(0, a.step_reached - (a.resumed_from or 0)) for a in attempts if a.step_reached is not None
+    )
+    if computed == 0:
+        return None
+    done = next((a for a in attempts if a.outcome == "Completed"), None)
+    useful = (done.step_reached or 0) if done is not None else 0
+    return round(useful / computed, 4)

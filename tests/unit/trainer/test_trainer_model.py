@@ -123,9 +123,14 @@ def test_metric_definitions_file_is_generated_from_the_log_format() -> None:
 def test_each_metric_regex_reads_its_own_value_from_a_log_line() -> None:
     line = format_line(120, {"train_loss": 2.34567, "tokens_per_s": 15234.25, "lr": 0.00286, "val_loss": 2.4})
     assert line == "step=120 train_loss=2.3457 tokens_per_s=15234.2 lr=2.860e-03 val_loss=2.4000"
-    found = {d["Name"]: float(re.search(d["Regex"], line).group(1)) for d in metric_definitions()}  # type: ignore[union-attr]
-    assert found == {"train_loss": 2.3457, "tokens_per_s": 15234.2, "lr": 0.00286, "val_loss": 2.4}
-    assert re.search(metric_definitions()[2]["Regex"], "min_lr=1.0") is None
+    found = {d["Name"]: float(m.group(1)) for d in metric_definitions() if (m := re.search(d["Regex"], line))}
+    assert found == {"step": 120, "train_loss": 2.3457, "tokens_per_s": 15234.2, "lr": 0.00286, "val_loss": 2.4}
+    regex = {d["Name"]: d["Regex"] for d in metric_definitions()}
+    assert re.search(regex["lr"], "min_lr=1.0") is None
+    # the line each attempt starts with: where it resumed, which the control plane reads as a metric
+    start = format_line(100, {"resumed_from": 100})
+    assert start == "step=100 resumed_from=100"
+    assert float(re.search(regex["resumed_from"], start).group(1)) == 100  # type: ignore[union-attr]
 
 
 def test_the_trainer_imports_nothing_of_the_control_plane() -> None:

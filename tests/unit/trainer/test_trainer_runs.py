@@ -87,7 +87,8 @@ def test_training_on_the_stdlib_lowers_the_loss_clearly(data: Path, sourcedir: P
     assert val_losses[-1] < math.log(257) - 2.0, val_losses
     # only the metric lines carry metric keys, so SageMaker's regexes read nothing else
     metric_lines = [line for line in done.stdout.splitlines() if line.startswith("step=")]
-    assert len(metric_lines) == 8
+    # one per log_interval, after the first that says where training starts
+    assert metric_lines[0] == "step=0 resumed_from=0" and len(metric_lines) == 9
     assert "ignoring arguments this trainer does not know: --sagemaker_extra x" in done.stdout
 
     summary = json.loads((tmp_path / "output" / "summary.json").read_text())
@@ -192,7 +193,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_state(
     resumed = capsys.readouterr().out
     assert f"skipping checkpoint step-{newest + 1:09d}.pt" in resumed
     assert f"resumed from step-{newest:09d}.pt at step {newest}" in resumed
-    first_step = int(re.search(r"^step=(\d+) ", resumed, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    assert f"step={newest} resumed_from={newest}\n" in resumed
+    first_step = int(re.search(r"^step=(\d+) train_loss", resumed, re.MULTILINE).group(1))  # type: ignore[union-attr]
     assert first_step == newest + 1
     summary = json.loads((interrupted / "output" / "summary.json").read_text())
     assert (summary["status"], summary["resumed_from_step"], summary["step"]) == ("completed", newest, 60)
