@@ -16,7 +16,11 @@ Expected endings, as the state machine (statemachine/training_job.asl.json) deci
 - lambda-timeout: every Task state retries Sandbox.Timedout once, and every handler is idempotent: the retry
   finds what the timed-out invocation did (start_training adopts the training job the lost answer had started,
   rather than starting a second fleet) -> SUCCEEDED; on_training_event is retried by Lambda itself;
-- fsx-failed, quota, capacity-error, user-error, stopped -> FAILED with the error class named for each;
+- the run policy (lustrain_core.recovery): capacity-error (every attempt) -> FAILED CapacityError after
+  compute.max_attempts (3) training jobs; capacity-error-once and hardware-failure -> SUCCEEDED with two; user-error
+  -> FAILED TrainingFailed after one; next_attempt's transient faults, after a first attempt with no capacity ->
+  SUCCEEDED with two;
+- fsx-failed, quota, stopped -> FAILED with the error class named for each;
 - silent (the training job never reports) -> the task's HeartbeatSeconds fires States.Timeout -> the teardown
   must stop the job -> FAILED with TrainingTimedOut (a Fail state may not raise a States.* name; the Cause keeps
   it). That case runs in a twin of its own, whose heartbeat is a few seconds.
@@ -32,7 +36,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +81,10 @@ class Case:
     error: str | None = None
     parameters: tuple[tuple[str, str], ...] = ()
     hyperparameters: tuple[tuple[str, Any], ...] = ()
+    #: training jobs the run must start: 1, unless the run policy starts another attempt after a failure
+    training_jobs: int = 1
+    #: faults armed with this one, for a step that only runs after another fault (next_attempt: a failed attempt)
+    also: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -145,11 +153,23 @@ def cases() -> list[Case]:
         # start_training's job was created before the answer was lost: still running, the retry must adopt it
         extra = busy if step == "start_training" else ()
         matrix.append(Case(step, "lambda-timeout", "SUCCEEDED", hyperparameters=extra))
+    # next_attempt runs after a failed attempt only: each of its cases' first attempt gets no capacity
+    matrix = [
+        replace(case, training_jobs=2, also=(("start_training", "capacity-error-once"),))
+        if case.step == "next_attempt"
+        else case
+        for case in matrix
+    ]
     matrix += [Case(step, "lost-create", "SUCCEEDED") for step in faults.FAULTS["lost-create"]]
     matrix += [
-        Case("create_filesystem", "fsx-failed", "FAILED", "FileSystemFailed"),
-        Case("check_quota", "quota", "FAILED", "QuotaExceeded"),
-        Case("start_training", "capacity-error", "FAILED", "CapacityError"),
+        # ended before any training job
+        Case("create_filesystem", "fsx-failed", "FAILED", "FileSystemFailed", training_jobs=0),
+        Case("check_quota", "quota", "FAILED", "QuotaExceeded", training_jobs=0),
+        # the run policy: capacity is retried up to compute.max_attempts, then the run ends
+        Case("start_training", "capacity-error", "FAILED", "CapacityError", training_jobs=3),
+        Case("start_training", "capacity-error-once", "SUCCEEDED", training_jobs=2),
+        Case("start_training", "hardware-failure", "SUCCEEDED", training_jobs=2),
+        # the user's own code error is not retried
         Case("start_training", "user-error", "FAILED", "TrainingFailed"),
         Case("start_training", "stopped", "FAILED", "TrainingStopped", hyperparameters=busy),
         Case(
@@ -294,6 +314,8 @@ def run_group(
         fsx.configure(polls=1)
         for case in group:
             faults.inject(case.step, case.fault, run=case.name)
+            for step, fault in case.also:
+                faults.inject(step, fault, run=case.name)
         ensure_data(any_spec, say)
         ensure_bucket(bucket_of(any_spec.output.s3_uri))
         docs = {name: submittable(spec, E2E, stack.outputs, lambda _: None) for name, spec in specs.items()}
@@ -307,13 +329,13 @@ def run_group(
             timeout_s=timeout_s,
             on_end=lambda e: say(f"{e.ended_s:6.1f}s  {e.name}: {e.status} {e.error or ''}"),
         )
-        fired = {f.run for f in faults.fired()}
+        fired = {(f.run, f.step, f.fault) for f in faults.fired()}
         results = []
         for case in group:
             runs = [e for e in ended if e.name == case.name]
             archive = [o["key"] for o in archived_objects(stack, runs[0].job_id)[1]]
             # `quota` is read, never consumed: it took effect if check_quota refused a run the account has room for
-            took_effect = case.name in fired or (
+            took_effect = (case.name, case.step, case.fault) in fired or (
                 case.fault == "quota" and "QuotaExceeded" in runs[0].task_errors
             )
             results.append(_judge(case, runs, took_effect, archive, _training_jobs(case.name)))
@@ -336,8 +358,11 @@ def _training_jobs(run: str) -> int:
 def _judge(case: Case, runs: list[Ended], fired: bool, archive: list[str], training_jobs: int) -> Result:
     run = runs[0]
     result = Result(case, run.status, run.error, run.task_errors, fired, run.leftovers, archive, training_jobs)
-    if training_jobs > 1:
-        result.problems.append(f"{training_jobs} training jobs started for one run: a retried start must adopt")
+    if training_jobs != case.training_jobs:
+        result.problems.append(
+            f"{training_jobs} training jobs started for one run, expected {case.training_jobs}: a retried start "
+            "must adopt its job, and only the run policy starts another attempt"
+        )
     if len(runs) != 1:
         result.problems.append(f"one spec started {len(runs)} executions")
     if (run.status, run.error) != (case.status, case.error):

@@ -38,6 +38,8 @@ def test_the_matrix_tries_every_forward_state_with_every_transient_fault():
         ("create_filesystem", "fsx-failed"),
         ("check_quota", "quota"),
         ("start_training", "capacity-error"),
+        ("start_training", "capacity-error-once"),
+        ("start_training", "hardware-failure"),
         ("start_training", "user-error"),
         ("start_training", "stopped"),
         ("start_training", "silent"),

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from lustrain_core import recovery
 from lustrain_core.config import Settings
 from lustrain_core.steps import sweep
 
@@ -31,19 +32,37 @@ def test_a_job_without_a_record_is_an_orphan_and_swept():
     assert "orphan" in verdict.reason
 
 
+WAIT = recovery.longest_wait()
+
+
 def test_a_running_execution_is_left_alone_until_its_deadline():
     within = sweep.judge(record(), "RUNNING", T0 + 29 * HOUR, 6)
     assert (within.sweep, within.reason) == (False, "its execution run-1 is still running")
     late = sweep.judge(record(), "RUNNING", T0 + 31 * HOUR, 6)
     assert (late.sweep, late.stop_execution) == (True, True)
-    assert "past its deadline (2026-05-02T14:00:00Z" in late.reason
+    assert "past its deadline (2026-05-02T14:10:00Z" in late.reason
 
 
-def test_the_deadline_counts_the_spot_wait_and_the_grace():
-    assert sweep.deadline(record(), 6) == T0 + 30 * HOUR
-    assert sweep.deadline(record(spot=True, max_wait_hours=48), 6) == T0 + 54 * HOUR
+def test_the_deadline_counts_the_spot_wait_the_wait_before_another_attempt_and_the_grace():
+    assert sweep.deadline(record(), 6) == T0 + 30 * HOUR + WAIT
+    assert sweep.deadline(record(spot=True, max_wait_hours=48), 6) == T0 + 54 * HOUR + WAIT
+    # the last attempt allowed: no wait for another
+    last = {**record(max_attempts=2), "training_attempts": 2}
+    assert sweep.deadline(last, 6) == T0 + 30 * HOUR
     assert sweep.deadline({"status": "RUNNING"}, 6) is None
     assert sweep.deadline({**record(), "created_at": "yesterday"}, 6) is None
+
+
+def test_a_legitimate_second_attempt_is_never_stopped_for_the_time_the_first_one_took():
+    # the first attempt trained its whole 24 h and failed (an instance's GPU); the second started at once
+    second = {**record(), "training_attempts": 2, "attempt_started_at": "2026-05-02T08:10:00Z"}
+    now = T0 + 40 * HOUR  # past the first attempt's deadline, 16 h into the second
+    assert sweep.deadline(record(), 6) < now
+    verdict = sweep.judge(second, "RUNNING", now, 6)
+    assert (verdict.sweep, verdict.reason) == (False, "its execution run-1 is still running")
+    # and the second is held to its own deadline
+    late = sweep.judge(second, "RUNNING", T0 + 24 * HOUR + 10 / 60 * HOUR + 30 * HOUR + WAIT + 1, 6)
+    assert (late.sweep, late.stop_execution) == (True, True)
 
 
 @pytest.mark.parametrize("status", ["ABORTED", "FAILED", "TIMED_OUT", "SUCCEEDED", "PENDING_REDRIVE"])

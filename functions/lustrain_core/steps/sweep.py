@@ -9,10 +9,10 @@ in the jobs table and its execution (`judge`):
 - no record at all: an orphan; swept;
 - the execution is no longer RUNNING (SUCCEEDED, FAILED, TIMED_OUT, ABORTED, PENDING_REDRIVE, or gone): whatever
   still carries the job's tags escaped its teardown; swept;
-- the execution is RUNNING: left alone, unless the run is past its deadline (its record's created_at + the
-  longest the training may take, compute.max_runtime_hours or for spot its MaxWait (Compute.wait_hours), + the
-  stack's grace):
-  then the execution is stopped and the run swept;
+- the execution is RUNNING: left alone, unless the run is past its deadline (its latest training attempt's start,
+  or the record's created_at before the first, + the longest one attempt may take, compute.max_runtime_hours or
+  for spot its MaxWait (Compute.wait_hours), + the run policy's longest wait before another attempt while
+  compute.max_attempts leaves one, + the stack's grace): then the execution is stopped and the run swept;
 - no execution recorded (a direct invoke): swept once the record is finished or past its deadline.
 
 Sweeping reuses the teardown (steps/teardown.py `teardown_job`) with what was found by tags added to the job's
@@ -35,6 +35,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
+from lustrain_core import recovery
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
@@ -146,8 +147,8 @@ class Verdict:
     stop_execution: bool = False
 
 
-def _started(record: dict[str, Any]) -> float | None:
-    raw = record.get("created_at")
+def _moment(record: dict[str, Any], key: str) -> float | None:
+    raw = record.get(key)
     if not raw:
         return None
     try:
@@ -157,8 +158,13 @@ def _started(record: dict[str, Any]) -> float | None:
 
 
 def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
-    """When a run still going counts as stuck (epoch seconds), or None when its record does not say."""
-    started = _started(record)
+    """When a run still going counts as stuck (epoch seconds), or None when its record does not say.
+
+    A run trains in attempts (the run policy, lustrain_core.recovery): the clock runs from the latest attempt's
+    start (start_training's attempt_started_at; the record's created_at before the first), for the longest one
+    attempt may take, plus the longest wait before another while attempts remain (compute.max_attempts), plus
+    the stack's grace. A second attempt is never stopped for the time the first one took."""
+    started = _moment(record, "created_at")
     if started is None:
         return None
     raw = (record.get("spec") or {}).get("compute") or {}
@@ -166,8 +172,15 @@ def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
         compute = Compute.model_validate(raw)
     except ValidationError:
         return None
-    longest = max(compute.max_runtime_hours, compute.wait_hours or 0)
-    return started + (longest + grace_hours) * 3600
+    latest = _moment(record, "attempt_started_at")
+    anchor = max(started, latest) if latest is not None else started
+    longest = max(compute.max_runtime_hours, compute.wait_hours or 0) * 3600
+    try:
+        tried = int(record.get("training_attempts") or 0)
+    except (TypeError, ValueError):
+        tried = 0
+    between = recovery.longest_wait() if tried < compute.max_attempts else 0
+    return anchor + longest + between + grace_hours * 3600
 
 
 def judge(
@@ -180,7 +193,10 @@ def judge(
     due = deadline(record, grace_hours)
     late = due is not None and now > due
     past = (
-        f"past its deadline ({_iso(due)}: start + longest training + {grace_hours:g} h grace)" if late else ""
+        f"past its deadline ({_iso(due)}: its latest attempt's start + longest training + the wait before another "
+        f"+ {grace_hours:g} h grace)"
+        if late
+        else ""
     )
     if execution_status == "RUNNING":
         if late:

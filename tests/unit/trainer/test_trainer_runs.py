@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lustrain_trainer import generate, trainer
+from lustrain_trainer import faults, generate, trainer
 from lustrain_trainer import prepare as prep
 
 pytestmark = pytest.mark.slow
@@ -234,3 +234,66 @@ def test_a_checkpoint_of_another_model_is_refused_not_loaded(data: Path, tmp_pat
     assert "holds {'n_layer': 1, 'n_head': 2, 'n_embd': 32" in error
     assert "use another checkpoint_dir or the same model hyperparameters" in error
     assert (tmp_path / "checkpoints" / "step-000000002.pt").exists()  # refused, not set aside as corrupt
+
+
+# ------------------------------------------------------------------ what failed: the machine, or the code
+
+
+def test_an_nccl_fault_mid_training_exits_as_infrastructure_with_its_last_line(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    env = sagemaker_env(tmp_path, data)
+
+    def lost(self: trainer.Trainer, stop: object) -> None:
+        raise RuntimeError("NCCL communicator was aborted on rank 1. Original reason: Watchdog caught collective "
+                           "operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE) ran for 600000 ms")
+
+    monkeypatch.setattr(trainer.Trainer, "run", lost)
+    code = train_in_process(monkeypatch, env, *MICRO, "--max_steps", "2")
+
+    assert code == faults.INFRASTRUCTURE_EXIT_CODE
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"{faults.INFRASTRUCTURE_MARK} (nccl): RuntimeError: NCCL communicator was aborted")
+
+
+def test_the_codes_own_error_is_not_called_infrastructure(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: trainer.Trainer, stop: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(trainer.Trainer, "run", broken)
+    with pytest.raises(torch.OutOfMemoryError):
+        train_in_process(monkeypatch, sagemaker_env(tmp_path, data), *MICRO, "--max_steps", "2")
+
+
+def test_a_host_missing_a_gpu_fails_the_preflight_fast_as_infrastructure(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # an ml.p4d.24xlarge has 8 GPUs (SM_NUM_GPUS); this host shows fewer
+    code = train_in_process(monkeypatch, sagemaker_env(tmp_path, data, SM_NUM_GPUS="8"), *MICRO, "--max_steps", "2")
+
+    assert code == faults.INFRASTRUCTURE_EXIT_CODE
+    assert "(preflight): InfrastructureFault: this host has 0 usable GPU(s) of the 8" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_the_preflight_all_reduces_across_every_rank_and_logs_its_bus_bandwidth(
+        data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    done = run(sourcedir, sagemaker_env(tmp_path, data, SM_NUM_GPUS="0"), *MICRO, "--max_steps", "1", torchrun=2)
+
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if "pre-flight" in line)
+    found = re.search(r"0 GPU\(s\) on this host of 0 expected; all-reduce of 1 MiB across 2 ranks in [0-9.]+ ms, "
+                      r"bus bandwidth ([0-9.]+) GB/s", line)
+    assert found and float(found[1]) > 0, line
+
+
+@pytest.mark.parametrize(("error", "kind"), [
+    (RuntimeError("CUDA error: uncorrectable ECC error encountered"), "ecc"),
+    (RuntimeError("NET/OFI Error: libfabric fi_getinfo failed on EFA device"), "efa"),
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.7]:4771"),
+     "lost-rank"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda"),
+    (ValueError("shapes (4, 32) and (16,) do not align"), None),
+    (torch.OutOfMemoryError("CUDA out of memory"), None),
+])
+def test_faults_are_told_from_the_codes_errors(error: BaseException, kind: str | None) -> None:
+    assert faults.kind_of(error) == kind
