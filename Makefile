@@ -75,6 +75,7 @@ bench: install
 	$(BIN)/python bench/control_plane.py
 	$(BIN)/python bench/fault_matrix.py
 	$(BIN)/python bench/load.py
+	$(BIN)/python bench/recovery.py
 
 ## Least privilege, measured: per role, the actions the twin's runs used and the grants none used (bench/).
 iam-report: install
