@@ -1,10 +1,11 @@
 """Least privilege, proven on the twin: each statement a run needs is needed, and each missing grant fails a run
 with AccessDenied naming the action.
 
-One rehearsal records every authorization the twin's IAM decided. For each role, every statement that was the
-only grant of some request is removed in turn, and that request is evaluated again: it must be refused, with the
-service's AccessDenied message naming the action. Two runs then go for real on a template.yaml with a grant
-removed (the two grants the first wave lacked), and fail naming the action.
+One rehearsal (whose first training attempt gets no capacity, so it makes a second) records every authorization
+the twin's IAM decided. For each role, every statement that was the only grant of some request is removed in turn,
+and that request is evaluated again: it must be refused, with the service's AccessDenied message naming the action.
+Two runs then go for real on a template.yaml with a grant removed (the two grants the first wave lacked), and fail
+naming the action.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ def uses() -> dict[str, usage.RoleUse]:
         functions.extend(f.logical_id + "Role" for f in stack.of_type("AWS::Lambda::Function"))
 
     enforce.clear_log()
-    run = rehearse(QUICK, inspect=inspect)
+    # a first attempt with no capacity: the run also decides on (and starts) a second attempt, so every function of
+    # a run is called
+    run = rehearse(QUICK, inject=["start_training:capacity-error-once"], inspect=inspect)
     assert run.status == "SUCCEEDED", (run.error, run.cause)
+    assert len(run.attempts) == 2
     missing = set(functions) - NOT_IN_A_RUN - {lid for lid, use in found.items() if use.records}
     assert not missing, f"functions whose role made no call in a whole run: {sorted(missing)}"
     return found

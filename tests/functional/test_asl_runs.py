@@ -26,7 +26,7 @@ import boto3
 import pytest
 from infra_support import any_role
 from lustrain_core.errors import FileSystemFailed, NetworkInvalid, SpecInvalid, TeardownIncomplete
-from lustrain_core.steps import Code, Filesystem, Network, dumped
+from lustrain_core.steps import Attempt, Code, Filesystem, Network, Recovery, dumped
 from moto import mock_aws
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +43,7 @@ FUNCTIONS = {
     "check_filesystem": "CheckFilesystemFunctionArn",
     "upload_code": "UploadCodeFunctionArn",
     "start_training": "StartTrainingFunctionArn",
+    "next_attempt": "NextAttemptFunctionArn",
     "teardown": "TeardownFunctionArn",
     "notify": "NotifyFunctionArn",
 }
@@ -71,8 +72,12 @@ class Scenario:
     available_after_s: int = 0
     #: Seconds the Wait state really waits, whatever the simulated schedule says (keeps tests fast).
     real_wait_s: int | None = 0
-    #: ("success", output) or ("failure", error, cause), sent by another thread after start_training returns.
+    #: ("success", output) or ("failure", error, cause), sent by another thread after start_training returns;
+    #: `trainings` (if any) answers the attempts in order and `training` every attempt after them.
     training: tuple[Any, ...] = ("success", {})
+    trainings: list[tuple[Any, ...]] = field(default_factory=list)
+    #: How many failed attempts next_attempt answers with another try (its wait: 0 s).
+    retries: int = 0
     calls: list[tuple[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -130,10 +135,12 @@ def _start_training(event: dict[str, Any]) -> dict[str, Any]:
         # After the invocation has returned: a callback sent from inside it is lost on moto (DESIGN.md).
         time.sleep(0.3)
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        if SCENARIO.training[0] == "success":
-            sfn.send_task_success(taskToken=token, output=json.dumps(SCENARIO.training[1]))
+        with SCENARIO.lock:
+            outcome = SCENARIO.trainings.pop(0) if SCENARIO.trainings else SCENARIO.training
+        if outcome[0] == "success":
+            sfn.send_task_success(taskToken=token, output=json.dumps(outcome[1]))
         else:
-            _, error, cause = SCENARIO.training
+            _, error, cause = outcome
             sfn.send_task_failure(taskToken=token, error=error, cause=cause)
 
     threading.Thread(target=answer, daemon=True).start()
@@ -159,6 +166,20 @@ JOB = {
 }
 
 
+def _next_attempt(event: dict[str, Any]) -> dict[str, Any]:
+    """The run policy's decision, stubbed: retry the first `SCENARIO.retries` failed attempts, at once."""
+    failure = event["failure"]
+    done = event["recovery"]["attempts"]
+    attempt = Attempt(
+        attempt=len(done) + 1,
+        training_job_name=f"gpt-small-1a2b3c4d-{len(done) + 1}",
+        outcome="Failed",
+        error=failure["Error"],
+    )
+    attempts = [*(Attempt.model_validate(a) for a in done), attempt]
+    return dumped(Recovery(attempts=attempts, retry=len(attempts) <= SCENARIO.retries, wait_seconds=0, reason="stub"))
+
+
 def _install_stubs() -> None:
     module = types.ModuleType(STUBS)
     results: dict[str, Callable[[Any], Any]] = {
@@ -182,6 +203,7 @@ def _install_stubs() -> None:
         "check_filesystem": lambda event: _filesystem(event, event["filesystem"]["polls"] + 1),
         "upload_code": lambda event: dumped(Code(submit_directory="s3://lustrain-artifacts/code/x/sourcedir.tar.gz")),
         "start_training": _start_training,
+        "next_attempt": _next_attempt,
         "teardown": lambda event: {"deleted": ["fs-0123456789abcdef0", "vpc-1"], "kept": []},
         "notify": lambda event: {
             "message_id": "m-1",
@@ -338,9 +360,9 @@ def test_each_handler_gets_the_document_and_its_result_lands_under_its_key(machi
     (register,) = SCENARIO.called("register_job")
     assert register == {"execution": run["name"], "input": S3_EVENT}
     (quota,) = SCENARIO.called("check_quota")
-    assert quota == {"job": {**JOB, "duplicate": False}}
+    assert quota == {"job": {**JOB, "duplicate": False}, "recovery": {"attempts": []}}
     (network,) = SCENARIO.called("create_network")
-    assert set(network) == {"job", "quota"}
+    assert set(network) == {"job", "quota", "recovery"}
     (create,) = SCENARIO.called("create_filesystem")
     assert create["poll"] == {"initial_seconds": 1, "max_seconds": 2, "max_polls": 36}
     (start,) = SCENARIO.called("start_training")
@@ -404,6 +426,39 @@ def test_a_training_failure_reported_by_callback_is_torn_down(machine: Machine) 
     (teardown,) = SCENARIO.called("teardown")
     assert teardown["error"]["Error"] == "TrainingFailed"
     assert "training" not in teardown
+
+
+def test_a_retried_attempt_starts_training_again_and_the_run_succeeds_listing_the_failed_one(
+    machine: Machine,
+) -> None:
+    SCENARIO.trainings = [("failure", "InfrastructureError", "InternalServerError: We encountered an internal error.")]
+    SCENARIO.training = ("success", TRAINING_OUTPUT)
+    SCENARIO.retries = 1
+
+    run = machine.run(S3_EVENT)
+
+    assert run["status"] == "SUCCEEDED"
+    assert len(SCENARIO.called("start_training")) == 2
+    (decision,) = SCENARIO.called("next_attempt")
+    assert decision["failure"]["Error"] == "InfrastructureError"
+    assert "Wait before the next attempt" in entered(run)
+    output = json.loads(run["output"])
+    assert [a["training_job_name"] for a in output["failed_attempts"]] == ["gpt-small-1a2b3c4d-1"]
+    (teardown,) = SCENARIO.called("teardown")
+    assert "error" not in teardown
+
+
+def test_no_more_attempts_ends_the_run_with_the_last_attempts_error(machine: Machine) -> None:
+    SCENARIO.training = ("failure", "CapacityError", "CapacityError: Unable to provision requested ML compute capacity.")
+    SCENARIO.retries = 2
+
+    run = machine.run(S3_EVENT)
+
+    assert run["status"] == "FAILED"
+    assert run["error"] == "CapacityError"
+    assert len(SCENARIO.called("start_training")) == 3
+    (teardown,) = SCENARIO.called("teardown")
+    assert teardown["error"]["Error"] == "CapacityError"
 
 
 def test_a_training_failure_keeps_the_cause_sent_by_callback(machine: Machine) -> None:

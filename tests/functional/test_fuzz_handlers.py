@@ -55,6 +55,13 @@ DOCUMENT_HANDLERS = (
     "upload_code",
     "start_training",
 )
+#: handlers started by something else than the run document: a drop or an execution's input, a SageMaker event
+EVENT_HANDLERS = ("register_job", "on_training_event")
+#: the Catch of the training task adds these to the run document before next_attempt
+FAILURE = {
+    "failure": {"Error": "InfrastructureError", "Cause": "InternalServerError: We encountered an internal error."},
+    "recovery": {"attempts": []},
+}
 #: handlers that delete or report; they run in a world of their own, with nothing in it to wait for
 CLEANUP_HANDLERS = ("teardown", "sweep", "notify")
 
@@ -186,7 +193,12 @@ def empty_world() -> Iterator[None]:
 
 
 def test_every_handler_is_fuzzed():
-    assert set(HANDLERS) == {*DOCUMENT_HANDLERS, *CLEANUP_HANDLERS, "register_job", "on_training_event"}
+    assert set(HANDLERS) == {
+        *DOCUMENT_HANDLERS,
+        *CLEANUP_HANDLERS,
+        *EVENT_HANDLERS,
+        "next_attempt",
+    }
 
 
 #: A Lambda may be invoked with any JSON value, not only an object.
@@ -195,12 +207,12 @@ NOT_OBJECTS = [None, [], [{"job": {}}], "jobs/gpt.yaml", 7, 0.5, True]
 
 @pytest.mark.usefixtures("run_document")
 class TestRunHandlers:
-    @pytest.mark.parametrize("handler", [*DOCUMENT_HANDLERS, "register_job", "on_training_event"])
+    @pytest.mark.parametrize("handler", [*DOCUMENT_HANDLERS, *EVENT_HANDLERS, "next_attempt"])
     @pytest.mark.parametrize("event", NOT_OBJECTS, ids=repr)
     def test_a_json_value_that_is_not_an_object(self, handler, event):
         call_and_check(handler, event)
 
-    @pytest.mark.parametrize("handler", [*DOCUMENT_HANDLERS, "register_job", "on_training_event"])
+    @pytest.mark.parametrize("handler", [*DOCUMENT_HANDLERS, *EVENT_HANDLERS, "next_attempt"])
     @fuzz(25)
     @given(event=json_objects)
     def test_any_json_object(self, handler, event):
@@ -211,6 +223,11 @@ class TestRunHandlers:
     @given(data=st.data())
     def test_the_run_document_with_parts_broken(self, run_document, handler, data):
         call_and_check(handler, mutated(run_document, data))
+
+    @fuzz(80)
+    @given(data=st.data())
+    def test_next_attempt_with_the_failed_run_document_broken(self, run_document, data):
+        call_and_check("next_attempt", mutated({**run_document, **FAILURE}, data))
 
     @fuzz(120)
     @given(data=st.data(), start=st.sampled_from(["register_job", "register_job_inline"]))

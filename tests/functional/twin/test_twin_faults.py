@@ -26,7 +26,7 @@ def test_parse_reads_step_and_fault() -> None:
     ("spec", "message"),
     [
         ("check_quota", "expected STEP:FAULT"),
-        ("check_quota:slow", "unknown fault 'slow'; faults: capacity-error, fsx-failed, lost-create, quota"),
+        ("check_quota:slow", "unknown fault 'slow'; faults: capacity-error, capacity-error-once, fsx-failed, hardware-failure"),
         ("make_coffee:throttling", "unknown step 'make_coffee'; steps: register_job, check_quota"),
         (
             "teardown:fsx-failed",
