@@ -86,6 +86,14 @@ class PriceTable:
             spot_price_fraction=float(overrides.get("spot_price_fraction", self.spot_price_fraction)),
         )
 
+    def billed_compute_usd(self, instance_type: str, instance_count: float, billable_seconds: float) -> float | None:
+        """What SageMaker bills for a job's instances: BillableTimeInSeconds (spot savings already show in it) x the
+        instance count x the list price per hour; None for an instance type with no price here."""
+        itype = self.instance_types.get(instance_type)
+        if itype is None:
+            return None
+        return round(instance_count * itype.hourly_usd * billable_seconds / 3600, 2)
+
     @classmethod
     def load(cls, path: str | Path | None) -> PriceTable:
         return cls() if path is None else cls().with_overrides(json.loads(Path(path).read_text()))

@@ -26,7 +26,7 @@ from botocore.exceptions import ClientError
 from lustrain_core import recovery
 from lustrain_core.aws_errors import training_job_missing
 from lustrain_core.config import Settings
-from lustrain_core.prices import INSTANCE_TYPES, PriceTable
+from lustrain_core.prices import PriceTable
 from lustrain_core.steps import Attempt, Recovery, Run, records
 from lustrain_core.steps.policy import MAX_BUDGET, Policy
 from lustrain_core.steps.training import training_job_name
@@ -70,11 +70,9 @@ def _metric(description: dict[str, Any], name: str) -> int | None:
 def attempt_cost_usd(run: Run, billable_seconds: int, prices: PriceTable | None = None) -> float:
     """What one attempt's instances cost: its billable seconds (SageMaker's, spot savings included) at the list
     price of the instance type."""
-    prices = prices or PriceTable()
     compute = run.job.spec.compute
-    itype = prices.instance_types.get(compute.instance_type) or INSTANCE_TYPES.get(compute.instance_type)
-    hourly = itype.hourly_usd if itype is not None else 0.0
-    return round(compute.instance_count * hourly * billable_seconds / 3600, 2)
+    billed = (prices or PriceTable()).billed_compute_usd(compute.instance_type, compute.instance_count, billable_seconds)
+    return billed if billed is not None else 0.0
 
 
 def budget_limit(run: Run, settings: Settings) -> tuple[float, str] | None:

@@ -19,7 +19,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.config import Settings
-from lustrain_core.prices import INSTANCE_TYPES
+from lustrain_core.prices import PriceTable
 from lustrain_core.steps import records
 
 #: SNS subjects: printable ASCII, no line breaks, fewer than 100 characters
@@ -61,11 +61,10 @@ def _number(value: Any) -> float | None:
 def _billed_compute_usd(spec: dict[str, Any], billable_seconds: Any) -> float | None:
     """BillableTimeInSeconds x instance count x the on-demand hourly price (spot savings already show in the time)."""
     compute = _object(spec.get("compute"))
-    itype = INSTANCE_TYPES.get(str(compute.get("instance_type")))
     seconds, count = _number(billable_seconds), _number(compute.get("instance_count", 1))
-    if itype is None or seconds is None or count is None:
+    if seconds is None or count is None:
         return None
-    return round(seconds * count * itype.hourly_usd / 3600, 2)
+    return PriceTable().billed_compute_usd(str(compute.get("instance_type")), count, seconds)
 
 
 def summary(document: dict[str, Any]) -> dict[str, Any]:
