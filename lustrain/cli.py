@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -68,7 +69,24 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--jobs-bucket", help="the jobs bucket, named directly (with --artifacts-bucket)")
     sb.add_argument("--artifacts-bucket", help="where a local code.source is uploaded (with --jobs-bucket)")
     sb.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
+    sb.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for the run to start, with --stack (default 60)"
+    )
     sb.set_defaults(command=cmd_submit)
+
+    for name, help_text, command in (
+        ("runs", "every run of a stack: state, attempt, instances, elapsed time, cost so far", cmd_runs),
+        ("status", "one run: its states on a time line, quota, file system, training job, last metrics", cmd_status),
+        ("cancel", "stop a run; its teardown stops the training job and deletes what the run created", cmd_cancel),
+        ("logs", "the run's training logs (/aws/sagemaker/TrainingJobs), every host merged in time order", cmd_logs),
+    ):
+        op = sub.add_parser(name, help=help_text)
+        if name != "runs":
+            op.add_argument("run", metavar="RUN", help="the run's job id, execution name or ARN, or spec name")
+        if name == "logs":
+            op.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the run ends")
+        _stack_arguments(op)
+        op.set_defaults(command=command)
 
     d = sub.add_parser("data", help="prepare training data").add_subparsers(required=True, metavar="ACTION")
     dp = d.add_parser(
@@ -79,6 +97,134 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_twin_commands(sub)
     return p
+
+
+def _stack_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stack",
+        default=os.environ.get("LUSTRAIN_STACK", "lustrain"),
+        help="the stack's name (default: $LUSTRAIN_STACK, else lustrain; the twin's is lustrain-twin)",
+    )
+    p.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _stack(args: argparse.Namespace) -> Any:
+    import boto3
+
+    from lustrain.operate import Stack
+
+    session = boto3.Session(region_name=args.region) if args.region else boto3.Session()
+    return Stack.locate(args.stack, session)
+
+
+def _ago(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from lustrain.operate import runs
+
+    found = runs(_stack(args))
+    if args.json:
+        print(json.dumps([r.to_dict() for r in found], indent=2))
+        return EXIT_OK
+    if not found:
+        print(f"no runs in stack {args.stack}")
+        return EXIT_OK
+    header = ("RUN", "NAME", "STATE", "ATTEMPT", "INSTANCES", "ELAPSED", "COST SO FAR")
+    rows = [
+        (
+            r.job_id,
+            r.name,
+            r.state + (f" ({r.error})" if r.error else ""),
+            str(r.attempt),
+            f"{r.instances} x {r.instance_type}",
+            _ago(r.elapsed_s),
+            f"${r.cost_so_far_usd:,.2f}" + (f" of ${r.budget_usd:,.2f}" if r.budget_usd is not None else ""),
+        )
+        for r in found
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from lustrain.operate import status
+
+    found = status(_stack(args), args.run)
+    if args.json:
+        print(json.dumps(found.to_dict(), indent=2, default=str))
+        return EXIT_OK
+    r = found.run
+    print(f"run {r.job_id} ({r.name}): {r.state}" + (f", {r.error}" if r.error else ""))
+    if found.cause:
+        print(f"  cause:       {found.cause}")
+    print(f"  execution:   {r.execution or '(none: a direct invoke)'} {found.execution_status or ''}".rstrip())
+    print(f"  attempt:     {r.attempt} on {r.instances} x {r.instance_type}")
+    quota = found.quota
+    if quota:
+        print(f"  quota:       {quota.get('instances_requested')} x {quota.get('instance_type')} ('{quota.get('quota_name')}')")
+    if found.file_system:
+        fs = found.file_system
+        print(f"  file system: {fs['id']} {fs['lifecycle']} ({fs['deployment_type']}, {fs['storage_gib']:,} GiB)")
+    if found.training_job:
+        job = found.training_job
+        print(f"  training:    {job['name']} {job['status']} ({job['secondary_status']})")
+        if job["metrics"]:
+            print("  metrics:     " + ", ".join(f"{k}={v:g}" for k, v in sorted(job["metrics"].items())))
+    spent = f"${r.cost_so_far_usd:,.2f}" + (f" of a ${r.budget_usd:,.2f} budget" if r.budget_usd is not None else "")
+    print(f"  cost so far: {spent} (list prices) after {_ago(r.elapsed_s)}")
+    if found.resources_left:
+        print("  left:        " + ", ".join(f"{x['type']} {x['id']}" for x in found.resources_left))
+    print("  timeline:")
+    for span in found.timeline:
+        took = f"{span.seconds:>8.1f} s" if span.seconds is not None else "     (now)"
+        print(f"    {span.entered_at}  {took}  {span.state}")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from lustrain.operate import cancel
+
+    done = cancel(_stack(args), args.run)
+    if args.json:
+        print(json.dumps(done.to_dict(), indent=2))
+    elif done.already_ended:
+        print(f"run {done.job_id} already ended {done.already_ended}: nothing to cancel")
+    else:
+        print(f"run {done.job_id} cancelled ({done.cause}); its teardown has started")
+        print(f"follow it: lustrain status {done.job_id} --stack {args.stack}")
+    return EXIT_FAILED if done.already_ended and done.already_ended != "ABORTED" else EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    import time
+
+    from lustrain.operate import find_run, logs
+
+    stack = _stack(args)
+    since: int | None = None
+    while True:
+        # read whether it still runs before the lines: the lines a run writes as it ends are then still printed
+        running = args.follow and find_run(stack, args.run).get("status") == "RUNNING"
+        lines = logs(stack, args.run, since_ms=since)
+        for line in lines:
+            if args.json:
+                print(json.dumps(line.to_dict()), flush=True)
+            else:
+                print(f"[{line.host}] {line.message}", flush=True)
+        since = lines[-1].timestamp_ms if lines else since
+        if not running:
+            return EXIT_OK
+        time.sleep(2)
 
 
 def _add_twin_commands(sub: Any) -> None:
@@ -139,7 +285,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if done.code_s3_uri:
         print(f"code uploaded to {done.code_s3_uri}")
     print(f"spec dropped at {done.spec_s3_uri} (estimated at most ${done.estimated_cost_usd:,.2f})")
-    print("the jobs rule starts the state machine; watch it in the Step Functions console")
+    if not args.stack:
+        print("the jobs rule starts the state machine; follow it with lustrain runs --stack NAME")
+        return EXIT_OK
+    from lustrain.operate import Stack, started_from
+
+    record = started_from(Stack.locate(args.stack, session), done.spec_s3_uri, timeout_s=args.wait)
+    if record is None:
+        print(f"no run started from it within {args.wait:g} s; lustrain runs --stack {args.stack} lists the runs")
+        return EXIT_FAILED
+    print(f"run {record['job_id']} started: execution {record.get('execution')}")
+    print(f"follow it: lustrain status {record['job_id']} --stack {args.stack}")
     return EXIT_OK
 
 

@@ -60,6 +60,18 @@ class SpecInvalid(LustrainError):
         return cls([FieldError(path, value, message)])
 
 
+class EventInvalid(SpecInvalid):
+    """An event a function was given is not the one it handles: every problem found, each naming the event's field
+    (detail.executionArn, detail.TrainingJobStatus, ...)."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        super().__init__(errors)
+        lines = "\n".join(f"  - {e}" for e in errors)
+        noun = "problem" if len(errors) == 1 else "problems"
+        self.message = f"invalid event, {len(errors)} {noun}:\n{lines}"
+        self.args = (self.message,)
+
+
 class SpecForbidden(LustrainError):
     """The spec is valid but steps outside what this stack allows (a rule of the stack's parameters)."""
 
@@ -121,6 +133,16 @@ class AwsUnavailable(LustrainError):
 
 class TeardownIncomplete(LustrainError):
     """Some resources of the run could not be deleted yet; teardown is retried, then reported."""
+
+
+class RunCancelled(LustrainError):
+    """The run's execution was stopped (StopExecution: the console, the AWS CLI, `lustrain cancel`) and its
+    teardown started from the execution's status change. Recorded in the job record; no state raises it."""
+
+
+class RunTimedOut(LustrainError):
+    """The run's execution outlived the state machine's TimeoutSeconds; its teardown started from the execution's
+    status change. Recorded in the job record; no state raises it."""
 
 
 #: Every error class the state machine may name, by name.

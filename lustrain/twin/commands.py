@@ -169,13 +169,15 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         for name, value in sorted(stack.outputs.items()):
             print(f"  {name:<28} {value}")
         jobs = stack.outputs.get("JobsBucketName", "<jobs bucket>")
-        artifacts = stack.outputs.get("ArtifactsBucketName", "<artifacts bucket>")
         print(
-            f"start a run:  AWS_ENDPOINT_URL={url} lustrain submit examples/tiny.yaml "
-            f"--jobs-bucket {jobs} --artifacts-bucket {artifacts}"
+            f"start a run:  AWS_ENDPOINT_URL={url} lustrain submit examples/tiny.yaml --stack {STACK_NAME}"
         )
         print(
             f"          or: aws --endpoint-url {url} s3 cp SPEC.yaml s3://{jobs}/jobs/  (code.source: s3://...)"
+        )
+        print(
+            f"follow runs:  export AWS_ENDPOINT_URL={url} LUSTRAIN_STACK={STACK_NAME}; "
+            "lustrain runs | status RUN | logs RUN | cancel RUN"
         )
         previous = signal.signal(signal.SIGTERM, lambda *_: STOP.set())
         print("Ctrl-C stops the twin.", flush=True)

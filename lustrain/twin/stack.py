@@ -19,6 +19,7 @@ import copy
 import io
 import json
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from functools import cache
@@ -291,7 +292,22 @@ def materialise(
             continue
         outputs[name] = str(resolver.resolve(out["Value"]))
     plain = {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in params.items()}
+    _register(maker.client("cloudformation"), stack_name, outputs)
     return Stack(stack_name, region, plain, resolver.resources, outputs, skipped, transformed)
+
+
+def _register(cloudformation: Any, stack_name: str, outputs: dict[str, str]) -> None:
+    """Make the stack's outputs answer DescribeStacks, as a deployed stack's do (`lustrain submit --stack`,
+    `lustrain runs --stack`): a CloudFormation stack of that name whose template holds only the outputs (its one
+    resource, a wait-condition handle, creates nothing)."""
+    body = {
+        "Resources": {"Materialised": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+        "Outputs": {name: {"Value": value} for name, value in outputs.items()},
+    }
+    with warnings.catch_warnings():
+        # moto says it does not parse the handle: it has nothing to parse, and creates nothing, as AWS does
+        warnings.simplefilter("ignore", UserWarning)
+        cloudformation.create_stack(StackName=stack_name, TemplateBody=json.dumps(body))
 
 
 def _physical_name(stack: str, logical_id: str, limit: int = 63) -> str:

@@ -22,8 +22,9 @@ from lustrain.twin.stack import copy_template
 pytestmark = pytest.mark.slow
 
 QUICK = Path(__file__).with_name("quick.yaml")
-#: Run by its schedule, not by a run: tests/e2e/test_sweeper.py proves the sweeper's grants the same way.
-NOT_IN_A_RUN = {"SweepFunctionRole"}
+#: Not called by a run that ends by itself: the sweeper runs on its schedule, on_execution_end for a run someone
+#: stopped; tests/e2e/test_sweeper.py and tests/e2e/test_cancel.py prove their grants the same way.
+NOT_IN_A_RUN = {"SweepFunctionRole", "OnExecutionEndFunctionRole"}
 
 
 @pytest.fixture(scope="module")

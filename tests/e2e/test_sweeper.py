@@ -85,6 +85,10 @@ def test_runs_killed_mid_run_are_swept_to_nothing(tmp_path, monkeypatch, quick_s
 
     monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.2")
     with twin() as stack:
+        # the rule that tears a stopped run down at once (tests/e2e/test_cancel.py) is off: its delivery failed, or
+        # the function did, and what the run left waits for the sweeper
+        events = boto3.client("events", region_name=REGION)
+        events.disable_rule(Name=stack.ref("OnExecutionEndFunctionExecutionEnded"))
         sfn = boto3.client("stepfunctions", region_name=REGION)
         sagemaker = boto3.client("sagemaker", region_name=REGION)
         service_quotas.set_quota("ml.p4d.24xlarge", 8, REGION)

@@ -6,12 +6,16 @@ import copy
 import importlib
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
+from lustrain.twin.cfn import load_template
+
 REGION = "us-east-1"
+TEMPLATE = Path(__file__).resolve().parents[2] / "template.yaml"
 
 SPEC: dict[str, Any] = {
     "name": "tiny",
@@ -52,11 +56,13 @@ def stack_resources(
     bucket, the notification topic (NOTIFY_TOPIC_ARN is set to it) and the training jobs' execution role
     (SAGEMAKER_ROLE_ARN's); returns the topic's ARN."""
     ddb = boto3.client("dynamodb", region_name=REGION)
-    for table, key in ((jobs_table, "job_id"), (tokens_table, "training_job_name")):
+    resources = load_template(TEMPLATE)["Resources"]
+    for table, logical_id in ((jobs_table, "JobsTable"), (tokens_table, "TaskTokensTable")):
+        # as the template defines them: keys and indexes (the handlers query the jobs table's by-execution)
+        props = resources[logical_id]["Properties"]
         ddb.create_table(
             TableName=table,
-            KeySchema=[{"AttributeName": key, "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": key, "AttributeType": "S"}],
+            **{k: props[k] for k in ("KeySchema", "AttributeDefinitions", "GlobalSecondaryIndexes") if k in props},
             BillingMode="PAY_PER_REQUEST",
         )
     boto3.client("s3", region_name=REGION).create_bucket(Bucket=artifacts_bucket)

@@ -63,7 +63,7 @@ FAILURE = {
     "recovery": {"attempts": []},
 }
 #: handlers that delete or report; they run in a world of their own, with nothing in it to wait for
-CLEANUP_HANDLERS = ("teardown", "sweep", "notify")
+CLEANUP_HANDLERS = ("teardown", "sweep", "notify", "on_execution_end")
 
 ENV = {
     "JOBS_TABLE": "fuzz-jobs",
@@ -260,7 +260,7 @@ class TestCleanupHandlers:
     def test_any_json_object(self, handler, event):
         call_and_check(handler, event)
 
-    @pytest.mark.parametrize("handler", ["teardown", "notify"])
+    @pytest.mark.parametrize("handler", ["teardown", "notify", "on_execution_end"])
     @fuzz(80)
     @given(data=st.data())
     def test_their_sample_event_with_parts_broken(self, handler, data):

@@ -40,6 +40,7 @@ HANDLERS = {
     "teardown",
     "notify",
     "sweep",
+    "on_execution_end",
 }
 COMPENSATION = "Tear down after failure"
 TRAINING = "Start the training job"

@@ -70,6 +70,16 @@ def test_each_samples_registered_job_is_what_register_job_compiles_for_its_spec(
     assert refreshed(json.loads(path.read_text())) == document
 
 
+def test_the_execution_end_sample_is_a_status_change_the_handler_reads():
+    from lustrain_core.steps import execution_end
+
+    change = execution_end.parse_status_change(load("on_execution_end")).detail
+    assert change.status == "ABORTED" and change.executionArn.endswith(":" + change.name)
+    error = execution_end.run_error(change)
+    assert error["Error"] == "RunCancelled"
+    assert "arn:aws:sts::123456789012:assumed-role/ml-team/alice" in error["Cause"]
+
+
 def test_the_file_system_samples_agree_with_the_directory_path_rule():
     for name in ("check_filesystem", "teardown"):
         document = load(name)

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lustrain_core import recovery
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
-from lustrain_core.errors import SpecInvalid
+from lustrain_core.errors import EventInvalid
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
@@ -89,11 +89,11 @@ class TrainingJobStateChangeEvent(EventBridgeModel):
 
 def parse_state_change(event: Any) -> TrainingJobStateChangeEvent:
     """The event, checked. The stack's rule sends SageMaker's events only, but a function can be invoked with
-    anything: what is not one fails with SpecInvalid naming each wrong field."""
+    anything: what is not one fails with EventInvalid naming each wrong field."""
     try:
         return TrainingJobStateChangeEvent.model_validate(event)
     except ValidationError as exc:
-        raise SpecInvalid(
+        raise EventInvalid(
             field_errors(exc, note=" (not a SageMaker Training Job State Change event)")
         ) from None
 

@@ -331,7 +331,6 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
     record = {
         "job_id": job_id,
         "source": source.to_dict(),
-        "execution": source.execution or "",
         "spec": normalised,
         "plan": plan,
         "launch": compiled,
@@ -339,6 +338,8 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
         "created_at": started_at,
         "resources": [],
     }
+    if source.execution:
+        record["execution"] = source.execution
     if not records.put_new(ddb, settings.jobs_table, record):
         existing = records.get(ddb, settings.jobs_table, job_id) or {}
         same_execution = bool(source.execution) and existing.get("execution") == source.execution

@@ -76,10 +76,13 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
     training = _object(document.get("training"))
     teardown = _object(document.get("teardown"))
     cost = _object(_object(job.get("plan")).get("cost"))
+    source = _object(job.get("source"))
     return {
         "job_id": str(job.get("job_id") or document.get("execution") or "unknown job"),
-        "outcome": "failed" if error else "succeeded",
+        "outcome": _outcome(error),
         "spec_name": spec.get("name"),
+        "spec_source": source.get("uri") or (f"inline start of execution {source['execution']}" if source.get("execution") else None),
+        "execution": document.get("execution") or source.get("execution"),
         "error": error.get("Error") if error else None,
         "cause": _cause_text(error.get("Cause")) if error else None,
         "training_job_name": training.get("training_job_name"),
@@ -87,6 +90,7 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "manifest_s3_uri": training.get("manifest_s3_uri"),
         "metrics": _object(training.get("metrics")),
         # all the run's teardowns deleted: a retried teardown (its first answer lost) itself deleted nothing
+        "stopped": _listed(_object(teardown.get("torn_down")).get("stopped")) or _listed(teardown.get("stopped")),
         "deleted": _listed(_object(teardown.get("torn_down")).get("deleted")) or _listed(teardown.get("deleted")),
         "kept": _listed(teardown.get("kept")),
         "remaining": _listed(teardown.get("remaining")),
@@ -100,6 +104,16 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: The errors that end a run someone stopped (steps/execution_end.py records them).
+CANCELLED = frozenset({"RunCancelled"})
+
+
+def _outcome(error: dict[str, Any] | None) -> str:
+    if not error:
+        return "succeeded"
+    return "cancelled" if error.get("Error") in CANCELLED else "failed"
+
+
 def _listed(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
@@ -111,6 +125,8 @@ def _resources(entries: list[Any]) -> str:
 
 def message(facts: dict[str, Any]) -> str:
     lines = [f"lustrain run {facts['job_id']} {facts['outcome']}."]
+    if facts["spec_source"]:
+        lines.append(f"Spec: {facts['spec_source']}")
     if facts["error"]:
         lines.append(f"Error: {facts['error']}: {facts['cause']}")
     if facts["training_job_name"]:
@@ -119,6 +135,8 @@ def message(facts: dict[str, Any]) -> str:
         lines.append(f"Archive: {facts['archive_s3_uri']} (manifest: {facts['manifest_s3_uri']})")
     if facts["metrics"]:
         lines.append("Final metrics: " + ", ".join(f"{k}={v}" for k, v in sorted(facts["metrics"].items())))
+    if facts["stopped"]:
+        lines.append(f"Teardown stopped: {_resources(facts['stopped'])}")
     lines.append(f"Teardown deleted: {_resources(facts['deleted'])}")
     lines.append(f"Teardown kept: {_resources(facts['kept'])}")
     if facts["remaining"]:

@@ -3,6 +3,9 @@
     job_id, source, execution, spec, plan, status, created_at, resources: [{type, id}], export_on_teardown,
     finished_at, error
 
+`execution` (the state machine's execution name; absent for a direct invoke: DynamoDB refuses an empty string as
+an index key) is indexed (`by-execution`) to answer "which run is this execution?" when the execution ends.
+
 `resources` is the ledger teardown works from: each create step appends what it created (list_append), so the
 run deletes exactly what it made. Numbers go to DynamoDB as Decimal and come back as int or float.
 """
@@ -79,6 +82,25 @@ def require(ddb: Any, table: str, job_id: str) -> dict[str, Any]:
             f"no such job in {table}: the state document must come from register_job, which records the job",
         )
     return record
+
+
+#: The jobs table's index on the execution name (template.yaml, JobsTable).
+BY_EXECUTION = "by-execution"
+
+
+def find_by_execution(ddb: Any, table: str, execution: str) -> dict[str, Any] | None:
+    """The record of the run an execution registered, or None (it ended before register_job recorded one, or it
+    was a duplicate start, whose record is the original run's)."""
+    answer = ddb.query(
+        TableName=table,
+        IndexName=BY_EXECUTION,
+        KeyConditionExpression="#e = :e",
+        ExpressionAttributeNames={"#e": "execution"},
+        ExpressionAttributeValues={":e": {"S": execution}},
+        Limit=2,
+    )
+    items = answer.get("Items", [])
+    return from_item(items[0]) if items else None
 
 
 def add_resources(ddb: Any, table: str, job_id: str, resources: list[dict[str, str]]) -> None:

@@ -10,12 +10,19 @@
   event holds them): DescribeExecution says ABORTED when StopExecution returns, and no Catch runs (the state
   machine stops where it is, as AWS's "StopExecution" reference says). moto drops the error and cause, and
   the status changed only once the worker noticed.
+- Every change of an execution's status is put on the default event bus as AWS's "Step Functions Execution Status
+  Change" event (source aws.states; detail executionArn, stateMachineArn, name, status RUNNING | SUCCEEDED |
+  FAILED | TIMED_OUT | ABORTED, startDate and stopDate in epoch milliseconds, input, output, error, cause, with
+  inputDetails/outputDetails {included}): moto emits none, and the teardown of a stopped run starts from it.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import json
+import logging
+import time
 import uuid
 from typing import Any
 
@@ -24,6 +31,7 @@ from moto.stepfunctions.exceptions import ExecutionDoesNotExist
 from moto.stepfunctions.parser.api import ExecutionStatus
 from moto.stepfunctions.parser.asl.eval.environment import Environment
 from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
+from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication, Execution
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 from moto.stepfunctions.responses import StepFunctionResponse
 
@@ -51,6 +59,11 @@ def stop_execution(self: StepFunctionResponse) -> ActionResult:
     if execution is None:
         raise ExecutionDoesNotExist("Execution Does Not Exist: '" + arn + "'")
     if execution.exec_status == ExecutionStatus.RUNNING:
+        # moto builds the execution's environment in its worker thread, after parsing the definition: a stop right
+        # after the start would find none (AttributeError); AWS stops an execution at any moment
+        deadline = time.monotonic() + 10
+        while getattr(execution.exec_worker, "env", None) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         stopped = datetime.datetime.now(tz=datetime.UTC)
         execution.stop(stop_date=stopped, error=self._get_param("error"), cause=self._get_param("cause"))
         execution.exec_status = ExecutionStatus.ABORTED
@@ -77,9 +90,79 @@ def _set_error(self: Environment, original: Any, *args: Any, **kwargs: Any) -> N
     original(self, *args, **kwargs)
 
 
+DETAIL_TYPE = "Step Functions Execution Status Change"
+
+
+class _NoComponentDumps(logging.Filter):
+    """moto logs every failing ASL component's repr (a page of text) at ERROR, also for a failure a Catch handles
+    and for the task a StopExecution interrupts; the execution's history keeps each failure as AWS's does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("%s at '%s'")
+
+
+def _millis(moment: Any) -> int | None:
+    return int(moment.timestamp() * 1000) if isinstance(moment, datetime.datetime) else None
+
+
+def status_change_detail(execution: Any) -> dict[str, Any]:
+    """The detail of AWS's "Step Functions Execution Status Change" event for an execution as it is now."""
+    status = str(execution.exec_status.value)
+    error, cause = execution.error, execution.cause
+    worker = execution.exec_worker
+    state = worker.env.program_state() if worker is not None and status == "ABORTED" else None
+    if isinstance(state, ProgramStopped):
+        # StopExecution's error and cause, which the ExecutionAborted event holds
+        error, cause = state.error, state.cause
+    succeeded = status == "SUCCEEDED"
+    return {
+        "executionArn": execution.exec_arn,
+        "stateMachineArn": execution.state_machine.arn,
+        "name": execution.name,
+        "status": status,
+        "startDate": _millis(execution.start_date),
+        "stopDate": None if status == "RUNNING" else _millis(execution.stop_date),
+        "input": json.dumps(execution.input_data, separators=(",", ":")),
+        "output": json.dumps(execution.output, separators=(",", ":")) if succeeded else None,
+        "inputDetails": {"included": True},
+        "outputDetails": {"included": True} if succeeded else None,
+        "error": error,
+        "cause": cause,
+    }
+
+
+def _announce(execution: Any) -> None:
+    from lustrain.twin.patches import eventbridge
+
+    detail = status_change_detail(execution)
+    eventbridge.emit(
+        "aws.states",
+        DETAIL_TYPE,
+        detail,
+        region=execution.region_name,
+        account=execution.account_id,
+        resources=[execution.exec_arn],
+    )
+
+
+def _started(self: Execution, original: Any) -> None:
+    original(self)
+    _announce(self)
+
+
+def _terminated(self: BaseExecutionWorkerCommunication, original: Any) -> None:
+    original(self)
+    _announce(self.execution)
+
+
 def install() -> None:
     if getattr(StepFunctionResponse, _PATCHED, False):
         return
+    logging.getLogger("moto.stepfunctions.parser.asl.component.eval_component").addFilter(_NoComponentDumps())
+    Execution.start = functools.partialmethod(_started, Execution.start)  # type: ignore[method-assign,assignment]
+    BaseExecutionWorkerCommunication.terminated = functools.partialmethod(  # type: ignore[method-assign,assignment]
+        _terminated, BaseExecutionWorkerCommunication.terminated
+    )
     Environment.set_error = functools.partialmethod(_set_error, Environment.set_error)  # type: ignore[method-assign,assignment]
     StepFunctionResponse.send_task_failure = send_task_failure  # type: ignore[method-assign]
     StepFunctionResponse.stop_execution = stop_execution  # type: ignore[method-assign]

@@ -105,3 +105,34 @@ def test_stop_execution_aborts_at_once_and_runs_no_catch() -> None:
     assert aborted[0]["executionAbortedEventDetails"] == {"error": "Cancelled", "cause": "lustrain cancel"}
     entered = [e["stateEnteredEventDetails"]["name"] for e in events if e["type"].endswith("StateEntered")]
     assert "CleanUp" not in entered
+
+
+def test_each_status_change_is_announced_on_eventbridge_as_aws_does() -> None:
+    """RUNNING when the execution starts, ABORTED with StopExecution's error and cause when it is stopped: the
+    "Step Functions Execution Status Change" events a rule on aws.states receives (here into an SQS queue)."""
+    machine = waiting_machine("announced")
+    sqs, events = client("sqs"), client("events")
+    queue = sqs.create_queue(QueueName="status-changes")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    pattern = {"source": ["aws.states"], "detail-type": ["Step Functions Execution Status Change"],
+               "detail": {"stateMachineArn": [machine]}}
+    events.put_rule(Name="status-changes", EventPattern=json.dumps(pattern))
+    events.put_targets(Rule="status-changes", Targets=[{"Id": "queue", "Arn": queue_arn}])
+    sfn = client("stepfunctions")
+    arn = sfn.start_execution(stateMachineArn=machine, name="announce-me", input=json.dumps({"n": 1}))["executionArn"]
+    sfn.stop_execution(executionArn=arn, error="RunCancelled", cause="cancelled by alice")
+
+    received: list[dict] = []
+    deadline = time.monotonic() + 20
+    while len(received) < 2 and time.monotonic() < deadline:
+        received += [json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=queue).get("Messages", [])]
+        time.sleep(0.05)
+    assert [e["detail"]["status"] for e in received] == ["RUNNING", "ABORTED"]
+    started, aborted = received
+    assert started["resources"] == [arn] and started["source"] == "aws.states"
+    detail = aborted["detail"]
+    assert (detail["executionArn"], detail["stateMachineArn"], detail["name"]) == (arn, machine, "announce-me")
+    assert (detail["error"], detail["cause"]) == ("RunCancelled", "cancelled by alice")
+    assert json.loads(detail["input"]) == {"n": 1} and detail["inputDetails"] == {"included": True}
+    assert detail["stopDate"] >= detail["startDate"] > 1_000_000_000_000  # epoch milliseconds
+    assert started["detail"]["stopDate"] is None

@@ -1,0 +1,446 @@
+"""Operate runs of a deployed stack (or of `lustrain local up`): list them, look at one, cancel one.
+
+The same functions serve the CLI (`lustrain runs`, `status`, `cancel`) and a notebook (`import lustrain`):
+
+    stack = lustrain.Stack.locate("lustrain")          # the stack's outputs: state machine, jobs table, buckets
+    for run in lustrain.runs(stack): print(run.name, run.state, run.cost_so_far_usd)
+    lustrain.status(stack, "gpt-small").timeline
+    lustrain.cancel(stack, "gpt-small")
+
+A RUN is named by its job id, its execution's name or ARN, or its spec name; a spec name that several runs share
+is ambiguous, and the error lists them. Against the twin, set AWS_ENDPOINT_URL to the URL `lustrain local up`
+prints and use its stack (lustrain-twin).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from botocore.exceptions import ClientError
+from lustrain_core.aws_errors import training_job_missing
+from lustrain_core.errors import LustrainError, SpecInvalid
+from lustrain_core.prices import PriceTable
+from lustrain_core.steps import records
+from lustrain_core.steps.execution_end import CANCEL_ERROR
+from lustrain_core.steps.training import training_job_name
+
+DEFAULT_STACK = "lustrain"
+ENDED = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"})
+
+
+class RunNotFound(LustrainError):
+    """No run of the stack is named so (or the name is ambiguous)."""
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where a stack keeps its runs: the CloudFormation outputs of a deployed (or twin) lustrain stack."""
+
+    name: str
+    state_machine_arn: str
+    jobs_table: str
+    jobs_bucket: str
+    artifacts_bucket: str
+    session: Any = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def locate(cls, name: str = DEFAULT_STACK, session: Any = None) -> Stack:
+        session = session or boto3.Session()
+        try:
+            stacks = session.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ValidationError":
+                raise SpecInvalid.one("--stack", name, "no such CloudFormation stack in this account and region") from None
+            raise
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+        needed = ("StateMachineArn", "JobsTableName", "JobsBucketName", "ArtifactsBucketName")
+        missing = [key for key in needed if key not in outputs]
+        if missing:
+            raise SpecInvalid.one("--stack", name, f"is not a lustrain stack: no output {', '.join(missing)}")
+        return cls(
+            name=name,
+            state_machine_arn=outputs["StateMachineArn"],
+            jobs_table=outputs["JobsTableName"],
+            jobs_bucket=outputs["JobsBucketName"],
+            artifacts_bucket=outputs["ArtifactsBucketName"],
+            session=session,
+        )
+
+    def client(self, service: str) -> Any:
+        return (self.session or boto3.Session()).client(service)
+
+    def execution_arn(self, execution: str) -> str:
+        if execution.startswith("arn:"):
+            return execution
+        return self.state_machine_arn.replace(":stateMachine:", ":execution:", 1) + ":" + execution
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    job_id: str
+    name: str
+    execution: str | None
+    state: str
+    attempt: int
+    instances: int
+    instance_type: str
+    created_at: str
+    elapsed_s: float
+    cost_so_far_usd: float
+    budget_usd: float | None
+    error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _moment(raw: Any) -> float | None:
+    try:
+        return datetime.strptime(str(raw), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def _records(stack: Stack) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for page in stack.client("dynamodb").get_paginator("scan").paginate(TableName=stack.jobs_table):
+        found += [records.from_item(item) for item in page.get("Items", [])]
+    return sorted(found, key=lambda r: str(r.get("created_at", "")))
+
+
+def _execution(stack: Stack, record: dict[str, Any]) -> dict[str, Any] | None:
+    name = record.get("execution")
+    if not name:
+        return None
+    try:
+        return dict(stack.client("stepfunctions").describe_execution(executionArn=stack.execution_arn(str(name))))
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
+            return None
+        raise
+
+
+def _training_jobs(stack: Stack, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every training attempt of the run, oldest first (attempt n's job is named by start_training's rule)."""
+    sagemaker = stack.client("sagemaker")
+    name = str((record.get("spec") or {}).get("name", ""))
+    found = []
+    for attempt in range(1, int(record.get("training_attempts") or 0) + 1):
+        try:
+            found.append(
+                dict(sagemaker.describe_training_job(TrainingJobName=training_job_name(name, str(record["job_id"]), attempt)))
+            )
+        except ClientError as exc:
+            if not training_job_missing(exc):
+                raise
+    return found
+
+
+def cost_so_far_usd(record: dict[str, Any], jobs: list[dict[str, Any]], now: float) -> float:
+    """What the run has cost until now, at list prices: each training attempt's billable time (or, while it
+    trains, the time since it started) x its instances, plus the file system's hours at the plan's hourly rate."""
+    spec, plan = record.get("spec") or {}, record.get("plan") or {}
+    compute = spec.get("compute") or {}
+    prices = PriceTable()
+    total = 0.0
+    for job in jobs:
+        seconds = job.get("BillableTimeInSeconds")
+        if seconds is None and job.get("TrainingStartTime") is not None:
+            end = job.get("TrainingEndTime") or datetime.fromtimestamp(now, UTC)
+            seconds = max(0.0, (end - job["TrainingStartTime"]).total_seconds())
+        billed = prices.billed_compute_usd(
+            str(compute.get("instance_type")), float(compute.get("instance_count", 1)), float(seconds or 0)
+        )
+        total += billed or 0.0
+    # the file system bills from its creation (about the run's start) until its teardown (the record's end)
+    created = bool((plan.get("filesystem") or {}).get("storage_gib")) and not (spec.get("filesystem") or {}).get(
+        "file_system_id"
+    )
+    hours = float(compute.get("max_runtime_hours") or 0) + 1
+    fs_hourly = float((plan.get("cost") or {}).get("filesystem_usd") or 0) / hours
+    started = _moment(record.get("created_at"))
+    if created and started is not None:
+        total += fs_hourly * max(0.0, (_moment(record.get("finished_at")) or now) - started) / 3600
+    return round(total, 2)
+
+
+def _summary(stack: Stack, record: dict[str, Any], now: float) -> RunSummary:
+    spec = record.get("spec") or {}
+    compute = spec.get("compute") or {}
+    execution = _execution(stack, record)
+    state = str(record.get("status") or "UNKNOWN")
+    if execution is not None and execution["status"] != "RUNNING":
+        # the execution's end is the truth for a run whose teardown has not written the record yet
+        state = state if state in {"SUCCEEDED", "FAILED"} else str(execution["status"])
+    error = record.get("error")
+    started = _moment(record.get("created_at")) or now
+    ended = _moment(record.get("finished_at")) if state != "RUNNING" else None
+    budget = (spec.get("budget") or {}).get("max_usd")
+    return RunSummary(
+        job_id=str(record["job_id"]),
+        name=str(spec.get("name", "")),
+        execution=record.get("execution") or None,
+        state=state,
+        attempt=int(record.get("training_attempts") or 0),
+        instances=int(compute.get("instance_count") or 0),
+        instance_type=str(compute.get("instance_type", "")),
+        created_at=str(record.get("created_at", "")),
+        elapsed_s=round((ended or now) - started, 1),
+        cost_so_far_usd=cost_so_far_usd(record, _training_jobs(stack, record), now),
+        budget_usd=float(budget) if budget is not None else None,
+        error=str(error.get("Error")) if isinstance(error, dict) and error.get("Error") else None,
+    )
+
+
+def runs(stack: Stack, now: float | None = None) -> list[RunSummary]:
+    """Every run of the stack, oldest first."""
+    moment = time.time() if now is None else now
+    return [_summary(stack, record, moment) for record in _records(stack)]
+
+
+def find_run(stack: Stack, run: str) -> dict[str, Any]:
+    """The record of the run named `run`: a job id, an execution name or ARN, or a spec name shared by no other."""
+    found = _records(stack)
+    execution = run.rsplit(":", 1)[-1] if run.startswith("arn:") else run
+    for key, value in (("job_id", run), ("execution", execution)):
+        exact = [r for r in found if r.get(key) == value]
+        if exact:
+            return exact[0]
+    named = [r for r in found if (r.get("spec") or {}).get("name") == run]
+    if len(named) == 1:
+        return named[0]
+    if named:
+        listed = ", ".join(f"{r['job_id']} ({r.get('status')}, {r.get('created_at')})" for r in named)
+        raise SpecInvalid.one("RUN", run, f"is the name of {len(named)} runs; name one by its job id: {listed}")
+    raise SpecInvalid.one(
+        "RUN", run, f"no run of stack {stack.name} has this job id, execution name or spec name"
+    )
+
+
+def started_from(stack: Stack, spec_s3_uri: str, timeout_s: float = 60.0, poll_s: float = 1.0) -> dict[str, Any] | None:
+    """The record of the run a dropped spec started (register_job writes it within seconds of the drop), or None
+    when none appeared within `timeout_s` (the drop was refused before register_job: its notice says why)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for record in _records(stack):
+            if (record.get("source") or {}).get("uri") == spec_s3_uri:
+                return record
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True)
+class StateSpan:
+    state: str
+    entered_at: str
+    exited_at: str | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run: RunSummary
+    execution_status: str | None
+    timeline: list[StateSpan]
+    quota: dict[str, Any]
+    file_system: dict[str, Any] | None
+    training_job: dict[str, Any] | None
+    cause: str | None
+    resources_left: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _iso(moment: Any) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if isinstance(moment, datetime) else str(moment)
+
+
+def timeline(history: list[dict[str, Any]]) -> list[StateSpan]:
+    """Each state the execution entered, when, and for how long (None while it is in it)."""
+    spans: list[StateSpan] = []
+    open_at: dict[str, datetime] = {}
+    order: list[str] = []
+    closed: dict[int, tuple[datetime, datetime | None]] = {}
+    for event in history:
+        when = event["timestamp"]
+        if "stateEnteredEventDetails" in event:
+            name = event["stateEnteredEventDetails"]["name"]
+            open_at[name] = when
+            order.append(name)
+            closed[len(order) - 1] = (when, None)
+        elif "stateExitedEventDetails" in event:
+            name = event["stateExitedEventDetails"]["name"]
+            for index in range(len(order) - 1, -1, -1):
+                if order[index] == name and closed[index][1] is None:
+                    closed[index] = (closed[index][0], when)
+                    break
+    for index, name in enumerate(order):
+        entered, exited = closed[index]
+        spans.append(
+            StateSpan(
+                name,
+                _iso(entered),
+                _iso(exited) if exited else None,
+                round((exited - entered).total_seconds(), 1) if exited else None,
+            )
+        )
+    return spans
+
+
+def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
+    """One run: its summary, the state-by-state timeline, its quota, file system, training job and last metrics."""
+    moment = time.time() if now is None else now
+    record = find_run(stack, run)
+    summary = _summary(stack, record, moment)
+    execution = _execution(stack, record)
+    history: list[dict[str, Any]] = []
+    if execution is not None:
+        sfn = stack.client("stepfunctions")
+        for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution["executionArn"]):
+            history += page["events"]
+    jobs = _training_jobs(stack, record)
+    training = None
+    if jobs:
+        latest = jobs[-1]
+        training = {
+            "name": latest["TrainingJobName"],
+            "status": latest["TrainingJobStatus"],
+            "secondary_status": latest.get("SecondaryStatus"),
+            "failure_reason": latest.get("FailureReason"),
+            "metrics": {m["MetricName"]: m["Value"] for m in latest.get("FinalMetricDataList", [])},
+        }
+    file_system = None
+    fs_ids = [r["id"] for r in record.get("resources", []) if r.get("type") == "file_system"]
+    if fs_ids:
+        try:
+            described = stack.client("fsx").describe_file_systems(FileSystemIds=fs_ids[-1:])["FileSystems"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "FileSystemNotFound":
+                raise
+            described = []
+        if described:
+            fs = described[0]
+            lustre = fs.get("LustreConfiguration", {})
+            file_system = {
+                "id": fs["FileSystemId"],
+                "lifecycle": fs.get("Lifecycle"),
+                "deployment_type": lustre.get("DeploymentType"),
+                "storage_gib": fs.get("StorageCapacity"),
+            }
+    error = record.get("error")
+    cause = error.get("Cause") if isinstance(error, dict) else (execution or {}).get("cause")
+    return RunStatus(
+        run=summary,
+        execution_status=(execution or {}).get("status"),
+        timeline=timeline(history),
+        quota=dict((record.get("plan") or {}).get("quota") or {}),
+        file_system=file_system,
+        training_job=training,
+        cause=str(cause) if cause else None,
+        resources_left=list(record.get("resources", [])) if summary.state != "RUNNING" else [],
+    )
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    job_id: str
+    execution_arn: str
+    stopped_at: str | None
+    already_ended: str | None
+    cause: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cancel(stack: Stack, run: str) -> Cancelled:
+    """Stop the run's execution; its teardown then starts from the execution's end (on_execution_end), which
+    stops the training job and deletes what the run created. The cause names who cancelled it."""
+    record = find_run(stack, run)
+    if not record.get("execution"):
+        raise RunNotFound(f"run {record['job_id']} was started by a direct invoke: it has no execution to stop")
+    arn = stack.execution_arn(str(record["execution"]))
+    sfn = stack.client("stepfunctions")
+    try:
+        described = sfn.describe_execution(executionArn=arn)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
+            raise RunNotFound(f"the execution of run {record['job_id']} no longer exists: {arn}") from None
+        raise
+    caller = stack.client("sts").get_caller_identity()["Arn"]
+    cause = f"cancelled by {caller} with lustrain cancel"
+    if described["status"] != "RUNNING":
+        return Cancelled(str(record["job_id"]), arn, _iso(described.get("stopDate")), str(described["status"]), cause)
+    answer = sfn.stop_execution(executionArn=arn, error=CANCEL_ERROR, cause=cause)
+    return Cancelled(str(record["job_id"]), arn, _iso(answer.get("stopDate")), None, cause)
+
+
+#: Where SageMaker writes a training job's output: one stream per host, `<job name>/algo-<n>-<epoch seconds>`.
+TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    timestamp_ms: int
+    stream: str
+    message: str
+
+    @property
+    def host(self) -> str:
+        """algo-<n>, from the stream's name."""
+        tail = self.stream.rsplit("/", 1)[-1]
+        return tail.rsplit("-", 1)[0] if tail.count("-") >= 2 else tail
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "host": self.host}
+
+
+def logs(stack: Stack, run: str, since_ms: int | None = None) -> list[LogLine]:
+    """The run's training log lines (every attempt, every host), merged in time order; only those after
+    `since_ms` when given (what --follow asks for next)."""
+    record = find_run(stack, run)
+    client = stack.client("logs")
+    name = str((record.get("spec") or {}).get("name", ""))
+    lines: list[LogLine] = []
+    for attempt in range(1, int(record.get("training_attempts") or 0) + 1):
+        prefix = training_job_name(name, str(record["job_id"]), attempt) + "/"
+        params: dict[str, Any] = {"logGroupName": TRAINING_LOG_GROUP, "logStreamNamePrefix": prefix}
+        try:
+            streams = [
+                stream["logStreamName"]
+                for page in client.get_paginator("describe_log_streams").paginate(**params)
+                for stream in page.get("logStreams", [])
+            ]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+                return []  # no training job has written a line in this account yet
+            raise
+        for stream in streams:
+            request: dict[str, Any] = {"logGroupName": TRAINING_LOG_GROUP, "logStreamName": stream, "startFromHead": True}
+            if since_ms is not None:
+                request["startTime"] = since_ms + 1
+            while True:
+                page = client.get_log_events(**request)
+                lines += [LogLine(int(e["timestamp"]), stream, str(e["message"])) for e in page.get("events", [])]
+                token = page.get("nextForwardToken")
+                if not page.get("events") or token == request.get("nextToken"):
+                    break
+                request["nextToken"] = token
+    return sorted(lines, key=lambda line: (line.timestamp_ms, line.stream))
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value.to_dict() if hasattr(value, "to_dict") else value, indent=2, default=str)

@@ -1,0 +1,159 @@
+"""Cancel tears down at once, on the twin: a run stopped while its model trains, by `lustrain cancel` or by a bare
+StopExecution (the console, `aws stepfunctions stop-execution`), leaves nothing within a minute.
+
+On AWS a stopped execution is ABORTED and runs no Catch; the twin does the same (tests/e2e/test_sweeper.py proves
+that no teardown state runs). What tears the run down is the stack's rule on "Step Functions Execution Status
+Change" and on_execution_end: it stops the training job (the trainer saves on SIGTERM), deletes the file system
+and the network, records who stopped the run, and publishes a notice saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lustrain import cli, operate
+from lustrain.twin import rehearse
+from lustrain.twin.iam import usage
+from lustrain.twin.rehearse import REGION, STACK_NAME, drop, operator_session, twin, until
+
+pytestmark = pytest.mark.slow
+
+QUICK = Path(__file__).with_name("quick.yaml")
+#: The goal: a cancelled run holds nothing a minute after the stop.
+CANCEL_TO_CLEAN_S = 60.0
+
+
+def long_spec(tmp_path: Path, name: str) -> Path:
+    """quick.yaml on one instance with more steps than it will get to run: it is cancelled while it trains."""
+    doc = yaml.safe_load(QUICK.read_text())
+    doc["name"] = name
+    doc["compute"]["instance_count"] = 1
+    doc["code"]["distribution"] = "none"
+    doc["code"]["hyperparameters"].update(max_steps=100_000, eval_interval=100_000)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def training(sagemaker: Any, name: str) -> str | None:
+    """The name of the run's training job once it trains."""
+    for summary in sagemaker.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"]:
+        if summary["TrainingJobName"].startswith(name + "-"):
+            job = sagemaker.describe_training_job(TrainingJobName=summary["TrainingJobName"])
+            return str(job["TrainingJobName"]) if job["SecondaryStatus"] == "Training" else None
+    return None
+
+
+def collect_notices(sqs: Any, queue_url: str, into: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The notices published so far, by job id: each message is a report, a blank line, then its facts as JSON."""
+    for message in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", []):
+        facts = json.loads(message["Body"].split("\n\n")[-1])
+        into[facts["job_id"]] = {**facts, "text": message["Body"]}
+        sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+    return into
+
+
+@pytest.fixture
+def quick_stops():
+    """The stopped trainer gets 20 s to save (SageMaker gives 120), for this test only."""
+    from lustrain.twin import simulator
+
+    before = simulator.settings()
+    simulator.configure(stop_grace_s=20.0)
+    yield
+    simulator.configure(**before.__dict__)
+
+
+def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, monkeypatch, capsys, quick_stops):
+    from lustrain.twin.patches import service_quotas
+
+    monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.2")
+    with twin() as stack:
+        session = operator_session()
+        sfn, sagemaker, sqs = (session.client(s) for s in ("stepfunctions", "sagemaker", "sqs"))
+        service_quotas.set_quota("ml.p4d.24xlarge", 8, REGION)
+        queue = sqs.create_queue(QueueName="notices")["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        session.client("sns").subscribe(
+            TopicArn=stack.outputs["NotifyTopicArn"],
+            Protocol="sqs",
+            Endpoint=queue_arn,
+            Attributes={"RawMessageDelivery": "true"},
+        )
+        ours = operate.Stack.locate(STACK_NAME, session)
+
+        by_cli, by_cli_arn = drop(stack, long_spec(tmp_path, "by-cli"))
+        bare, bare_arn = drop(stack, long_spec(tmp_path, "bare-stop"))
+        jobs = {spec.name: until(lambda s=spec: training(sagemaker, s.name), f"{spec.name} training", 240)
+                for spec in (by_cli, bare)}
+
+        # `lustrain cancel` names the run by its spec name; a bare StopExecution gives no error or cause
+        stopped_at = time.monotonic()
+        cancelled = operate.cancel(ours, "by-cli")
+        sfn.stop_execution(executionArn=bare_arn)
+        assert cancelled.execution_arn == by_cli_arn and cancelled.already_ended is None
+        assert sfn.describe_execution(executionArn=by_cli_arn)["status"] == "ABORTED"
+        assert sfn.describe_execution(executionArn=bare_arn)["status"] == "ABORTED"
+
+        job_ids = {spec.name: rehearse.job_id_of(rehearse.execution_history(sfn, arn))
+                   for spec, arn in ((by_cli, by_cli_arn), (bare, bare_arn))}
+        for spec in (by_cli, bare):
+            until(lambda s=spec: rehearse.resources_left(job_ids[s.name], s)[0] == [] or None,
+                  f"0 resources left of {spec.name}", timeout=CANCEL_TO_CLEAN_S)
+        assert time.monotonic() - stopped_at < CANCEL_TO_CLEAN_S
+        for name, job in jobs.items():
+            assert sagemaker.describe_training_job(TrainingJobName=job)["TrainingJobStatus"] == "Stopped", name
+
+        # the record and `lustrain runs` / `status` say who stopped the run and what is left (nothing)
+        runs = {r.name: r for r in operate.runs(ours)}
+        assert {runs[n].error for n in ("by-cli", "bare-stop")} == {"RunCancelled"}
+        assert {runs[n].state for n in ("by-cli", "bare-stop")} == {"FAILED"}
+        shown = operate.status(ours, job_ids["by-cli"])
+        caller = session.client("sts").get_caller_identity()["Arn"]
+        assert shown.cause and f"cancelled by {caller} with lustrain cancel" in shown.cause
+        assert shown.resources_left == []
+        assert shown.training_job and shown.training_job["status"] == "Stopped"
+        assert [s.state for s in shown.timeline][-1] == "Start the training job"
+        bare_cause = operate.status(ours, job_ids["bare-stop"]).cause or ""
+        assert "no error or cause given" in bare_cause
+
+        # the same from the command line, as the README shows it; the training log holds both hosts' steps
+        assert cli.main(["status", "by-cli", "--stack", STACK_NAME]) == 0
+        shown_text = capsys.readouterr().out
+        assert f"run {job_ids['by-cli']} (by-cli): FAILED, RunCancelled" in shown_text
+        assert "Start the training job" in shown_text
+        assert cli.main(["runs", "--stack", STACK_NAME, "--json"]) == 0
+        listed = {r["job_id"]: r for r in json.loads(capsys.readouterr().out)}
+        assert set(job_ids.values()) <= set(listed) and listed[job_ids["bare-stop"]]["error"] == "RunCancelled"
+        assert cli.main(["logs", "by-cli", "--stack", STACK_NAME]) == 0
+        logged = capsys.readouterr().out.splitlines()
+        assert any(line.startswith("[algo-1] ") and "step=" in line for line in logged), logged[-5:]
+        assert cli.main(["cancel", "by-cli", "--stack", STACK_NAME]) == 0  # already cancelled: nothing to do
+        assert "already ended ABORTED" in capsys.readouterr().out
+
+        # each run's notice says it was cancelled, by whom, and what was stopped and deleted
+        sent: dict[str, dict[str, Any]] = {}
+        until(lambda: len(collect_notices(sqs, queue, sent)) >= 2 or None, "both notices", timeout=30)
+        for name, job_id in job_ids.items():
+            notice = sent[job_id]
+            assert notice["outcome"] == "cancelled" and notice["error"] == "RunCancelled", name
+            assert {"type": "training_job", "id": jobs[name]} in notice["stopped"]
+            assert {d["type"] for d in notice["deleted"]} >= {"file_system", "vpc", "subnet", "security_group"}
+            assert notice["remaining"] == []
+        assert caller in sent[job_ids["by-cli"]]["cause"]
+        assert sent[job_ids["by-cli"]]["text"].startswith(f"lustrain run {job_ids['by-cli']} cancelled.")
+
+        # each statement on_execution_end was allowed by alone, removed from its role, refuses that request
+        role = usage.collect(stack)["OnExecutionEndFunctionRole"]
+        needed = usage.needed(role)
+        assert len(needed) >= 3, needed
+        for ref, records in needed.items():
+            decision = usage.replay(records[0], usage.without(role.policies, ref))
+            assert not decision.allowed, ref
+            assert f"not authorized to perform: {records[0].action}" in usage.denial(records[0], decision)
