@@ -76,6 +76,7 @@ bench: install
 	$(BIN)/python bench/fault_matrix.py
 	$(BIN)/python bench/load.py
 	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/cancel.py
 
 ## Least privilege, measured: per role, the actions the twin's runs used and the grants none used (bench/).
 iam-report: install
