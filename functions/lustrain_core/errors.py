@@ -112,6 +112,11 @@ class TrainingStopped(LustrainError):
     """The training job was stopped: by hand, or when it reached its maximum runtime."""
 
 
+class BudgetExceeded(LustrainError):
+    """The run's budget is spent: its training job reached the MaxRuntimeInSeconds the budget left it (what it
+    wrote is archived), or the budget left a next attempt too little time to start one."""
+
+
 class TrainingTimedOut(LustrainError):
     """The training job stopped reporting (no heartbeat in time) or outlived the task's timeout.
 
@@ -160,6 +165,7 @@ ALL_ERRORS: dict[str, type[LustrainError]] = {
         SpotInterrupted,
         TrainingFailed,
         TrainingStopped,
+        BudgetExceeded,
         TrainingTimedOut,
         StepFunctionsError,
         AwsThrottled,

@@ -43,6 +43,7 @@ class FailureClass(StrEnum):
     SPOT_RECLAIM = "spot-reclaim"
     UNRESPONSIVE = "unresponsive"
     STOPPED = "stopped"
+    BUDGET = "budget"
     USER_ERROR = "user-error"
     CONFIGURATION = "configuration"
 
@@ -120,6 +121,15 @@ POLICY: dict[FailureClass, ClassPolicy] = {
             why="someone stopped it, or it used all the runtime it was given",
         ),
         ClassPolicy(
+            FailureClass.BUDGET,
+            "BudgetExceeded",
+            retried=False,
+            wait_seconds=0,
+            recognised_by="the job Stopped at the MaxRuntimeInSeconds the budget left it (start_training shortens the "
+            "runtime when the budget binds; steps/budget.py)",
+            why="the budget is spent; what the job wrote is archived: raise budget.max_usd and resume from it",
+        ),
+        ClassPolicy(
             FailureClass.USER_ERROR,
             "TrainingFailed",
             retried=False,
@@ -174,11 +184,21 @@ _REASONS: tuple[tuple[re.Pattern[str], FailureClass], ...] = (
 _SPOT_SECONDARY = frozenset({"MaxWaitTimeExceeded", "Interrupted"})
 
 
-def classify(status: str, reason: str | None, *, secondary_status: str | None = None, spot: bool = False) -> FailureClass:
-    """The class of a training job that ended Failed or Stopped, from what SageMaker says of it."""
+def classify(
+    status: str,
+    reason: str | None,
+    *,
+    secondary_status: str | None = None,
+    spot: bool = False,
+    budget_bound: bool = False,
+) -> FailureClass:
+    """The class of a training job that ended Failed or Stopped, from what SageMaker says of it (and, for a job
+    whose MaxRuntimeInSeconds the budget set, `budget_bound`)."""
     if status == "Stopped":
         if spot and secondary_status in _SPOT_SECONDARY:
             return FailureClass.SPOT_RECLAIM
+        if budget_bound and secondary_status == "MaxRuntimeExceeded":
+            return FailureClass.BUDGET
         return FailureClass.STOPPED
     for pattern, failure_class in _REASONS:
         if reason and pattern.search(reason):

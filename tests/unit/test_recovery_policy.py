@@ -12,7 +12,8 @@ from lustrain_core.config import Settings
 from lustrain_core.errors import ALL_ERRORS
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps import Attempt, Failure, Job, Run, Sections
-from lustrain_core.steps.attempts import attempt_cost_usd, decide, final_attempt, goodput
+from lustrain_core.steps.attempts import decide, final_attempt, goodput
+from lustrain_core.steps.budget import attempt_budget, attempt_cost_usd, budget_limit
 from lustrain_core.steps.events import classify_failure
 from lustrain_trainer import faults as trainer_faults
 
@@ -128,16 +129,34 @@ def test_attempts_are_bounded_by_compute_max_attempts():
     assert not retry and "compute.max_attempts=2" in why
 
 
+def spent_leaving(run: Run, seconds: float, settings: Settings | None = None) -> float:
+    """What the attempts so far must have cost for the budget to leave the next one `seconds` of training."""
+    cost = run.job.plan["cost"]
+    fs_hourly = cost["filesystem_usd"] / (run.job.spec.compute.max_runtime_hours + 1)
+    limit = budget_limit(run, settings or Settings())
+    assert limit is not None
+    return limit[0] - fs_hourly - cost["control_plane_usd"] - cost["hourly_usd"] * seconds / 3600
+
+
 def test_attempts_are_bounded_by_the_budget_counting_every_attempt_so_far():
     run = run_of("InfrastructureError")
-    whole = float(run.job.plan["cost"]["total_usd"])
-    assert decide(run, attempt(1, "InfrastructureError"), 1000 - whole - 1, Settings())[0]
-    retry, _, why = decide(run, attempt(1, "InfrastructureError"), 1000 - whole + 1, Settings())
-    assert not retry and "budget of $1,000.00 (budget.max_usd)" in why
+    assert decide(run, attempt(1, "InfrastructureError"), spent_leaving(run, 61), Settings())[0]
+    retry, _, why = decide(run, attempt(1, "InfrastructureError"), spent_leaving(run, 59), Settings())
+    assert not retry and "budget of $1,000.00 (budget.max_usd)" in why and "under the 60 s" in why
     # the stack's own limit counts when it is the smaller
+    whole = float(run.job.plan["cost"]["total_usd"])
     stack = Settings(extra={"LUSTRAIN_MAX_BUDGET_USD": str(whole + 10)})
-    retry, _, why = decide(run, attempt(1, "InfrastructureError"), 20.0, stack)
+    retry, _, why = decide(run, attempt(1, "InfrastructureError"), spent_leaving(run, 30, stack), stack)
     assert not retry and "LUSTRAIN_MAX_BUDGET_USD" in why
+
+
+def test_the_budget_left_sets_the_next_attempts_runtime_when_it_is_shorter():
+    run = run_of("InfrastructureError")
+    assert run.job.launch.max_runtime_seconds == 7200
+    roomy = attempt_budget(run, 0.0, Settings())
+    assert roomy is not None and not roomy.binds and roomy.runtime_seconds > 7200
+    tight = attempt_budget(run, spent_leaving(run, 1800), Settings())
+    assert tight is not None and tight.binds and abs(tight.runtime_seconds - 1800) <= 1
 
 
 def test_an_attempts_cost_is_its_billable_time_at_the_list_price():

@@ -7,8 +7,9 @@ The state machine's Catch on the training task puts the attempt's end in $.failu
    trainer logs `step` and `resumed_from`, SageMaker keeps their last values);
 2. classifies the error with the run policy (lustrain_core.recovery) and decides, in this order: an error that is
    no attempt's end, or a class not retried, ends the run; so does the last of `compute.max_attempts`; so does a
-   budget (budget.max_usd, or the stack's LUSTRAIN_MAX_BUDGET_USD) that the attempts so far plus one more whole run
-   (the plan's estimate) would pass;
+   budget (budget.max_usd, or the stack's LUSTRAIN_MAX_BUDGET_USD) that, after what the attempts so far cost, leaves
+   another attempt under a minute of training (steps/budget.py; start_training shortens the attempt's
+   MaxRuntimeInSeconds to what the budget leaves);
 3. returns $.recovery: the attempts so far with this one appended, `retry`, and `wait_seconds` (the class's
    wait, capped by the stack's LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS).
 
@@ -26,9 +27,8 @@ from botocore.exceptions import ClientError
 from lustrain_core import recovery
 from lustrain_core.aws_errors import training_job_missing
 from lustrain_core.config import Settings
-from lustrain_core.prices import PriceTable
 from lustrain_core.steps import Attempt, Recovery, Run, records
-from lustrain_core.steps.policy import MAX_BUDGET, Policy
+from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, attempt_budget, attempt_cost_usd
 from lustrain_core.steps.training import training_job_name
 
 #: the stack's ceiling on the wait between two attempts (seconds); unset: the policy's waits as they are
@@ -67,25 +67,6 @@ def _metric(description: dict[str, Any], name: str) -> int | None:
     return None
 
 
-def attempt_cost_usd(run: Run, billable_seconds: int, prices: PriceTable | None = None) -> float:
-    """What one attempt's instances cost: its billable seconds (SageMaker's, spot savings included) at the list
-    price of the instance type."""
-    compute = run.job.spec.compute
-    billed = (prices or PriceTable()).billed_compute_usd(compute.instance_type, compute.instance_count, billable_seconds)
-    return billed if billed is not None else 0.0
-
-
-def budget_limit(run: Run, settings: Settings) -> tuple[float, str] | None:
-    """The budget the run is held to, and where it comes from: the smaller of budget.max_usd and the stack's."""
-    limits = []
-    if run.job.spec.budget.max_usd is not None:
-        limits.append((run.job.spec.budget.max_usd, "budget.max_usd"))
-    stack = Policy.from_env(settings.extra).max_budget_usd
-    if stack is not None:
-        limits.append((float(stack), MAX_BUDGET))
-    return min(limits) if limits else None
-
-
 def _this_attempt(run: Run, sagemaker: Any, number: int) -> Attempt:
     failure = run.failure
     failure_class = recovery.class_of_error(failure.Error)
@@ -122,16 +103,15 @@ def decide(run: Run, attempt: Attempt, spent_usd: float, settings: Settings) -> 
     most = run.job.spec.compute.max_attempts
     if attempt.attempt >= most:
         return False, 0, f"{failure_class}: attempt {attempt.attempt} was the last of compute.max_attempts={most}"
-    limit = budget_limit(run, settings)
-    if limit is not None:
-        whole_run = float(run.job.plan.get("cost", {}).get("total_usd", 0.0))
-        if spent_usd + whole_run > limit[0]:
-            return (
-                False,
-                0,
-                f"{failure_class}: the attempts so far cost ${spent_usd:,.2f}; one more (estimated ${whole_run:,.2f}) "
-                f"would pass the budget of ${limit[0]:,.2f} ({limit[1]})",
-            )
+    left = attempt_budget(run, spent_usd, settings)
+    if left is not None and left.runtime_seconds < MIN_RUNTIME_SECONDS:
+        return (
+            False,
+            0,
+            f"{failure_class}: the attempts so far cost ${spent_usd:,.2f}; the budget of ${left.limit_usd:,.2f} "
+            f"({left.source}) leaves another attempt {left.runtime_seconds} s of training, under the "
+            f"{MIN_RUNTIME_SECONDS} s worth starting a fleet for",
+        )
     wait = policy.wait_seconds
     cap = _wait_cap(settings)
     if cap is not None:

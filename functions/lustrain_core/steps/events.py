@@ -224,14 +224,29 @@ def on_training_event(
         return {**result, **done, "output": output}
 
     failure = recovery.classify(
-        status, detail.FailureReason, secondary_status=detail.SecondaryStatus, spot=bool(item.get("spot"))
+        status,
+        detail.FailureReason,
+        secondary_status=detail.SecondaryStatus,
+        spot=bool(item.get("spot")),
+        budget_bound=bool(item.get("budget_bound")),
     )
     error = recovery.POLICY[failure].error
     if status == "Failed":
         cause = detail.FailureReason or "SageMaker gave no FailureReason"
     else:
         cause = f"training job {name} was stopped ({detail.SecondaryStatus or 'Stopped'})"
-    outcome = {"error": error, "cause": cause}
+    outcome: dict[str, Any] = {"error": error, "cause": cause}
+    if failure is recovery.FailureClass.BUDGET:
+        # SageMaker uploaded what the job wrote when it stopped it (the trainer saved on SIGTERM): keep it
+        description = sagemaker.describe_training_job(TrainingJobName=name)
+        manifest = archive_training_job(s3, description, str(item["archive_target"]), str(item["job_id"]))
+        budget = item.get("budget") or {}
+        cause = (
+            f"training job {name} reached the {budget.get('runtime_seconds')} s of MaxRuntimeInSeconds the budget "
+            f"left it (${budget.get('limit_usd')} {budget.get('source')}, ${budget.get('spent_usd')} spent by "
+            f"earlier attempts); what it wrote is archived at {manifest['archive_s3_uri']}"
+        )
+        outcome = {"error": error, "cause": cause, "archive_s3_uri": manifest["archive_s3_uri"]}
     done = _call_back(
         sfn,
         ddb,

@@ -100,6 +100,9 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         ),
         "estimated_cost_usd": _number(cost.get("total_usd")),
         "billed_compute_usd": _billed_compute_usd(spec, training.get("billable_seconds")),
+        # what the failed attempts before the last one cost (next_attempt's count), and the budget they count against
+        "earlier_attempts_usd": _number(_object(document.get("recovery")).get("spent_usd")),
+        "budget_usd": _number(_object(spec.get("budget")).get("max_usd")),
         "prices_as_of": cost.get("prices_as_of"),
     }
 
@@ -149,6 +152,10 @@ def message(facts: dict[str, Any]) -> str:
         )
     if facts["billed_compute_usd"] is not None:
         lines.append(f"Compute billed (list price x billable time): ${facts['billed_compute_usd']:,.2f}")
+    if facts["earlier_attempts_usd"]:
+        lines.append(f"Earlier attempts billed: ${facts['earlier_attempts_usd']:,.2f}")
+    if facts["budget_usd"] is not None:
+        lines.append(f"Budget: ${facts['budget_usd']:,.2f} (budget.max_usd)")
     return "\n".join(lines) + "\n\n" + json.dumps(facts, indent=2, sort_keys=True, default=str)
 
 

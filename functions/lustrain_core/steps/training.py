@@ -26,11 +26,12 @@ from botocore.exceptions import ClientError
 from lustrain_core import images, recovery
 from lustrain_core.aws_errors import CONDITION_FAILED, QUOTA_REFUSED, error_code, training_job_missing
 from lustrain_core.config import Settings
-from lustrain_core.errors import MISSING, FieldError, QuotaExceeded, SpecInvalid
+from lustrain_core.errors import MISSING, BudgetExceeded, FieldError, QuotaExceeded, SpecInvalid
 from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
 from lustrain_core.steps import Job, Run, records
+from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, AttemptBudget, attempt_budget, attempt_cost_usd
 from lustrain_core.steps.filesystem import directory_path, output_path
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -113,8 +114,12 @@ def training_image(spec: JobSpec, region: str) -> str:
     return images.pytorch_training_image(spec.image.framework_version, region, spec.compute.instance_type)
 
 
-def _stopping_condition(job: Job) -> dict[str, int]:
-    condition = {"MaxRuntimeInSeconds": job.launch.max_runtime_seconds}
+def _stopping_condition(job: Job, budget_runtime_seconds: int | None = None) -> dict[str, int]:
+    """compute.max_runtime_hours, or less where the budget left pays for less (steps/budget.py)."""
+    runtime = job.launch.max_runtime_seconds
+    if budget_runtime_seconds is not None:
+        runtime = min(runtime, budget_runtime_seconds)
+    condition = {"MaxRuntimeInSeconds": runtime}
     if job.launch.max_wait_seconds is not None:
         condition["MaxWaitTimeInSeconds"] = job.launch.max_wait_seconds
     return condition
@@ -182,9 +187,12 @@ def _channels(run: Run) -> list[dict[str, Any]]:
     return channels
 
 
-def request_from(run: Run, training_job_name: str, settings: Settings) -> dict[str, Any]:
+def request_from(
+    run: Run, training_job_name: str, settings: Settings, budget_runtime_seconds: int | None = None
+) -> dict[str, Any]:
     """The whole CreateTrainingJob request: the launch plan's decisions, and the ids of the steps before
-    (network, file system, code bundle), with the stack's own settings (role, KMS key, encryption)."""
+    (network, file system, code bundle), with the stack's own settings (role, KMS key, encryption); its
+    MaxRuntimeInSeconds no longer than `budget_runtime_seconds`, what the budget left pays for."""
     job = run.job
     launch = job.launch
     spec = job.spec
@@ -211,7 +219,7 @@ def request_from(run: Run, training_job_name: str, settings: Settings) -> dict[s
             "Subnets": [run.network.subnet_id],
             "SecurityGroupIds": list(run.network.security_group_ids),
         },
-        "StoppingCondition": _stopping_condition(job),
+        "StoppingCondition": _stopping_condition(job, budget_runtime_seconds),
         "CheckpointConfig": {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
         "EnableInterContainerTrafficEncryption": inter_container_encryption(settings),
         "EnableManagedSpotTraining": spec.compute.spot,
@@ -313,7 +321,14 @@ def _adopt_running(
 
 
 def _store_token(
-    ddb: Any, settings: Settings, job: Job, name: str, attempt: int, token: str, now: float
+    ddb: Any,
+    settings: Settings,
+    job: Job,
+    name: str,
+    attempt: int,
+    token: str,
+    now: float,
+    budget: AttemptBudget | None = None,
 ) -> None:
     compute = job.spec.compute
     longest = max(compute.max_runtime_hours, compute.wait_hours or 0) * 3600
@@ -324,6 +339,9 @@ def _store_token(
         "attempt": attempt,
         "archive_target": archive_target(settings, job.job_id),
         "spot": job.spec.compute.spot,
+        # the budget set this job's MaxRuntimeInSeconds: reaching it ends the run BudgetExceeded
+        "budget_bound": bool(budget and budget.binds),
+        "budget": budget.to_dict() if budget is not None else None,
         "status": WAITING,
         "created_at": records.now_iso(),
         "expires_at": int(now + longest + TOKEN_GRACE_SECONDS),
@@ -360,8 +378,16 @@ def start_training(
 
     attempt = _next_attempt(ddb, settings, job.job_id)
     name = training_job_name(job.spec.name, job.job_id, attempt)
-    request = request_from(run, name, settings)
-    _store_token(ddb, settings, job, name, attempt, token, clock())
+    budget = attempt_budget(run, _spent_before(run, sagemaker, attempt), settings)
+    if budget is not None and budget.runtime_seconds < MIN_RUNTIME_SECONDS:
+        raise BudgetExceeded(
+            f"the budget of ${budget.limit_usd:,.2f} ({budget.source}) leaves attempt {attempt} "
+            f"{budget.runtime_seconds} s of training after ${budget.spent_usd:,.2f} spent by the attempts before "
+            f"it: under the {MIN_RUNTIME_SECONDS} s worth starting a fleet for",
+            **budget.to_dict(),
+        )
+    request = request_from(run, name, settings, budget.runtime_seconds if budget is not None else None)
+    _store_token(ddb, settings, job, name, attempt, token, clock(), budget)
     records.add_resources(ddb, settings.jobs_table, job.job_id, [{"type": RESOURCE_TYPE, "id": name}])
     try:
         sagemaker.create_training_job(**request)
@@ -388,4 +414,22 @@ def start_training(
         "attempt": attempt,
         "adopted": False,
         "image": request["AlgorithmSpecification"]["TrainingImage"],
+        "max_runtime_seconds": request["StoppingCondition"]["MaxRuntimeInSeconds"],
+        "budget": budget.to_dict() if budget is not None else None,
     }
+
+
+def _spent_before(run: Run, sagemaker: Any, attempt: int) -> float:
+    """What the run's attempts before `attempt` cost: each one's BillableTimeInSeconds at list price."""
+    spent = 0.0
+    for earlier in range(1, attempt):
+        try:
+            described = sagemaker.describe_training_job(
+                TrainingJobName=training_job_name(run.job.spec.name, run.job.job_id, earlier)
+            )
+        except ClientError as exc:
+            if training_job_missing(exc):
+                continue  # an attempt SageMaker refused: nothing billed
+            raise
+        spent += attempt_cost_usd(run, int(described.get("BillableTimeInSeconds") or 0))
+    return spent

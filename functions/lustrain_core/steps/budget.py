@@ -1,0 +1,90 @@
+"""The budget a run is held to, and how long its next training attempt may run within it.
+
+`budget.max_usd` (and the stack's MaxBudgetUsdPerRun, whichever is smaller) is checked against the plan's estimate
+before anything exists (steps/policy.py). While the run goes, it binds each attempt: start_training gives the
+training job a MaxRuntimeInSeconds no longer than what the budget left pays for:
+
+    left     = the budget - what the earlier attempts cost (their BillableTimeInSeconds at list price)
+                          - the file system's hour outside training (its creation and teardown, the planner's "+1 h")
+                          - the control plane's estimate
+    runtime  = left / (the instances' hourly price + the file system's hourly price), at most compute.max_runtime_hours
+
+A job that reaches such a shortened MaxRuntime is stopped by SageMaker, which uploads what it wrote (the trainer
+saves a checkpoint on SIGTERM); on_training_event archives it and the run ends BudgetExceeded (the run policy's
+`budget` class: not retried). An attempt the budget leaves less than MIN_RUNTIME_SECONDS is not started at all.
+next_attempt counts the same costs (attempt_cost_usd) when it decides on another attempt.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lustrain_core.config import Settings
+from lustrain_core.prices import PriceTable
+from lustrain_core.steps import Run
+from lustrain_core.steps.policy import MAX_BUDGET, Policy
+
+#: An attempt the budget leaves less training time than this is not started: it would pay for the start of a
+#: fleet that cannot train.
+MIN_RUNTIME_SECONDS = 60
+
+
+def budget_limit(run: Run, settings: Settings) -> tuple[float, str] | None:
+    """The budget the run is held to, and where it comes from: the smaller of budget.max_usd and the stack's."""
+    limits = []
+    if run.job.spec.budget.max_usd is not None:
+        limits.append((run.job.spec.budget.max_usd, "budget.max_usd"))
+    stack = Policy.from_env(settings.extra).max_budget_usd
+    if stack is not None:
+        limits.append((float(stack), MAX_BUDGET))
+    return min(limits) if limits else None
+
+
+def attempt_cost_usd(run: Run, billable_seconds: int, prices: PriceTable | None = None) -> float:
+    """What one attempt's instances cost: its billable seconds (SageMaker's, spot savings included) at the list
+    price of the instance type."""
+    compute = run.job.spec.compute
+    billed = (prices or PriceTable()).billed_compute_usd(compute.instance_type, compute.instance_count, billable_seconds)
+    return billed if billed is not None else 0.0
+
+
+@dataclass(frozen=True)
+class AttemptBudget:
+    """What the budget leaves the next attempt."""
+
+    limit_usd: float
+    source: str
+    spent_usd: float
+    left_usd: float
+    #: the MaxRuntimeInSeconds the budget pays for (before compute.max_runtime_hours caps it)
+    runtime_seconds: int
+    #: True when the budget, not compute.max_runtime_hours, sets the attempt's MaxRuntimeInSeconds
+    binds: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def attempt_budget(run: Run, spent_usd: float, settings: Settings) -> AttemptBudget | None:
+    """The budget left for the next attempt and the runtime it pays for; None when the run has no budget."""
+    limit = budget_limit(run, settings)
+    if limit is None:
+        return None
+    cost = run.job.plan.get("cost") or {}
+    hours = run.job.spec.compute.max_runtime_hours
+    # the planner prices the file system for the run's hours + 1 (creation and teardown): the hour outside
+    # training is set aside, the rest runs with the instances
+    fs_hourly = float(cost.get("filesystem_usd") or 0.0) / (hours + 1)
+    hourly = float(cost.get("hourly_usd") or 0.0)
+    left = limit[0] - spent_usd - fs_hourly - float(cost.get("control_plane_usd") or 0.0)
+    runtime = math.floor(max(0.0, left) / hourly * 3600) if hourly > 0 else run.job.launch.max_runtime_seconds
+    return AttemptBudget(
+        limit_usd=limit[0],
+        source=limit[1],
+        spent_usd=round(spent_usd, 2),
+        left_usd=round(left, 2),
+        runtime_seconds=runtime,
+        binds=runtime < run.job.launch.max_runtime_seconds,
+    )

@@ -1,0 +1,47 @@
+"""A budget that acts, on the twin: a run whose first attempt dies of a hardware fault gets a second attempt as long
+as what is left of budget.max_usd pays for (less than compute.max_runtime_hours); SageMaker stops that job there,
+and the run ends BudgetExceeded with what it wrote archived and 0 resources left.
+
+The spec: one ml.p4d.24xlarge for 90 s (0.025 h) with a budget a cent above the plan's estimate; the first attempt
+spends a few seconds of the instance's $37.688/h, so the second gets about 90 s less those.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from lustrain_core.launch import compile_offline
+from lustrain_core.spec import load_spec_file
+
+from lustrain.twin.rehearse import rehearse
+
+pytestmark = pytest.mark.slow
+
+QUICK = Path(__file__).with_name("quick.yaml")
+
+
+def test_a_run_whose_budget_runs_out_ends_budget_exceeded_with_its_work_archived_and_nothing_left(tmp_path):
+    doc = yaml.safe_load(QUICK.read_text())
+    doc["name"] = "budgeted"
+    doc["compute"].update(instance_count=1, max_runtime_hours=0.025)
+    doc["code"]["distribution"] = "none"
+    doc["code"]["hyperparameters"].update(max_steps=1_000_000, eval_interval=1_000_000, checkpoint_interval=10)
+    path = tmp_path / "budgeted.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    doc["budget"] = {"max_usd": round(compile_offline(load_spec_file(path))[0].cost.total_usd + 0.01, 2)}
+    path.write_text(yaml.safe_dump(doc))
+
+    run = rehearse(path, inject=["start_training:hardware-failure"])
+
+    assert (run.status, run.error) == ("FAILED", "BudgetExceeded"), run.cause
+    first, second = run.attempts
+    assert first["failure_class"] == "infrastructure"
+    assert second["failure_class"] == "budget" and second["outcome"] == "Stopped"
+    assert "MaxRuntimeInSeconds the budget left it" in (run.cause or "")
+    # the second job ran what the budget paid for: less than the spec's 90 s, the first attempt's seconds less
+    assert 60 <= second["billable_seconds"] < 90
+    assert second["step_reached"] > first["step_reached"]
+    assert run.archive and {o["key"] for o in run.archive_objects} >= {"manifest.json", "model.tar.gz"}
+    assert run.resources_left == 0, run.leftovers
