@@ -122,3 +122,22 @@ def test_what_the_runs_teardown_deleted_is_reported_even_when_its_retry_deleted_
 
     (envelope,) = received(queue)
     assert "Teardown deleted: vpc vpc-0123456789abcdef0" in envelope["Message"]
+
+
+def test_a_refused_drop_names_the_file_and_the_field_not_an_unknown_job(aws):
+    """register_job refused the spec: the document is still the execution's input (the S3 event), with the error
+    beside it (the Catch's ResultPath $.error)."""
+    queue = subscribed_queue(aws.notify_topic_arn)
+    document = json.loads((EVENTS / "register_job.json").read_text())["input"]
+    where = f"s3://{document['detail']['bucket']['name']}/{document['detail']['object']['key']}"
+    problem = "invalid job spec, 1 problem:\n  - compute.instance_count: must be >= 1 (got 0)"
+    document["error"] = {"Error": "SpecInvalid", "Cause": json.dumps({"errorType": "SpecInvalid", "errorMessage": problem})}
+
+    result = invoke("notify", document)
+
+    (envelope,) = received(queue)
+    assert result["outcome"] == "refused"
+    assert envelope["Subject"] == f"lustrain: the spec {where} refused"[:99]
+    text = envelope["Message"]
+    assert "unknown job" not in text
+    assert f"Spec: {where}" in text and "compute.instance_count: must be >= 1 (got 0)" in text

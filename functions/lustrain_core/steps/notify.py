@@ -77,11 +77,14 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
     teardown = _object(document.get("teardown"))
     cost = _object(_object(job.get("plan")).get("cost"))
     source = _object(job.get("source"))
+    dropped = source.get("uri") or _started_from(document)
+    refused = not job.get("job_id") and bool(error) and error.get("Error") in REFUSALS
     return {
-        "job_id": str(job.get("job_id") or document.get("execution") or "unknown job"),
-        "outcome": _outcome(error),
+        "job_id": str(job.get("job_id") or (f"the spec {dropped}" if dropped else None) or "unknown job"),
+        "outcome": "refused" if refused else _outcome(error),
         "spec_name": spec.get("name"),
-        "spec_source": source.get("uri") or (f"inline start of execution {source['execution']}" if source.get("execution") else None),
+        "spec_source": dropped
+        or (f"inline start of execution {source['execution']}" if source.get("execution") else None),
         "execution": document.get("execution") or source.get("execution"),
         "error": error.get("Error") if error else None,
         "cause": _cause_text(error.get("Cause")) if error else None,
@@ -105,6 +108,23 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "budget_usd": _number(_object(spec.get("budget")).get("max_usd")),
         "prices_as_of": cost.get("prices_as_of"),
     }
+
+
+#: The errors register_job refuses a spec with, before anything exists.
+REFUSALS = frozenset({"SpecInvalid", "SpecForbidden"})
+
+
+def _started_from(document: dict[str, Any]) -> str | None:
+    """Where a run's spec came from when register_job recorded nothing: the execution's input is still the
+    document (an S3 "Object Created" event, {"spec_s3_uri": ...} or an inline {"spec": {...}})."""
+    detail = _object(document.get("detail"))
+    bucket, key = _object(detail.get("bucket")).get("name"), _object(detail.get("object")).get("key")
+    if isinstance(bucket, str) and isinstance(key, str):
+        return f"s3://{bucket}/{key}"
+    if isinstance(document.get("spec_s3_uri"), str):
+        return str(document["spec_s3_uri"])
+    name = _object(document.get("spec")).get("name")
+    return f"inline spec {name!r}" if isinstance(name, str) else None
 
 
 #: The errors that end a run someone stopped (steps/execution_end.py records them).
