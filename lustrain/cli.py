@@ -79,12 +79,18 @@ def _parser() -> argparse.ArgumentParser:
         ("status", "one run: its states on a time line, quota, file system, training job, last metrics", cmd_status),
         ("cancel", "stop a run; its teardown stops the training job and deletes what the run created", cmd_cancel),
         ("logs", "the run's training logs (/aws/sagemaker/TrainingJobs), every host merged in time order", cmd_logs),
+        ("watch", "follow a run live, state by state with its training progress, until it ends", cmd_watch),
+        ("report", "an HTML report with PNG plots: loss by step, states on a time line, cost, throughput", cmd_report),
     ):
         op = sub.add_parser(name, help=help_text)
         if name != "runs":
             op.add_argument("run", metavar="RUN", help="the run's job id, execution name or ARN, or spec name")
         if name == "logs":
             op.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the run ends")
+        if name == "watch":
+            op.add_argument("--interval", type=float, default=5.0, help="seconds between looks (default 5)")
+        if name == "report":
+            op.add_argument("-o", "--output", type=Path, default=Path("reports"), help="where to write (default reports/)")
         _stack_arguments(op)
         op.set_defaults(command=command)
 
@@ -225,6 +231,63 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if not running:
             return EXIT_OK
         time.sleep(2)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from lustrain.operate import progress, watch
+
+    stack = _stack(args)
+    console = Console(stderr=False)
+    printed = 0
+    printed_json = ""
+    last_step: int | None = None
+    last = None
+    bar = Progress(TextColumn("training"), BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+                   console=console, disable=args.json or not console.is_terminal, transient=True)
+    task = None
+    with bar:
+        for snapshot in watch(stack, args.run, poll_s=args.interval):
+            last = snapshot
+            if args.json:
+                shown = json.dumps(snapshot.to_dict(), default=str)
+                if shown != printed_json:
+                    print(shown, flush=True)
+                    printed_json = shown
+                continue
+            for span in snapshot.timeline[printed:]:
+                console.print(f"{span.entered_at}  {span.state}")
+            printed = len(snapshot.timeline)
+            job = snapshot.training_job
+            if job and job["status"] == "InProgress":
+                step, total = progress(stack, args.run)
+                if task is None:
+                    task = bar.add_task("training", total=total or 1)
+                bar.update(task, completed=step or 0, total=total or max(step or 1, 1))
+                if not console.is_terminal and step != last_step:
+                    console.print(f"  training {job['name']}: step {step or 0}/{total or '?'}")
+                last_step = step
+    if last is None:
+        return EXIT_FAILED
+    r = last.run
+    if not args.json:
+        console.print(f"run {r.job_id}: {r.state}" + (f" ({r.error}: {last.cause})" if r.error else ""))
+    return EXIT_OK if r.state == "SUCCEEDED" else EXIT_FAILED
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from lustrain.report import build
+
+    done = build(_stack(args), args.run, args.output)
+    if args.json:
+        print(json.dumps(done.to_dict(), indent=2))
+    else:
+        print(f"report of {done.job_id}: {done.html_path}")
+        for name, path in done.pngs.items():
+            print(f"  {name:<10} {path}")
+    return EXIT_OK
 
 
 def _add_twin_commands(sub: Any) -> None:

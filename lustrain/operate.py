@@ -15,7 +15,9 @@ prints and use its stack (lustrain-twin).
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +32,11 @@ from lustrain_core.steps.execution_end import CANCEL_ERROR
 from lustrain_core.steps.training import training_job_name
 
 DEFAULT_STACK = "lustrain"
+#: the trainer's log lines name their step (its MetricDefinitions' `step` reads the same)
+STEP_IN_LOG = re.compile(r"\bstep=(\d+)")
 ENDED = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"})
+#: a run whose record says so has ended, teardown included
+FINISHED = frozenset({"SUCCEEDED", "FAILED"})
 
 
 class RunNotFound(LustrainError):
@@ -128,7 +134,7 @@ def _execution(stack: Stack, record: dict[str, Any]) -> dict[str, Any] | None:
         raise
 
 
-def _training_jobs(stack: Stack, record: dict[str, Any]) -> list[dict[str, Any]]:
+def training_jobs(stack: Stack, record: dict[str, Any]) -> list[dict[str, Any]]:
     """Every training attempt of the run, oldest first (attempt n's job is named by start_training's rule)."""
     sagemaker = stack.client("sagemaker")
     name = str((record.get("spec") or {}).get("name", ""))
@@ -194,7 +200,7 @@ def _summary(stack: Stack, record: dict[str, Any], now: float) -> RunSummary:
         instance_type=str(compute.get("instance_type", "")),
         created_at=str(record.get("created_at", "")),
         elapsed_s=round((ended or now) - started, 1),
-        cost_so_far_usd=cost_so_far_usd(record, _training_jobs(stack, record), now),
+        cost_so_far_usd=cost_so_far_usd(record, training_jobs(stack, record), now),
         budget_usd=float(budget) if budget is not None else None,
         error=str(error.get("Error")) if isinstance(error, dict) and error.get("Error") else None,
     )
@@ -311,7 +317,7 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         sfn = stack.client("stepfunctions")
         for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution["executionArn"]):
             history += page["events"]
-    jobs = _training_jobs(stack, record)
+    jobs = training_jobs(stack, record)
     training = None
     if jobs:
         latest = jobs[-1]
@@ -352,6 +358,40 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         cause=str(cause) if cause else None,
         resources_left=list(record.get("resources", [])) if summary.state != "RUNNING" else [],
     )
+
+
+def progress(stack: Stack, run: str) -> tuple[int | None, int | None]:
+    """(the last step the training log reports, the spec's max_steps hyperparameter): how far the model is."""
+    record = find_run(stack, run)
+    steps = [
+        int(found.group(1))
+        for line in logs(stack, str(record["job_id"]))
+        if (found := STEP_IN_LOG.search(line.message))
+    ]
+    wanted = ((record.get("spec") or {}).get("code") or {}).get("hyperparameters", {}).get("max_steps")
+    return (steps[-1] if steps else None), (int(wanted) if isinstance(wanted, int | float | str) and str(wanted).isdigit() else None)
+
+
+#: How long `watch` waits, after the execution ended, for the run's teardown to write its end (a cancelled run's
+#: teardown starts from the execution's end); past it, watch stops at the execution's status.
+SETTLE_S = 120.0
+
+
+def watch(stack: Stack, run: str, poll_s: float = 5.0, timeout_s: float | None = None) -> Iterator[RunStatus]:
+    """The run's status every `poll_s` seconds, until the run has ended (its record SUCCEEDED or FAILED: the last
+    status yielded is the end) or `timeout_s` passes."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    ended_at: float | None = None
+    while True:
+        now = status(stack, run)
+        yield now
+        if now.run.state in FINISHED or (deadline is not None and time.monotonic() > deadline):
+            return
+        if now.run.state != "RUNNING":
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at > SETTLE_S:
+                return
+        time.sleep(poll_s)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ and the network, records who stopped the run, and publishes a notice saying so.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lustrain import cli, operate
+from lustrain import cli, operate, report
 from lustrain.twin import rehearse
 from lustrain.twin.iam import usage
 from lustrain.twin.rehearse import REGION, STACK_NAME, drop, operator_session, twin, until
@@ -93,6 +94,17 @@ def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, m
         jobs = {spec.name: until(lambda s=spec: training(sagemaker, s.name), f"{spec.name} training", 240)
                 for spec in (by_cli, bare)}
 
+        # `lustrain watch`, as the Python API has it, follows the first run until it ends
+        watched: list[operate.RunStatus] = []
+        watcher = threading.Thread(
+            target=lambda: watched.extend(operate.watch(ours, "by-cli", poll_s=0.5, timeout_s=120)), daemon=True
+        )
+        watcher.start()
+        until(lambda: watched or None, "a first look from watch")
+        # the log's step, read as `watch` shows it (the job's log reaches CloudWatch in batches)
+        step, total = until(lambda: ((p := operate.progress(ours, "by-cli"))[0] and p) or None, "a logged step", 60)
+        assert total == 100_000 and step > 0
+
         # `lustrain cancel` names the run by its spec name; a bare StopExecution gives no error or cause
         stopped_at = time.monotonic()
         cancelled = operate.cancel(ours, "by-cli")
@@ -123,6 +135,22 @@ def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, m
         bare_cause = operate.status(ours, job_ids["bare-stop"]).cause or ""
         assert "no error or cause given" in bare_cause
 
+        watcher.join(timeout=60)
+        assert watched[0].run.state == "RUNNING" and watched[0].training_job["status"] == "InProgress"
+        assert watched[-1].run.state == "FAILED" and watched[-1].run.error == "RunCancelled"
+
+        # the report draws the run's own data: the losses its log holds, read with the job's MetricDefinitions
+        made = report.build(ours, "by-cli", tmp_path / "reports")
+        logged = report.metric_points(operate.logs(ours, "by-cli"), report._definitions(ours, operate.find_run(ours, "by-cli")))
+        assert made.series["loss"]["train_loss"] == logged["train_loss"] and len(logged["train_loss"]) >= 2
+        drawn = made.figures["loss"].axes[0].lines[0].get_xydata().tolist()
+        assert drawn == [list(point) for point in logged["train_loss"]]
+        assert set(made.series["timeline"]) >= {"Register the job", "Start the training job"}
+        assert made.series["cost"]["so far"][0][1] == operate.status(ours, "by-cli").run.cost_so_far_usd
+        assert all(path.stat().st_size > 1000 for path in made.pngs.values())
+        page = made.html_path.read_text()
+        assert all(f'src="{path.name}"' in page for path in made.pngs.values()) and "RunCancelled" in page
+
         # the same from the command line, as the README shows it; the training log holds both hosts' steps
         assert cli.main(["status", "by-cli", "--stack", STACK_NAME]) == 0
         shown_text = capsys.readouterr().out
@@ -136,6 +164,11 @@ def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, m
         assert any(line.startswith("[algo-1] ") and "step=" in line for line in logged), logged[-5:]
         assert cli.main(["cancel", "by-cli", "--stack", STACK_NAME]) == 0  # already cancelled: nothing to do
         assert "already ended ABORTED" in capsys.readouterr().out
+        assert cli.main(["watch", "by-cli", "--stack", STACK_NAME]) == 1  # it ended, and not SUCCEEDED
+        assert f"run {job_ids['by-cli']}: FAILED (RunCancelled" in capsys.readouterr().out
+        assert cli.main(["report", "by-cli", "--stack", STACK_NAME, "-o", str(tmp_path / "cli")]) == 0
+        assert (tmp_path / "cli" / job_ids["by-cli"] / "report.html").exists()
+        capsys.readouterr()
 
         # each run's notice says it was cancelled, by whom, and what was stopped and deleted
         sent: dict[str, dict[str, Any]] = {}

@@ -78,7 +78,7 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
     cost = _object(_object(job.get("plan")).get("cost"))
     source = _object(job.get("source"))
     dropped = source.get("uri") or _started_from(document)
-    refused = not job.get("job_id") and bool(error) and error.get("Error") in REFUSALS
+    refused = not job.get("job_id") and error is not None and error.get("Error") in REFUSALS
     return {
         "job_id": str(job.get("job_id") or (f"the spec {dropped}" if dropped else None) or "unknown job"),
         "outcome": "refused" if refused else _outcome(error),

@@ -1,0 +1,172 @@
+"""`lustrain report RUN`: an HTML page with PNG plots of one run, from what AWS keeps of it.
+
+- loss by step: the training log's lines (CloudWatch, every attempt and host) read with the training job's own
+  MetricDefinitions, as SageMaker reads them (`step`, `train_loss`, `val_loss`);
+- the states on a time line: the execution's history;
+- cost: the plan's estimate before launch against what the run has cost so far (lustrain.operate);
+- file-system throughput: what the plan provisioned against what the GPUs demand (data.ingest_mb_s_per_gpu).
+
+`build` returns the figures' own data (`Report.series`) beside the files, so that a caller (a notebook, a test)
+sees exactly what was drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import regex
+
+from lustrain import operate
+
+STEP = "step"
+
+
+@dataclass
+class Report:
+    job_id: str
+    html_path: Path
+    pngs: dict[str, Path]
+    #: each figure's data: name -> {series name -> [(x, y), ...]}
+    series: dict[str, dict[str, list[tuple[float, float]]]]
+    figures: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "html_path": str(self.html_path),
+            "pngs": {k: str(v) for k, v in self.pngs.items()},
+            "series": self.series,
+        }
+
+
+def metric_points(lines: list[operate.LogLine], definitions: list[dict[str, str]]) -> dict[str, list[tuple[float, float]]]:
+    """(step, value) of each metric a line logs beside its step, in time order: the MetricDefinitions' regexes."""
+    patterns = {d["Name"]: regex.compile(d["Regex"]) for d in definitions}
+    step_pattern = patterns.pop(STEP, None)
+    points: dict[str, list[tuple[float, float]]] = {name: [] for name in patterns}
+    if step_pattern is None:
+        return points
+    for line in lines:
+        found = step_pattern.search(line.message)
+        if not found:
+            continue
+        step = float(found.group(1))
+        for name, pattern in patterns.items():
+            value = pattern.search(line.message)
+            if value:
+                points[name].append((step, float(value.group(1))))
+    return points
+
+
+def _definitions(stack: operate.Stack, record: dict[str, Any]) -> list[dict[str, str]]:
+    jobs = operate.training_jobs(stack, record)
+    if not jobs:
+        return []
+    return list((jobs[-1].get("AlgorithmSpecification") or {}).get("MetricDefinitions") or [])
+
+
+def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None = None) -> Report:
+    """Write <out_dir>/<job id>/report.html and its PNGs; the report with the data of each figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    moment = time.time() if now is None else now
+    record = operate.find_run(stack, run)
+    job_id = str(record["job_id"])
+    shown = operate.status(stack, job_id, now=moment)
+    target = Path(out_dir) / job_id
+    target.mkdir(parents=True, exist_ok=True)
+
+    points = metric_points(operate.logs(stack, job_id), _definitions(stack, record))
+    losses = {name: points.get(name, []) for name in ("train_loss", "val_loss")}
+    spans = shown.timeline
+    start = _epoch(spans[0].entered_at) if spans else moment
+    states: dict[str, list[tuple[float, float]]] = {}
+    for span in spans:
+        took = span.seconds if span.seconds is not None else moment - _epoch(span.entered_at)
+        states.setdefault(span.state, []).append((_epoch(span.entered_at) - start, took))
+    plan = record.get("plan") or {}
+    estimated = float((plan.get("cost") or {}).get("total_usd") or 0.0)
+    fs = plan.get("filesystem") or {}
+    series: dict[str, dict[str, list[tuple[float, float]]]] = {
+        "loss": {k: v for k, v in losses.items() if v},
+        "timeline": states,
+        "cost": {"estimated": [(0, estimated)], "so far": [(1, shown.run.cost_so_far_usd)]},
+        "throughput": {
+            "provisioned": [(0, float(fs.get("throughput_mb_s") or 0.0))],
+            "GPU demand": [(1, float(fs.get("demand_mb_s") or 0.0))],
+        },
+    }
+
+    figures: dict[str, Any] = {}
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name, xy in series["loss"].items():
+        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="." if name == "val_loss" else None, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{job_id}: loss by step")
+    if series["loss"]:
+        ax.legend()
+    figures["loss"] = fig
+
+    fig, ax = plt.subplots(figsize=(7, max(2.0, 0.35 * len(states) + 1)))
+    for row, bars in enumerate(states.values()):
+        ax.broken_barh(bars, (row - 0.4, 0.8))
+    ax.set_yticks(range(len(states)), list(states))
+    ax.set_ylim(len(states) - 0.5, -0.5)
+    ax.set_xlabel("seconds since the run started")
+    ax.set_title("the states on a time line")
+    figures["timeline"] = fig
+
+    for name, unit, title in (
+        ("cost", "USD", f"cost: estimated before launch vs so far ({shown.run.state})"),
+        ("throughput", "MB/s", "file-system throughput: provisioned vs the GPUs' demand"),
+    ):
+        fig, ax = plt.subplots(figsize=(5, 3))
+        labels = list(series[name])
+        ax.bar(labels, [series[name][label][0][1] for label in labels])
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        figures[name] = fig
+
+    pngs: dict[str, Path] = {}
+    for name, fig in figures.items():
+        fig.tight_layout()
+        pngs[name] = target / f"{name}.png"
+        fig.savefig(pngs[name], dpi=100)
+        plt.close(fig)
+
+    page = target / "report.html"
+    page.write_text(_html(shown, pngs))
+    return Report(job_id, page, pngs, series, figures)
+
+
+def _epoch(iso: str) -> float:
+    return datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def _html(shown: operate.RunStatus, pngs: dict[str, Path]) -> str:
+    r = shown.run
+    rows = "".join(
+        f"<tr><td>{html.escape(s.entered_at)}</td><td>{'' if s.seconds is None else f'{s.seconds:.1f} s'}</td>"
+        f"<td>{html.escape(s.state)}</td></tr>"
+        for s in shown.timeline
+    )
+    images = "".join(f'<h2>{html.escape(name)}</h2><img src="{path.name}" alt="{html.escape(name)}">' for name, path in pngs.items())
+    cause = f"<p>{html.escape(shown.cause)}</p>" if shown.cause else ""
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>lustrain run {html.escape(r.job_id)}</title></head><body>"
+        f"<h1>lustrain run {html.escape(r.job_id)} ({html.escape(r.name)}): {html.escape(r.state)}</h1>{cause}"
+        f"<p>{r.instances} x {html.escape(r.instance_type)}, attempt {r.attempt}, "
+        f"cost so far ${r.cost_so_far_usd:,.2f}</p>{images}"
+        f"<h2>states</h2><table><tr><th>entered</th><th>took</th><th>state</th></tr>{rows}</table>"
+        "</body></html>\n"
+    )
