@@ -21,6 +21,7 @@ from typing import Any
 
 import boto3
 import yaml
+from lustrain_core import resources as registry
 from lustrain_core.launch import compile_offline
 from lustrain_core.spec import JobSpec, load_spec_file
 from lustrain_core.steps import Attempt, Recovery, attempts
@@ -482,22 +483,17 @@ def resources_left(job_id: str | None, spec: JobSpec) -> tuple[list[str], list[s
     if not job_id:
         return [], []
     ec2 = operator_session().client("ec2")
-    tag = [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}]
-    left: list[str] = []
-    left += [v["VpcId"] for v in ec2.describe_vpcs(Filters=tag)["Vpcs"]]
-    left += [s["SubnetId"] for s in ec2.describe_subnets(Filters=tag)["Subnets"]]
-    left += [g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]]
-    left += [r["RouteTableId"] for r in ec2.describe_route_tables(Filters=tag)["RouteTables"]]
-    left += [
-        e["VpcEndpointId"]
-        for e in ec2.describe_vpc_endpoints(Filters=tag)["VpcEndpoints"]
-        if e.get("State", "").lower() not in ("deleted", "deleting")
+    left: list[str] = [
+        str(item[kind.id_key])
+        for kind in registry.KINDS
+        if kind.tag_filter
+        for item in registry.tagged(ec2, kind, {TAG_JOB: job_id})
     ]
     kept: list[str] = []
     fsx = operator_session().client("fsx")
     for fs in fsx.describe_file_systems()["FileSystems"]:
         tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
-        if tags.get(TAG_JOB) == job_id and fs.get("Lifecycle") != "DELETING":
+        if tags.get(TAG_JOB) == job_id and registry.present(registry.FILE_SYSTEM, fs):
             (kept if spec.filesystem.keep else left).append(fs["FileSystemId"])
     sm = operator_session().client("sagemaker")
     for job in sm.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"]:

@@ -124,24 +124,27 @@ def ours(job_id: str) -> list[dict[str, Any]]:
 
 
 def count_of_job(job_id: str) -> dict[str, int]:
-    """How many of each kind of resource carry the job's tag (the VPC's own main route table excepted)."""
+    """How many of each kind of resource carry the job's tag (the VPC's own main route table excepted): the
+    registry's kinds (lustrain_core.resources), as teardown and the sweeper find them."""
+    from lustrain_core import resources as registry
+
     ec2 = boto3.client("ec2", region_name=REGION)
     fsx = boto3.client("fsx", region_name=REGION)
-    endpoints = [
-        e
-        for e in ec2.describe_vpc_endpoints(Filters=ours(job_id))["VpcEndpoints"]
-        if e["State"].lower() != "deleted"
-    ]
+    counts = {
+        kind.name: sum(1 for _ in registry.tagged(ec2, kind, {"lustrain:job-id": job_id}))
+        for kind in registry.KINDS
+        if kind.tag_filter
+    }
     file_systems = [
         fs
         for fs in fsx.describe_file_systems()["FileSystems"]
-        if {"Key": "lustrain:job-id", "Value": job_id} in fs.get("Tags", [])
+        if {"Key": "lustrain:job-id", "Value": job_id} in fs.get("Tags", []) and registry.present(registry.FILE_SYSTEM, fs)
     ]
     return {
-        "vpcs": len(ec2.describe_vpcs(Filters=ours(job_id))["Vpcs"]),
-        "subnets": len(ec2.describe_subnets(Filters=ours(job_id))["Subnets"]),
-        "security_groups": len(ec2.describe_security_groups(Filters=ours(job_id))["SecurityGroups"]),
-        "route_tables": len(ec2.describe_route_tables(Filters=ours(job_id))["RouteTables"]),
-        "endpoints": len(endpoints),
+        "vpcs": counts["vpc"],
+        "subnets": counts["subnet"],
+        "security_groups": counts["security_group"],
+        "route_tables": counts["route_table"],
+        "endpoints": counts["vpc_endpoint"],
         "file_systems": len(file_systems),
     }

@@ -36,6 +36,7 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from lustrain_core import recovery
+from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
@@ -51,14 +52,6 @@ ABANDONED = "RunAbandoned"
 FINISHED = frozenset({"SUCCEEDED", "FAILED"})
 ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
-#: EC2 resources a run creates: (kind, describe call, result key, id key).
-EC2_KINDS = (
-    ("vpc", "describe_vpcs", "Vpcs", "VpcId"),
-    ("subnet", "describe_subnets", "Subnets", "SubnetId"),
-    ("security_group", "describe_security_groups", "SecurityGroups", "GroupId"),
-    ("route_table", "describe_route_tables", "RouteTables", "RouteTableId"),
-    ("vpc_endpoint", "describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId"),
-)
 
 
 # --------------------------------------------------------------------------- the stack's settings
@@ -106,22 +99,21 @@ def find_tagged(ec2: Any, fsx: Any, sagemaker: Any, stack_name: str) -> dict[str
         if job_id and tagged.get(TAG_CREATED_BY) == stack_name:
             found.setdefault(job_id, []).append({"type": kind, "id": resource_id})
 
-    ours = [{"Name": f"tag:{TAG_CREATED_BY}", "Values": [stack_name]}]
-    for kind, operation, key, id_key in EC2_KINDS:
-        for page in _pages(ec2, operation, Filters=ours):
-            for item in page.get(key, []):
-                if str(item.get("State", "")).lower() not in {"deleted", "deleting"}:
-                    note(kind, item[id_key], item.get("Tags"))
-    for page in _pages(fsx, "describe_file_systems"):
-        for fs in page.get("FileSystems", []):
-            if fs.get("Lifecycle") != "DELETING":
-                note("file_system", fs["FileSystemId"], fs.get("Tags"))
+    for kind in registry.KINDS:
+        if kind.tag_filter:
+            for item in registry.tagged(ec2, kind, {TAG_CREATED_BY: stack_name}):
+                note(kind.name, item[kind.id_key], item.get("Tags"))
+    fs_kind, dra_kind = registry.FILE_SYSTEM, registry.DATA_REPOSITORY_ASSOCIATION
+    for page in _pages(fsx, fs_kind.describe):
+        for fs in page.get(fs_kind.result_key, []):
+            if registry.present(fs_kind, fs):
+                note(fs_kind.name, fs[fs_kind.id_key], fs.get("Tags"))
     params: dict[str, Any] = {}
     while True:  # botocore has no paginator for this one
-        page = fsx.describe_data_repository_associations(**params)
-        for dra in page.get("Associations", []):
-            if dra.get("Lifecycle") != "DELETING":
-                note("data_repository_association", dra["AssociationId"], dra.get("Tags"))
+        page = getattr(fsx, dra_kind.describe)(**params)
+        for dra in page.get(dra_kind.result_key, []):
+            if registry.present(dra_kind, dra):
+                note(dra_kind.name, dra[dra_kind.id_key], dra.get("Tags"))
         if not page.get("NextToken"):
             break
         params["NextToken"] = page["NextToken"]

@@ -37,6 +37,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core import clients
+from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code, not_found, training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid, TeardownIncomplete
@@ -44,11 +45,10 @@ from lustrain_core.spec import validate_spec
 from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records, tag_dict
 from lustrain_core.steps import filesystem as fsx_step
 
-NETWORK_ORDER = ("security_group", "vpc_endpoint", "route_table", "subnet", "vpc")
-TRAINING_JOB = "training_job"
+TRAINING_JOB = registry.TRAINING_JOB.name
+NETWORK_ORDER = registry.NETWORK_ORDER
 #: A training job in these statuses still holds instances (and mounts the file system).
 TRAINING_RUNNING = frozenset({"InProgress", "Stopping"})
-FS_KINDS = ("file_system", "data_repository_association")
 #: Errors that mean "not yet": something still uses the resource, or FSx is busy with it.
 BUSY = frozenset(
     {"DependencyViolation", "BadRequest", "DataRepositoryTaskExecuting", "IncompatibleParameterError"}
@@ -155,55 +155,21 @@ class Teardown:
 
     def discover(self) -> list[dict[str, str]]:
         """Resources carrying this run's tags (whether or not the ledger has them)."""
-        filters = [
-            {"Name": f"tag:{TAG_JOB_ID}", "Values": [self.job_id]},
-            {"Name": f"tag:{TAG_CREATED_BY}", "Values": [self.settings.stack_name]},
-        ]
-        found = [{"type": "vpc", "id": v["VpcId"]} for v in self.ec2.describe_vpcs(Filters=filters)["Vpcs"]]
-        found += [
-            {"type": "subnet", "id": s["SubnetId"]}
-            for s in self.ec2.describe_subnets(Filters=filters)["Subnets"]
+        tags = {TAG_JOB_ID: self.job_id, TAG_CREATED_BY: self.settings.stack_name}
+        found = [
+            {"type": kind.name, "id": str(item[kind.id_key])}
+            for kind in registry.KINDS
+            if kind.tag_filter
+            for item in registry.tagged(self.ec2, kind, tags)
         ]
         found += [
-            {"type": "security_group", "id": g["GroupId"]}
-            for g in self.ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
-        ]
-        found += [
-            {"type": "route_table", "id": t["RouteTableId"]}
-            for t in self.ec2.describe_route_tables(Filters=filters)["RouteTables"]
-        ]
-        found += [
-            {"type": "vpc_endpoint", "id": e["VpcEndpointId"]}
-            for e in self.ec2.describe_vpc_endpoints(Filters=filters)["VpcEndpoints"]
-            if str(e.get("State", "")).lower() not in {"deleted", "deleting"}
-        ]
-        found += [
-            {"type": "file_system", "id": fs["FileSystemId"]}
+            {"type": registry.FILE_SYSTEM.name, "id": fs["FileSystemId"]}
             for fs in fsx_step.find_by_tag(self.fsx, self.job_id, self.settings.stack_name)
         ]
         return found
 
     def _describe_ec2(self, kind: str, resource_id: str) -> dict[str, Any] | None:
-        calls = {
-            "vpc": ("describe_vpcs", "VpcIds", "Vpcs"),
-            "subnet": ("describe_subnets", "SubnetIds", "Subnets"),
-            "security_group": ("describe_security_groups", "GroupIds", "SecurityGroups"),
-            "route_table": ("describe_route_tables", "RouteTableIds", "RouteTables"),
-            "vpc_endpoint": ("describe_vpc_endpoints", "VpcEndpointIds", "VpcEndpoints"),
-        }
-        operation, ids_key, result_key = calls[kind]
-        try:
-            found = getattr(self.ec2, operation)(**{ids_key: [resource_id]})[result_key]
-        except ClientError as exc:
-            if not_found(exc):
-                return None
-            raise
-        if not found:
-            return None
-        item = dict(found[0])
-        if kind == "vpc_endpoint" and str(item.get("State", "")).lower() == "deleted":
-            return None
-        return item
+        return registry.describe(self.ec2, registry.BY_NAME[kind], resource_id)
 
     # ----------------------------------------------------------------- training jobs
 

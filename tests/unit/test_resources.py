@@ -1,0 +1,39 @@
+"""The registry of resource kinds (lustrain_core.resources) against botocore's models: each kind's describe call,
+its ids parameter, its result list, the id and state fields exist as the services define them."""
+
+from __future__ import annotations
+
+import botocore.session
+import pytest
+from lustrain_core import resources as registry
+from lustrain_core.steps import teardown
+
+SESSION = botocore.session.get_session()
+
+
+def camel(operation: str) -> str:
+    return "".join(part.capitalize() for part in operation.split("_"))
+
+
+@pytest.mark.parametrize("kind", registry.KINDS, ids=lambda k: k.name)
+def test_each_kind_is_described_as_its_service_model_says(kind):
+    model = SESSION.get_service_model(kind.service)
+    operation = model.operation_model(camel(kind.describe))
+    assert kind.ids_param in operation.input_shape.members
+    output = operation.output_shape
+    item = output if kind is registry.TRAINING_JOB else output.members[kind.result_key].member
+    assert kind.id_key in item.members
+    if kind.state_key is not None:
+        assert kind.state_key in item.members
+        enum = item.members[kind.state_key].enum
+        assert not enum or kind.gone <= {value.lower() for value in enum}
+    if kind.tag_filter:
+        assert "Filters" in operation.input_shape.members
+
+
+def test_the_network_is_deleted_in_dependency_order_over_exactly_the_registrys_network_kinds():
+    assert teardown.NETWORK_ORDER == registry.NETWORK_ORDER
+    assert {k.name for k in registry.KINDS if k.family == "network"} == set(registry.NETWORK_ORDER)
+    # the group and the endpoint go before the subnet they live in, the VPC last
+    order = registry.NETWORK_ORDER
+    assert order.index("security_group") < order.index("subnet") < order.index("vpc") == len(order) - 1
