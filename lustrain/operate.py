@@ -25,7 +25,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 from lustrain_core.aws_errors import training_job_missing
-from lustrain_core.errors import LustrainError, SpecInvalid
+from lustrain_core.errors import LustrainError, UsageInvalid
 from lustrain_core.prices import PriceTable
 from lustrain_core.steps import records
 from lustrain_core.steps.execution_end import CANCEL_ERROR
@@ -61,13 +61,13 @@ class Stack:
             stacks = session.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ValidationError":
-                raise SpecInvalid.one("--stack", name, "no such CloudFormation stack in this account and region") from None
+                raise UsageInvalid.one("--stack", name, "no such CloudFormation stack in this account and region") from None
             raise
         outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
         needed = ("StateMachineArn", "JobsTableName", "JobsBucketName", "ArtifactsBucketName")
         missing = [key for key in needed if key not in outputs]
         if missing:
-            raise SpecInvalid.one("--stack", name, f"is not a lustrain stack: no output {', '.join(missing)}")
+            raise UsageInvalid.one("--stack", name, f"is not a lustrain stack: no output {', '.join(missing)}")
         return cls(
             name=name,
             state_machine_arn=outputs["StateMachineArn"],
@@ -225,8 +225,8 @@ def find_run(stack: Stack, run: str) -> dict[str, Any]:
         return named[0]
     if named:
         listed = ", ".join(f"{r['job_id']} ({r.get('status')}, {r.get('created_at')})" for r in named)
-        raise SpecInvalid.one("RUN", run, f"is the name of {len(named)} runs; name one by its job id: {listed}")
-    raise SpecInvalid.one(
+        raise UsageInvalid.one("RUN", run, f"is the name of {len(named)} runs; name one by its job id: {listed}")
+    raise UsageInvalid.one(
         "RUN", run, f"no run of stack {stack.name} has this job id, execution name or spec name"
     )
 

@@ -64,12 +64,20 @@ class EventInvalid(SpecInvalid):
     """An event a function was given is not the one it handles: every problem found, each naming the event's field
     (detail.executionArn, detail.TrainingJobStatus, ...)."""
 
+    WHAT = "event"
+
     def __init__(self, errors: list[FieldError]) -> None:
         super().__init__(errors)
         lines = "\n".join(f"  - {e}" for e in errors)
         noun = "problem" if len(errors) == 1 else "problems"
-        self.message = f"invalid event, {len(errors)} {noun}:\n{lines}"
+        self.message = f"invalid {self.WHAT}, {len(errors)} {noun}:\n{lines}"
         self.args = (self.message,)
+
+
+class UsageInvalid(EventInvalid):
+    """A command's argument names nothing it can act on (RUN, --stack): the argument, the value, what is allowed."""
+
+    WHAT = "usage"
 
 
 class SpecForbidden(LustrainError):

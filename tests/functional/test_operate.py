@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import boto3
 import pytest
 from infra_support import REGION
-from lustrain_core.errors import SpecInvalid
+from lustrain_core.errors import UsageInvalid
 from lustrain_core.steps import records
 
 from lustrain import operate
@@ -47,14 +47,14 @@ def test_a_run_is_found_by_job_id_execution_name_or_arn_or_a_unique_spec_name(st
 
 
 def test_a_spec_name_two_runs_share_is_refused_with_the_candidates(stack):
-    with pytest.raises(SpecInvalid) as info:
+    with pytest.raises(UsageInvalid) as info:
         operate.find_run(stack, "gpt")
     message = str(info.value)
     assert "RUN" in message and "gpt-aaaaaaaa" in message and "gpt-bbbbbbbb" in message
 
 
 def test_an_unknown_run_names_the_stack(stack):
-    with pytest.raises(SpecInvalid, match="no run of stack lustrain"):
+    with pytest.raises(UsageInvalid, match="invalid usage, 1 problem:\n  - RUN: no run of stack lustrain"):
         operate.find_run(stack, "nothing-like-it")
 
 
