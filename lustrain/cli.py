@@ -41,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BotoCoreError, ClientError) as exc:
         print(f"lustrain: AWS call failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:
+        # the reader went away (`lustrain logs RUN | head`): stop quietly, as other command-line tools do
+        sys.stderr.close()
+        return EXIT_OK
 
 
 def _parser() -> argparse.ArgumentParser:
