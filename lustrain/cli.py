@@ -42,8 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lustrain: AWS call failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except BrokenPipeError:
-        # the reader went away (`lustrain logs RUN | head`): stop quietly, as other command-line tools do
-        sys.stderr.close()
+        # the reader went away (`lustrain logs RUN | head`): stop quietly, as other command-line tools do (what is
+        # still buffered for stdout goes nowhere, not into a second BrokenPipeError at exit)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
 
 
