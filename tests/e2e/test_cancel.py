@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from lustrain import cli, operate, report
 from lustrain.twin import rehearse
@@ -25,21 +23,8 @@ from lustrain.twin.rehearse import REGION, STACK_NAME, drop, operator_session, t
 
 pytestmark = pytest.mark.slow
 
-QUICK = Path(__file__).with_name("quick.yaml")
 #: The goal: a cancelled run holds nothing a minute after the stop.
 CANCEL_TO_CLEAN_S = 60.0
-
-
-def long_spec(tmp_path: Path, name: str) -> Path:
-    """quick.yaml on one instance with more steps than it will get to run: it is cancelled while it trains."""
-    doc = yaml.safe_load(QUICK.read_text())
-    doc["name"] = name
-    doc["compute"]["instance_count"] = 1
-    doc["code"]["distribution"] = "none"
-    doc["code"]["hyperparameters"].update(max_steps=100_000, eval_interval=100_000)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def training(sagemaker: Any, name: str) -> str | None:
@@ -60,18 +45,7 @@ def collect_notices(sqs: Any, queue_url: str, into: dict[str, dict[str, Any]]) -
     return into
 
 
-@pytest.fixture
-def quick_stops():
-    """The stopped trainer gets 20 s to save (SageMaker gives 120), for this test only."""
-    from lustrain.twin import simulator
-
-    before = simulator.settings()
-    simulator.configure(stop_grace_s=20.0)
-    yield
-    simulator.configure(**before.__dict__)
-
-
-def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, monkeypatch, capsys, quick_stops):
+def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, long_spec, monkeypatch, capsys, quick_stops):
     from lustrain.twin.patches import service_quotas
 
     monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.2")
@@ -89,8 +63,8 @@ def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, m
         )
         ours = operate.Stack.locate(STACK_NAME, session)
 
-        by_cli, by_cli_arn = drop(stack, long_spec(tmp_path, "by-cli"))
-        bare, bare_arn = drop(stack, long_spec(tmp_path, "bare-stop"))
+        by_cli, by_cli_arn = drop(stack, long_spec("by-cli"))
+        bare, bare_arn = drop(stack, long_spec("bare-stop"))
         jobs = {spec.name: until(lambda s=spec: training(sagemaker, s.name), f"{spec.name} training", 240)
                 for spec in (by_cli, bare)}
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import boto3
 import pytest
-import yaml
 from lustrain_core.spec import JobSpec
 
 from lustrain.twin import rehearse
@@ -24,21 +23,8 @@ from lustrain.twin.rehearse import REGION, drop, twin, until
 
 pytestmark = pytest.mark.slow
 
-QUICK = Path(__file__).with_name("quick.yaml")
 SCHEDULED_EVENT = Path(__file__).resolve().parents[2] / "events" / "sweep.json"
 TEARDOWN_STATES = ("Tear down the run", "Tear down after failure")
-
-
-def spec_file(tmp_path: Path, name: str) -> Path:
-    """quick.yaml on one instance with more steps than it will get to run: it is killed before it ends."""
-    doc = yaml.safe_load(QUICK.read_text())
-    doc["name"] = name
-    doc["compute"]["instance_count"] = 1
-    doc["code"]["distribution"] = "none"
-    doc["code"]["hyperparameters"].update(max_steps=100_000, eval_interval=100_000)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def entered(sfn: Any, execution_arn: str) -> list[str]:
@@ -69,18 +55,7 @@ def stopped(sfn: Any, execution_arn: str) -> str:
     return status
 
 
-@pytest.fixture
-def quick_stops():
-    """The stopped trainer gets 20 s to save (SageMaker gives 120), for this test only."""
-    from lustrain.twin import simulator
-
-    before = simulator.settings()
-    simulator.configure(stop_grace_s=20.0)
-    yield
-    simulator.configure(**before.__dict__)
-
-
-def test_runs_killed_mid_run_are_swept_to_nothing(tmp_path, monkeypatch, quick_stops):
+def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, quick_stops):
     from lustrain.twin.patches import fsx, service_quotas
 
     monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.2")
@@ -95,14 +70,14 @@ def test_runs_killed_mid_run_are_swept_to_nothing(tmp_path, monkeypatch, quick_s
 
         # killed right after create_network: its file system never becomes AVAILABLE
         fsx.configure(polls=10_000)
-        early, early_arn = drop(stack, spec_file(tmp_path, "early"))
+        early, early_arn = drop(stack, long_spec("early"))
         until(lambda: "Wait for the file system" in entered(sfn, early_arn) or None, "file system wait")
         sfn.stop_execution(executionArn=early_arn, error="Killed", cause="killed after create_network")
         assert stopped(sfn, early_arn) == "ABORTED"
 
         # killed while its model trains
         fsx.configure(polls=1)
-        late, late_arn = drop(stack, spec_file(tmp_path, "late"))
+        late, late_arn = drop(stack, long_spec("late"))
         training = until(lambda: training_job_of(sagemaker, late), "training job in Training")
         sfn.stop_execution(executionArn=late_arn, error="Killed", cause="killed while training")
         # moto 5.2.5 may notice a StopExecution of a task waiting for its token only at the task's next heartbeat,

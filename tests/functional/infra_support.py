@@ -105,6 +105,13 @@ def invoke(step: str, event: dict[str, Any], context: Any = None) -> dict[str, A
     return result
 
 
+class MinuteLeft:
+    """A Lambda context with a minute left: teardown (and what tears down with it) may wait about 30 s."""
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
 def register(spec_doc: dict[str, Any] | None = None, execution: str = "run-1") -> dict[str, Any]:
     """A registered job as the state document carries it after register_job: {"job": {...}}."""
     seed_data()

@@ -10,7 +10,7 @@ from typing import Any
 
 import boto3
 import pytest
-from infra_support import REGION, count_of_job, invoke, job_record, register
+from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register
 from lustrain_core.errors import EventInvalid
 
 from lustrain.twin import faults
@@ -18,11 +18,6 @@ from lustrain.twin.patches import fsx as twin_fsx
 
 SAMPLE = json.loads((Path(__file__).resolve().parents[2] / "events" / "on_execution_end.json").read_text())
 NOTHING = {"vpcs": 0, "subnets": 0, "security_groups": 0, "route_tables": 0, "endpoints": 0, "file_systems": 0}
-
-
-class Context:
-    def get_remaining_time_in_millis(self) -> int:
-        return 60_000
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +66,7 @@ def test_a_stopped_run_is_torn_down_recorded_as_cancelled_and_announced(aws, not
     job_id = document["job"]["job_id"]
     assert count_of_job(job_id)["file_systems"] == 1
 
-    result = invoke("on_execution_end", status_change("run-stopped", error="RunCancelled", cause="by alice"), Context())
+    result = invoke("on_execution_end", status_change("run-stopped", error="RunCancelled", cause="by alice"), MinuteLeft())
 
     assert result["action"] == "torn down" and result["job_id"] == job_id
     assert count_of_job(job_id) == NOTHING
@@ -87,21 +82,21 @@ def test_a_stopped_run_is_torn_down_recorded_as_cancelled_and_announced(aws, not
 
 def test_a_stop_without_a_cause_says_where_to_find_who_stopped_it(aws):
     document = built("run-bare")
-    result = invoke("on_execution_end", status_change("run-bare", error=None, cause=None), Context())
+    result = invoke("on_execution_end", status_change("run-bare", error=None, cause=None), MinuteLeft())
     assert "CloudTrail" in result["error"]["Cause"] and "no error or cause given" in result["error"]["Cause"]
     assert count_of_job(document["job"]["job_id"]) == NOTHING
 
 
 def test_a_timed_out_execution_is_torn_down_as_run_timed_out(aws):
     document = built("run-late")
-    result = invoke("on_execution_end", status_change("run-late", status="TIMED_OUT", error=None), Context())
+    result = invoke("on_execution_end", status_change("run-late", status="TIMED_OUT", error=None), MinuteLeft())
     assert result["error"]["Error"] == "RunTimedOut"
     assert count_of_job(document["job"]["job_id"]) == NOTHING
 
 
 def test_a_failed_execution_whose_teardown_ran_is_left_alone(aws, notices):
     document = built("run-failed")
-    invoke("teardown", {**document, "error": {"Error": "FileSystemFailed", "Cause": "FAILED"}}, Context())
+    invoke("teardown", {**document, "error": {"Error": "FileSystemFailed", "Cause": "FAILED"}}, MinuteLeft())
     before = job_record(aws.jobs_table, document["job"]["job_id"])
 
     result = invoke("on_execution_end", status_change("run-failed", status="FAILED", error="FileSystemFailed"))

@@ -6,7 +6,7 @@ from typing import Any
 
 import boto3
 import pytest
-from infra_support import REGION, count_of_job, invoke, job_record, register, spec
+from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register, spec
 from lustrain_core.steps import records
 from training_support import held_training_jobs, training_input
 
@@ -23,13 +23,6 @@ NOTHING = {
     "file_systems": 0,
 }
 POLL = {"initial_seconds": 1, "max_seconds": 1, "max_polls": 20}
-
-
-class Context:
-    """A Lambda context with a minute left: teardown may wait about 30 s."""
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 60_000
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +54,7 @@ def built(spec_doc: dict[str, Any] | None = None, with_filesystem: bool = True) 
 
 
 def tear_down(document: dict[str, Any]) -> dict[str, Any]:
-    return invoke("teardown", document, Context())
+    return invoke("teardown", document, MinuteLeft())
 
 
 def test_after_a_whole_run_nothing_of_the_job_is_left_and_the_record_says_so(aws):
