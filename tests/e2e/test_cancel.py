@@ -158,9 +158,5 @@ def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, l
 
         # each statement on_execution_end was allowed by alone, removed from its role, refuses that request
         role = usage.collect(stack)["OnExecutionEndFunctionRole"]
-        needed = usage.needed(role)
-        assert len(needed) >= 3, needed
-        for ref, records in needed.items():
-            decision = usage.replay(records[0], usage.without(role.policies, ref))
-            assert not decision.allowed, ref
-            assert f"not authorized to perform: {records[0].action}" in usage.denial(records[0], decision)
+        assert len(usage.needed(role)) >= 3, usage.needed(role)
+        assert usage.still_allowed_without(role) == {}

@@ -132,9 +132,5 @@ def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, quick_
         # each statement the sweep alone was allowed by, removed from its role, refuses that request naming the
         # action (as tests/e2e/test_least_privilege.py proves for the functions of a run)
         sweep = usage.collect(stack)["SweepFunctionRole"]
-        needed = usage.needed(sweep)
-        assert len(needed) >= 3, needed
-        for ref, records in needed.items():
-            decision = usage.replay(records[0], usage.without(sweep.policies, ref))
-            assert not decision.allowed, ref
-            assert f"not authorized to perform: {records[0].action}" in usage.denial(records[0], decision)
+        assert len(usage.needed(sweep)) >= 3, usage.needed(sweep)
+        assert usage.still_allowed_without(sweep) == {}

@@ -81,6 +81,20 @@ def denial(record: enforce.Record, decision: Decision) -> str:
     return str(enforce.access_denied(record.service, record.operation, record.request, decision))
 
 
+def still_allowed_without(use: RoleUse) -> dict[StatementRef, str]:
+    """For each statement that alone allowed some request: removed from the role, does IAM refuse that request,
+    naming its action? The statements for which it does not, with what happened instead (empty: least privilege
+    holds for what the role did)."""
+    problems: dict[StatementRef, str] = {}
+    for ref, records in needed(use).items():
+        decision = replay(records[0], without(use.policies, ref))
+        if decision.allowed:
+            problems[ref] = f"{records[0].action} still allowed without it"
+        elif f"not authorized to perform: {records[0].action}" not in denial(records[0], decision):
+            problems[ref] = f"refused, but not naming {records[0].action}: {denial(records[0], decision)}"
+    return problems
+
+
 def unused(use: RoleUse) -> list[tuple[StatementRef, str]]:
     """(statement, action pattern) of the role's Allow statements that no recorded request used."""
     used = [(r.action, set(r.statements)) for r in use.records if r.allowed]
