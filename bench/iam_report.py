@@ -10,7 +10,8 @@ and the fault matrix (bench/fault_matrix.py: every injected failure and throttli
 An unused grant is either removed from template.yaml or justified there, in the template's Metadata under
 `lustrain:grants-no-run-uses` ("<role>/<Sid or policy>": why), beside which this report reads it. Ends with
 `unused_grants=`, `justified=` and `unjustified=` (the goal: 0). The sweeper's own grants are exercised by
-tests/e2e/test_sweeper.py, not here (it runs on its schedule, not in a run).
+tests/e2e/test_sweeper.py, not here (it runs on its schedule, not in a run), and on_execution_end's by
+tests/e2e/test_cancel.py (it runs for a stopped run).
 
     python bench/iam_report.py            (or: make iam-report)
 """
