@@ -1,0 +1,59 @@
+"""Teardown's compute family: the run's training jobs, stopped (StopTrainingJob) and waited for until Stopped, since
+their instances mount the file system and hold network interfaces in the subnet; one that already ended holds
+nothing and counts as already gone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core.aws_errors import error_code, training_job_missing
+from lustrain_core.steps.teardown_base import TRAINING_JOB, TRAINING_RUNNING, Scope
+
+
+class TrainingJobs(Scope):
+    def _training_job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.sagemaker.describe_training_job(TrainingJobName=name))
+        except ClientError as exc:
+            if training_job_missing(exc):
+                return None
+            raise
+
+    def _training_job_tags(self, arn: str) -> list[dict[str, str]]:
+        tags: list[dict[str, str]] = []
+        params: dict[str, Any] = {"ResourceArn": arn}
+        while True:
+            page = self.sagemaker.list_tags(**params)
+            tags.extend(page.get("Tags", []))
+            if not page.get("NextToken"):
+                return tags
+            params["NextToken"] = page["NextToken"]
+
+    def stop_training_job(self, name: str) -> str | None:
+        """Stop one of the run's training jobs and wait until it has; None when it no longer runs, else why."""
+        entry = {"type": TRAINING_JOB, "id": name}
+        job = self._training_job(name)
+        if job is None:
+            self.report.already_gone.append(entry)
+            return None
+        if not self.ours(self._training_job_tags(job["TrainingJobArn"])):
+            self.report.kept.append({**entry, "reason": "not tagged as this job's: never stopped"})
+            return None
+        asked = False
+        if job["TrainingJobStatus"] == "InProgress":
+            try:
+                self.sagemaker.stop_training_job(TrainingJobName=name)
+                asked = True
+            except ClientError as exc:
+                # it ended (or began stopping) between the two calls: what it is now is read below
+                if error_code(exc) != "ValidationException" and not training_job_missing(exc):
+                    raise
+            job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
+        while job["TrainingJobStatus"] in TRAINING_RUNNING:
+            if not self.clock.wait():
+                return f"training job {name} is still {job['TrainingJobStatus']}"
+            job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
+        (self.report.stopped if asked else self.report.already_gone).append(entry)
+        return None
