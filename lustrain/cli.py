@@ -363,7 +363,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"no run started from it within {args.wait:g} s; lustrain runs --stack {args.stack} lists the runs")
         return EXIT_FAILED
     print(f"run {record['job_id']} started: execution {record.get('execution')}")
-    print(f"follow it: lustrain status {record['job_id']} --stack {args.stack}")
+    print(f"follow it: lustrain watch {record['job_id']} --stack {args.stack}")
     return EXIT_OK
 
 
