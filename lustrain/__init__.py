@@ -1,1 +1,25 @@
-"""lustrain's CLI and local twin (not deployed to Lambda)."""
+"""lustrain's CLI and local twin (not deployed to Lambda), and its Python API for a notebook:
+
+    import lustrain
+    stack = lustrain.Stack.locate("lustrain")                 # a deployed stack (or the twin's, lustrain-twin)
+    lustrain.submit.submit("gpt.yaml", jobs_bucket=stack.jobs_bucket, artifacts_bucket=stack.artifacts_bucket)
+    for look in lustrain.watch(stack, "gpt"): ...             # lustrain.runs, status, logs, progress, cancel too
+    lustrain.report.build(stack, "gpt", "reports")            # the report, with the data of each figure
+
+The operator calls are lustrain.operate's, loaded on first use (so that `lustrain plan` stays quick).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_OPERATE = frozenset({"Stack", "runs", "status", "watch", "progress", "logs", "cancel", "find_run"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OPERATE:
+        return getattr(importlib.import_module("lustrain.operate"), name)
+    if name in {"submit", "report", "operate"}:
+        return importlib.import_module(f"lustrain.{name}")
+    raise AttributeError(f"module 'lustrain' has no attribute {name!r}")

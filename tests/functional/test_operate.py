@@ -77,3 +77,14 @@ def test_the_timeline_spans_each_state_entered():
     ]
     spans = operate.timeline(history)
     assert [(s.state, s.seconds) for s in spans] == [("Register the job", 2.0), ("Start the training job", None)]
+
+
+def test_the_notebook_api_is_the_cli_s_own_calls():
+    import lustrain
+
+    assert (lustrain.runs, lustrain.status, lustrain.watch, lustrain.logs, lustrain.cancel) == (
+        operate.runs, operate.status, operate.watch, operate.logs, operate.cancel,
+    )
+    assert lustrain.report.build.__module__ == "lustrain.report" and callable(lustrain.submit.submit)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        lustrain.nothing  # noqa: B018
