@@ -194,7 +194,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     spent = f"${r.cost_so_far_usd:,.2f}" + (f" of a ${r.budget_usd:,.2f} budget" if r.budget_usd is not None else "")
     print(f"  cost so far: {spent} (list prices) after {_ago(r.elapsed_s)}")
     if found.resources_left:
-        print("  left:        " + ", ".join(f"{x['type']} {x['id']}" for x in found.resources_left))
+        label = "holds:      " if r.state == "RUNNING" else "left:       "
+        print(f"  {label} " + ", ".join(f"{x['type']} {x['id']}" for x in found.resources_left))
     print("  timeline:")
     for span in found.timeline:
         took = f"{span.seconds:>8.1f} s" if span.seconds is not None else "     (now)"

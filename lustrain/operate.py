@@ -28,6 +28,7 @@ from lustrain_core.aws_errors import training_job_missing
 from lustrain_core.errors import LustrainError, UsageInvalid
 from lustrain_core.prices import PriceTable
 from lustrain_core.steps import records
+from lustrain_core.steps.budget import filesystem_hourly_usd
 from lustrain_core.steps.execution_end import CANCEL_ERROR
 from lustrain_core.steps.training import training_job_name
 
@@ -35,8 +36,7 @@ DEFAULT_STACK = "lustrain"
 #: the trainer's log lines name their step (its MetricDefinitions' `step` reads the same)
 STEP_IN_LOG = re.compile(r"\bstep=(\d+)")
 ENDED = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"})
-#: a run whose record says so has ended, teardown included
-FINISHED = frozenset({"SUCCEEDED", "FAILED"})
+FINISHED = records.FINISHED
 
 
 class RunNotFound(LustrainError):
@@ -81,9 +81,10 @@ class Stack:
         return (self.session or boto3.Session()).client(service)
 
     def execution_arn(self, execution: str) -> str:
-        if execution.startswith("arn:"):
-            return execution
-        return self.state_machine_arn.replace(":stateMachine:", ":execution:", 1) + ":" + execution
+        arn = records.execution_arn(self.state_machine_arn, execution)
+        if arn is None:
+            raise UsageInvalid.one("--stack", self.name, "its StateMachineArn output is not a state machine's ARN")
+        return arn
 
 
 # --------------------------------------------------------------------------- runs
@@ -108,11 +109,7 @@ class RunSummary:
         return asdict(self)
 
 
-def _moment(raw: Any) -> float | None:
-    try:
-        return datetime.strptime(str(raw), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
+_moment = records.moment
 
 
 def _records(stack: Stack) -> list[dict[str, Any]]:
@@ -170,8 +167,7 @@ def cost_so_far_usd(record: dict[str, Any], jobs: list[dict[str, Any]], now: flo
     created = bool((plan.get("filesystem") or {}).get("storage_gib")) and not (spec.get("filesystem") or {}).get(
         "file_system_id"
     )
-    hours = float(compute.get("max_runtime_hours") or 0) + 1
-    fs_hourly = float((plan.get("cost") or {}).get("filesystem_usd") or 0) / hours
+    fs_hourly = filesystem_hourly_usd(plan, float(compute.get("max_runtime_hours") or 0))
     started = _moment(record.get("created_at"))
     if created and started is not None:
         total += fs_hourly * max(0.0, (_moment(record.get("finished_at")) or now) - started) / 3600
@@ -271,7 +267,7 @@ class RunStatus:
 
 
 def _iso(moment: Any) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if isinstance(moment, datetime) else str(moment)
+    return moment.astimezone(UTC).strftime(records.ISO_FORMAT) if isinstance(moment, datetime) else str(moment)
 
 
 def timeline(history: list[dict[str, Any]]) -> list[StateSpan]:
@@ -356,7 +352,8 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         file_system=file_system,
         training_job=training,
         cause=str(cause) if cause else None,
-        resources_left=list(record.get("resources", [])) if summary.state != "RUNNING" else [],
+        # the ledger: what the run created and its teardown has not deleted (all it holds while it runs)
+        resources_left=list(record.get("resources", [])),
     )
 
 

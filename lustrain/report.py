@@ -15,11 +15,11 @@ from __future__ import annotations
 import html
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import regex
+from lustrain_core.steps import records
 
 from lustrain import operate
 
@@ -149,7 +149,9 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
 
 
 def _epoch(iso: str) -> float:
-    return datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    found = records.moment(iso)
+    assert found is not None, iso  # the timeline's moments are written by operate._iso
+    return found
 
 
 def _html(shown: operate.RunStatus, pngs: dict[str, Path]) -> str:

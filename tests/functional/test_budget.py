@@ -72,7 +72,7 @@ def test_the_budget_left_after_an_attempt_shortens_the_next_and_ends_the_run_whe
     described = sagemaker.describe_training_job(TrainingJobName=second["training_job_name"])
     assert described["StoppingCondition"]["MaxRuntimeInSeconds"] == expected
     item = token_item(started.tokens_table, second["training_job_name"])
-    assert item is not None and item["budget_bound"] is True and item["budget"]["spent_usd"] == spent
+    assert item is not None and item["budget"]["binds"] is True and item["budget"]["spent_usd"] == spent
 
     # SageMaker stops it there, uploading what it wrote: the run ends BudgetExceeded, the job archived
     ended(second["training_job_name"], "Stopped", "MaxRuntimeExceeded", expected)

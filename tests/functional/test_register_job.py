@@ -66,6 +66,21 @@ def test_a_dropped_spec_becomes_a_recorded_job(aws):
     assert record["plan"] == job["plan"]
 
 
+def test_a_run_is_found_by_its_execution_and_a_direct_invoke_records_none(aws):
+    """The jobs table indexes the execution name (on_execution_end finds a stopped run by it); DynamoDB refuses an
+    empty string as an index key, so a direct invoke, which has no execution, records no execution at all."""
+    from lustrain_core import clients
+    from lustrain_core.steps import records
+
+    seed_data()
+    by_execution = invoke("register_job", {"execution": "drop-7", "input": drop(spec(data={"size_gib": 5}))})
+    direct = invoke("register_job", drop(spec(name="direct", data={"size_gib": 5})))
+    ddb = clients.client("dynamodb")
+    assert records.find_by_execution(ddb, aws.jobs_table, "drop-7")["job_id"] == by_execution["job_id"]
+    assert "execution" not in job_record(aws.jobs_table, direct["job_id"])
+    assert records.find_by_execution(ddb, aws.jobs_table, "drop-8") is None
+
+
 def test_a_duplicated_s3_event_ends_as_a_duplicate_and_starts_nothing(aws):
     seed_data()
     event = drop(spec())

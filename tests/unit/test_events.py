@@ -78,6 +78,9 @@ def test_the_execution_end_sample_is_a_status_change_the_handler_reads():
     error = execution_end.run_error(change)
     assert error["Error"] == "RunCancelled"
     assert "arn:aws:sts::123456789012:assumed-role/ml-team/alice" in error["Cause"]
+    # the sweeper's stop keeps the sweeper's error
+    swept = change.model_copy(update={"error": "RunAbandoned", "cause": "stopped by the sweeper: past its deadline"})
+    assert execution_end.run_error(swept)["Error"] == "RunAbandoned"
 
 
 def test_the_file_system_samples_agree_with_the_directory_path_rule():

@@ -179,3 +179,11 @@ def test_goodput_counts_the_steps_computed_again_after_a_failure():
     assert goodput([failed]) == 0
     assert goodput([attempt(1, "CapacityError")]) is None
     assert final_attempt({"training_job_name": "gpt-0badc0de-1", "status": "Failed"}) is None
+
+
+def test_a_job_stopped_at_max_runtime_is_budget_only_where_the_budget_set_that_runtime():
+    stopped = {"secondary_status": "MaxRuntimeExceeded"}
+    assert recovery.classify("Stopped", None, **stopped, budget_bound=True) is FailureClass.BUDGET
+    assert recovery.classify("Stopped", None, **stopped) is FailureClass.STOPPED
+    assert recovery.classify("Stopped", None, secondary_status="Stopped", budget_bound=True) is FailureClass.STOPPED
+    assert not recovery.POLICY[FailureClass.BUDGET].retried

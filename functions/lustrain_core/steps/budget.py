@@ -31,6 +31,12 @@ from lustrain_core.steps.policy import MAX_BUDGET, Policy
 MIN_RUNTIME_SECONDS = 60
 
 
+def filesystem_hourly_usd(plan: dict[str, Any], max_runtime_hours: float) -> float:
+    """The file system's price per hour, from the plan, which prices it for max_runtime_hours + 1 (its creation and
+    teardown besides the training)."""
+    return float((plan.get("cost") or {}).get("filesystem_usd") or 0.0) / (max_runtime_hours + 1)
+
+
 def budget_limit(run: Run, settings: Settings) -> tuple[float, str] | None:
     """The budget the run is held to, and where it comes from: the smaller of budget.max_usd and the stack's."""
     limits = []
@@ -73,10 +79,9 @@ def attempt_budget(run: Run, spent_usd: float, settings: Settings) -> AttemptBud
     if limit is None:
         return None
     cost = run.job.plan.get("cost") or {}
-    hours = run.job.spec.compute.max_runtime_hours
     # the planner prices the file system for the run's hours + 1 (creation and teardown): the hour outside
     # training is set aside, the rest runs with the instances
-    fs_hourly = float(cost.get("filesystem_usd") or 0.0) / (hours + 1)
+    fs_hourly = filesystem_hourly_usd(run.job.plan, run.job.spec.compute.max_runtime_hours)
     hourly = float(cost.get("hourly_usd") or 0.0)
     left = limit[0] - spent_usd - fs_hourly - float(cost.get("control_plane_usd") or 0.0)
     runtime = math.floor(max(0.0, left) / hourly * 3600) if hourly > 0 else run.job.launch.max_runtime_seconds

@@ -228,7 +228,7 @@ def on_training_event(
         detail.FailureReason,
         secondary_status=detail.SecondaryStatus,
         spot=bool(item.get("spot")),
-        budget_bound=bool(item.get("budget_bound")),
+        budget_bound=bool((item.get("budget") or {}).get("binds")),
     )
     error = recovery.POLICY[failure].error
     if status == "Failed":

@@ -36,12 +36,12 @@ from lustrain_core.errors import EventInvalid, RunCancelled, RunTimedOut
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import notify as notify_step
 from lustrain_core.steps import records
+from lustrain_core.steps.sweep import ABANDONED
 from lustrain_core.steps.teardown import Clock, teardown_job
 
 DETAIL_TYPE = "Step Functions Execution Status Change"
 #: The ends after which no teardown of the state machine's may have run.
 WITHOUT_TEARDOWN = frozenset({"ABORTED", "TIMED_OUT", "FAILED"})
-FINISHED = frozenset({"SUCCEEDED", "FAILED"})
 EXECUTION_ARN = r"^arn:aws[a-z-]*:states:[a-z0-9-]+:\d{12}:execution:[^:]+:[^:]+$"
 STATE_MACHINE_ARN = r"^arn:aws[a-z-]*:states:[a-z0-9-]+:\d{12}:stateMachine:[^:]+$"
 #: The error StopExecution is given by `lustrain cancel` (its cause names the caller).
@@ -94,7 +94,8 @@ def run_error(change: ExecutionStatusChange) -> dict[str, str]:
             "StopExecution record names the caller)"
         )
         return {
-            "Error": RunCancelled.__name__,
+            # the sweeper stops a stuck run's execution with its own error, which stays the run's
+            "Error": ABANDONED if change.error == ABANDONED else RunCancelled.__name__,
             "Cause": f"execution {change.name} was stopped (StopExecution) at {_when(change.stopDate)} {who}",
         }
     if change.status == "TIMED_OUT":
@@ -130,14 +131,14 @@ def on_execution_end(
     if record is None:
         return {**base, "action": "none", "reason": "the execution recorded no run, so it created nothing"}
     job_id = str(record["job_id"])
-    if record.get("status") in FINISHED and not record.get("resources"):
+    if record.get("status") in records.FINISHED and not record.get("resources"):
         return {
             **base,
             "job_id": job_id,
             "action": "none",
             "reason": f"the run's teardown already ran (record {record['status']}, nothing left)",
         }
-    error = record.get("error") if record.get("status") in FINISHED else None
+    error = record.get("error") if record.get("status") in records.FINISHED else None
     error = error if isinstance(error, dict) and error.get("Error") else run_error(change)
     result = teardown_job(
         job_id,

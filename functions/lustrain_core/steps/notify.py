@@ -19,6 +19,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.config import Settings
+from lustrain_core.errors import RunCancelled, SpecForbidden, SpecInvalid
 from lustrain_core.prices import PriceTable
 from lustrain_core.steps import records
 
@@ -111,7 +112,7 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
 
 
 #: The errors register_job refuses a spec with, before anything exists.
-REFUSALS = frozenset({"SpecInvalid", "SpecForbidden"})
+REFUSALS = frozenset({SpecInvalid.__name__, SpecForbidden.__name__})
 
 
 def _started_from(document: dict[str, Any]) -> str | None:
@@ -128,7 +129,7 @@ def _started_from(document: dict[str, Any]) -> str | None:
 
 
 #: The errors that end a run someone stopped (steps/execution_end.py records them).
-CANCELLED = frozenset({"RunCancelled"})
+CANCELLED = frozenset({RunCancelled.__name__})
 
 
 def _outcome(error: dict[str, Any] | None) -> str:

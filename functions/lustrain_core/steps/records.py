@@ -26,8 +26,33 @@ _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
 
+#: How the record writes a moment (created_at, attempt_started_at, finished_at): UTC, to the second.
+ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+#: A record with one of these statuses has ended, its teardown included (RUNNING until then).
+FINISHED = frozenset({"SUCCEEDED", "FAILED"})
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime(ISO_FORMAT)
+
+
+def moment(raw: Any) -> float | None:
+    """A moment the record wrote, in epoch seconds; None when absent or not one."""
+    if not raw:
+        return None
+    try:
+        return datetime.strptime(str(raw), ISO_FORMAT).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def execution_arn(state_machine_arn: str, execution: str) -> str | None:
+    """The ARN of a run's execution from the name its record keeps (the state machine's $$.Execution.Name)."""
+    if execution.startswith("arn:"):
+        return execution
+    if not execution or ":stateMachine:" not in state_machine_arn:
+        return None
+    return state_machine_arn.replace(":stateMachine:", ":execution:", 1) + ":" + execution
 
 
 def to_attribute(value: Any) -> dict[str, Any]:

@@ -49,8 +49,7 @@ GRACE_SETTING = "LUSTRAIN_SWEEP_GRACE_HOURS"
 DEFAULT_GRACE_HOURS = 6.0
 #: The error a run ended by the sweeper gets in its record.
 ABANDONED = "RunAbandoned"
-FINISHED = frozenset({"SUCCEEDED", "FAILED"})
-ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+FINISHED = records.FINISHED
 
 
 
@@ -74,12 +73,7 @@ class SweepSettings:
         return cls(settings.extra.get(STATE_MACHINE_SETTING, "").strip(), grace)
 
     def execution_arn(self, execution: str) -> str | None:
-        """The ARN of a run's execution from the name its record keeps (the state machine's $$.Execution.Name)."""
-        if execution.startswith("arn:"):
-            return execution
-        if not execution or ":stateMachine:" not in self.state_machine_arn:
-            return None
-        return self.state_machine_arn.replace(":stateMachine:", ":execution:", 1) + ":" + execution
+        return records.execution_arn(self.state_machine_arn, execution)
 
 
 # --------------------------------------------------------------------------- finding what runs left
@@ -140,13 +134,7 @@ class Verdict:
 
 
 def _moment(record: dict[str, Any], key: str) -> float | None:
-    raw = record.get(key)
-    if not raw:
-        return None
-    try:
-        return datetime.strptime(str(raw), ISO_FORMAT).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
+    return records.moment(record.get(key))
 
 
 def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
@@ -210,7 +198,7 @@ def judge(
 
 
 def _iso(moment: float | None) -> str:
-    return datetime.fromtimestamp(moment or 0, UTC).strftime(ISO_FORMAT)
+    return datetime.fromtimestamp(moment or 0, UTC).strftime(records.ISO_FORMAT)
 
 
 def execution_status(sfn: Any, arn: str | None) -> str | None:

@@ -339,8 +339,8 @@ def _store_token(
         "attempt": attempt,
         "archive_target": archive_target(settings, job.job_id),
         "spot": job.spec.compute.spot,
-        # the budget set this job's MaxRuntimeInSeconds: reaching it ends the run BudgetExceeded
-        "budget_bound": bool(budget and budget.binds),
+        # what the budget left this attempt; where it `binds` (it set MaxRuntimeInSeconds), reaching that runtime
+        # ends the run BudgetExceeded
         "budget": budget.to_dict() if budget is not None else None,
         "status": WAITING,
         "created_at": records.now_iso(),
