@@ -1,4 +1,5 @@
-"""check_quota: is there room in the account's SageMaker quota for the run's instances? Output: $.quota."""
+"""check_quota: the capacity queue. Join the line for the run's instances, or be admitted when they fit the
+SageMaker quota left (steps/queue.py). Output: $.quota (admitted, position, wait_seconds, the quota's numbers)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,20 @@ from aws_lambda_powertools import Logger
 from lustrain_core import clients
 from lustrain_core.aws_errors import translate_aws_errors
 from lustrain_core.config import Settings
-from lustrain_core.steps import quota
+from lustrain_core.steps import dumped, queue
 
 logger = Logger(service="lustrain")
 
 
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    result = quota.check_quota(
+    admission = queue.take_place(
         event,
         quotas=clients.client("service-quotas"),
         sagemaker=clients.client("sagemaker"),
+        ddb=clients.client("dynamodb"),
         settings=Settings.from_env(),
     )
-    logger.info("quota checked", extra={"quota": result})
+    result = dumped(admission)
+    logger.info("admitted" if admission.admitted else "queued", extra={"quota": result})
     return result

@@ -11,6 +11,7 @@ class Settings:
     region: str = "us-east-1"
     jobs_table: str = "lustrain-jobs"
     tokens_table: str = "lustrain-task-tokens"
+    queue_table: str = "lustrain-capacity-queue"
     artifacts_bucket: str = "lustrain-artifacts"
     archive_prefix: str = "archive/"
     code_prefix: str = "code/"
@@ -27,6 +28,7 @@ class Settings:
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or defaults.region,
             jobs_table=env.get("JOBS_TABLE", defaults.jobs_table),
             tokens_table=env.get("TOKENS_TABLE", defaults.tokens_table),
+            queue_table=env.get("QUEUE_TABLE", defaults.queue_table),
             artifacts_bucket=env.get("ARTIFACTS_BUCKET", defaults.artifacts_bucket),
             archive_prefix=env.get("ARCHIVE_PREFIX", defaults.archive_prefix),
             code_prefix=env.get("CODE_PREFIX", defaults.code_prefix),

@@ -85,7 +85,14 @@ class SpecForbidden(LustrainError):
 
 
 class QuotaExceeded(LustrainError):
-    """More instances requested than the account's SageMaker quota leaves free."""
+    """More instances requested than the account's SageMaker quota leaves free: the run can never fit, its time in
+    the capacity queue (compute.max_queue_hours) ran out, or SageMaker refused the job (ResourceLimitExceeded, which
+    sends the run back to the queue)."""
+
+
+class QueueFailed(LustrainError):
+    """The capacity queue's answer (check_quota's $.quota) said neither admitted nor how long to wait. Raised by the
+    state machine's "The queue gave no answer" state."""
 
 
 class NetworkInvalid(LustrainError):
@@ -165,6 +172,7 @@ ALL_ERRORS: dict[str, type[LustrainError]] = {
         SpecInvalid,
         SpecForbidden,
         QuotaExceeded,
+        QueueFailed,
         NetworkInvalid,
         FileSystemFailed,
         CapacityError,

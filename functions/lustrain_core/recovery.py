@@ -80,9 +80,12 @@ POLICY: dict[FailureClass, ClassPolicy] = {
             FailureClass.QUOTA,
             "QuotaExceeded",
             retried=True,
-            wait_seconds=600,
+            wait_seconds=0,
             recognised_by="CreateTrainingJob's ResourceLimitExceeded, or that FailureReason",
-            why="another workload took the quota after check_quota counted it; it frees when that job ends",
+            why=(
+                "another workload took the quota after the capacity queue admitted the run: the run goes back to the "
+                "queue in its place (no job ran, so it is no attempt), and waits there at most compute.max_queue_hours"
+            ),
         ),
         ClassPolicy(
             FailureClass.INFRASTRUCTURE,

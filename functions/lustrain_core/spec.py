@@ -19,6 +19,10 @@ MAX_YAML_ALIASES = 64
 MAX_RUNTIME_HOURS = 28 * 24  # SageMaker's MaxRuntimeInSeconds ceiling: 28 days
 #: How long a spot job may wait for capacity when the spec does not say (compute.max_wait_hours).
 SPOT_WAIT_HOURS = 24.0
+#: compute.max_queue_hours when the spec does not say, and at most (a week: a run queued longer waits for a quota
+#: increase, which is asked for, not waited for)
+DEFAULT_MAX_QUEUE_HOURS = 24.0
+MAX_QUEUE_HOURS = 7 * 24
 #: CreateFileSystem's largest StorageCapacity (botocore's model): no one file system holds more, so no size may be
 #: larger (and the planner's sums stay finite)
 MAX_STORAGE_GIB = 2_147_483_647
@@ -46,6 +50,9 @@ class Compute(_Section):
     max_wait_hours: float | None = Field(None, gt=0, le=MAX_RUNTIME_HOURS)
     #: training jobs per run, the first included: a retryable failure (lustrain_core.recovery) starts another
     max_attempts: int = Field(recovery.DEFAULT_MAX_ATTEMPTS, ge=1, le=recovery.MAX_ATTEMPTS)
+    #: how long the run may wait in the capacity queue (steps/queue.py) for its instances to fit the quota, in
+    #: all: 0 refuses at once when they do not fit (QuotaExceeded)
+    max_queue_hours: float = Field(DEFAULT_MAX_QUEUE_HOURS, ge=0, le=MAX_QUEUE_HOURS)
 
     @model_validator(mode="after")
     def _wait_needs_spot(self) -> Compute:

@@ -40,6 +40,7 @@ DEFAULT_QUOTA = 8
 FAST_PARAMETERS: dict[str, str] = {
     "FilesystemPollInitialSeconds": "1",
     "FilesystemPollMaxSeconds": "2",
+    "QueuePollSeconds": "1",
     "RetryIntervalSeconds": "1",
     "TeardownRetryIntervalSeconds": "1",
     "TeardownRetryMaxDelaySeconds": "2",

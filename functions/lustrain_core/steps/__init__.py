@@ -118,7 +118,6 @@ class Filesystem(_Shape):
     links: list[LinkState] = Field(default_factory=list)
     polls: NonNegativeInt = 0
     wait_seconds: NonNegativeInt = 0
-    backoff: NonNegativeInt | None = None
 
 
 class MetricDefinition(_Shape):
@@ -152,6 +151,26 @@ class Poll(_Shape):
         if value is None:
             raise ValueError("a whole number of at least 1, or leave it out")
         return value
+
+
+class Admission(_Shape):
+    """$.quota: the run's place in the capacity queue (steps/queue.py) and the quota it was measured against."""
+
+    #: the queue admitted the run: its instances are held for it until its training job exists
+    admitted: bool = False
+    #: the queue: instance type and purchase option (spot and on-demand count against different quotas)
+    pool: str | None = None
+    #: the run's place in line (first come, first served): when it first queued, then its job id
+    order: str | None = None
+    #: 1 for the head of the line; 0 once admitted
+    position: NonNegativeInt = 0
+    #: instances the runs ahead of it ask for
+    ahead_instances: NonNegativeInt = 0
+    #: seconds the run has waited in the queue, in all (every wait of every attempt)
+    queued_s: NonNegativeInt = 0
+    #: seconds to wait before the queue is asked again (0 once admitted)
+    wait_seconds: NonNegativeInt = 0
+    admitted_at: str | None = None
 
 
 class Failure(_Shape):
@@ -192,6 +211,7 @@ class Recovery(_Shape):
 
 #: The parts of the state document besides $.job that steps read, and the step that makes each.
 SECTIONS: dict[str, tuple[type[_Shape], str]] = {
+    "quota": (Admission, "check_quota (the capacity queue)"),
     "network": (Network, "create_network"),
     "filesystem": (Filesystem, "create_filesystem / check_filesystem"),
     "code": (Code, "upload_code"),
@@ -205,6 +225,7 @@ SECTIONS: dict[str, tuple[type[_Shape], str]] = {
 class Sections:
     """The parts of the run document beside $.job, typed: what a step reads of the steps before it."""
 
+    quota: Admission | None = None
     network: Network | None = None
     filesystem: Filesystem | None = None
     code: Code | None = None

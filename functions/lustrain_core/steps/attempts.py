@@ -13,8 +13,8 @@ The state machine's Catch on the training task puts the attempt's end in $.failu
 3. returns $.recovery: the attempts so far with this one appended, `retry`, and `wait_seconds` (the class's
    wait, capped by the stack's LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS).
 
-On retry the state machine waits, then runs start_training again: a new training job on the same network and
-file system, whose trainer resumes from the newest checkpoint in the run's own checkpoint location. The network
+On retry the state machine waits, then the run goes through the capacity queue again (steps/queue.py) and runs
+start_training once admitted: a new training job on the same network and file system, whose trainer resumes from the newest checkpoint in the run's own checkpoint location. The network
 and the file system are torn down once, when the run ends.
 """
 
@@ -92,17 +92,24 @@ def _this_attempt(run: Run, sagemaker: Any, number: int) -> Attempt:
     )
 
 
-def decide(run: Run, attempt: Attempt, spent_usd: float, settings: Settings) -> tuple[bool, int, str]:
-    """(retry?, wait seconds, why): the run policy applied to the attempt that just ended."""
+def decide(
+    run: Run, attempt: Attempt, spent_usd: float, settings: Settings, ran: int | None = None
+) -> tuple[bool, int, str]:
+    """(retry?, wait seconds, why): the run policy applied to the attempt that just ended. `ran`: the training jobs
+    the run has started so far (SageMaker's refusals are none); the attempt's number when not given."""
     failure_class = recovery.class_of_error(attempt.error)
     if failure_class is None:
         return False, 0, f"{attempt.error} is not a training attempt's end: the run ends"
     policy = recovery.POLICY[failure_class]
     if not policy.retried:
         return False, 0, f"{failure_class} ({policy.error}) is not retried: {policy.why}"
+    if failure_class == recovery.FailureClass.QUOTA and attempt.training_job_name is None:
+        # SageMaker refused the job: nothing ran; the capacity queue bounds the wait (compute.max_queue_hours)
+        return True, policy.wait_seconds, f"{failure_class}: SageMaker refused the job; back to the capacity queue"
     most = run.job.spec.compute.max_attempts
-    if attempt.attempt >= most:
-        return False, 0, f"{failure_class}: attempt {attempt.attempt} was the last of compute.max_attempts={most}"
+    ran = attempt.attempt if ran is None else ran
+    if ran >= most:
+        return False, 0, f"{failure_class}: attempt {ran} was the last of compute.max_attempts={most}"
     left = attempt_budget(run, spent_usd, settings)
     if left is not None and left.runtime_seconds < MIN_RUNTIME_SECONDS:
         return (
@@ -116,7 +123,7 @@ def decide(run: Run, attempt: Attempt, spent_usd: float, settings: Settings) -> 
     cap = _wait_cap(settings)
     if cap is not None:
         wait = min(wait, cap)
-    return True, wait, f"{failure_class} is retried: attempt {attempt.attempt + 1} of {most} in {wait} s"
+    return True, wait, f"{failure_class} is retried: attempt {ran + 1} of {most} in {wait} s"
 
 
 def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings: Settings) -> Recovery:
@@ -128,7 +135,8 @@ def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings
     attempt = _this_attempt(run, sagemaker, number)
     attempts = [*earlier, attempt]
     spent = round(sum(a.cost_usd for a in attempts), 2)
-    retry, wait, reason = decide(run, attempt, spent, settings)
+    ran = sum(1 for a in attempts if a.training_job_name is not None)
+    retry, wait, reason = decide(run, attempt, spent, settings, ran)
     return Recovery(attempts=attempts, retry=retry, wait_seconds=wait, reason=reason, spent_usd=spent)
 
 

@@ -71,7 +71,9 @@ KMS_KEY_SETTING = "LUSTRAIN_KMS_KEY_ID"
 #: On a file system the spec keeps (filesystem.keep), so that a sweep of a run whose record is gone keeps it too.
 TAG_KEEP = "lustrain:keep"
 
-DEFAULT_POLL = {"initial_seconds": 60, "max_seconds": 300, "max_polls": 120}
+#: the first look after CreateFileSystem waits the creation time to expect (initial_seconds), every later look
+#: max_seconds after the one before: a file system ready after the first look is noticed within max_seconds
+DEFAULT_POLL = {"initial_seconds": 480, "max_seconds": 30, "max_polls": 120}
 
 
 def directory_path(mount_name: str, mount_path: str) -> str:
@@ -208,9 +210,11 @@ def poll_settings(document: dict[str, Any]) -> dict[str, int]:
 
 
 def next_wait(polls: int, poll: dict[str, int]) -> int:
-    """Seconds to wait before check number `polls + 1`: initial, doubling, capped at max."""
-    doubled: int = poll["initial_seconds"] * 2 ** min(polls, 30)
-    return min(doubled, poll["max_seconds"])
+    """Seconds to wait before check number `polls + 1`: the creation time to expect before the first, then the
+    steady interval (never longer than the first wait)."""
+    if polls == 0:
+        return poll["initial_seconds"]
+    return min(poll["max_seconds"], poll["initial_seconds"])
 
 
 # --------------------------------------------------------------------------- AWS reads
@@ -334,7 +338,6 @@ def _result(
     wait_seconds: int,
     links: list[LinkState],
     ready: bool,
-    backoff: int | None = None,
 ) -> Filesystem:
     mount = _mount_name(fs)
     out = output_path(job.job_id) if job.spec.output.to_filesystem else None
@@ -355,7 +358,6 @@ def _result(
         links=links,
         polls=polls,
         wait_seconds=wait_seconds,
-        backoff=backoff,
     )
 
 
@@ -501,23 +503,12 @@ def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: 
             file_system_id=fs_id,
             lifecycle=fs.get("Lifecycle"),
         )
-    # The wait doubles while nothing changes; progress (the file system turning AVAILABLE, a new link) restarts
-    # it at the initial wait, so a link created on this poll is seen seconds after it is ready, not minutes.
-    progressed = fs.get("Lifecycle") != previous.file_system_lifecycle or _link_states(links) != _link_states(
-        previous.links
-    )
-    backoff = 0 if progressed else (polls - 1 if previous.backoff is None else previous.backoff) + 1
     return _result(
         job,
         fs,
         created=previous.created,
         polls=polls,
-        wait_seconds=next_wait(backoff, poll),
+        wait_seconds=next_wait(polls, poll),
         links=links,
         ready=ready,
-        backoff=backoff,
     )
-
-
-def _link_states(links: list[LinkState]) -> list[tuple[Any, Any]]:
-    return [(link.path, link.lifecycle) for link in links]

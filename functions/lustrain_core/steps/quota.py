@@ -3,9 +3,10 @@
 The quota is found by its name ("ml.p4d.24xlarge for training job usage"; spot jobs count against "... for spot
 training job usage"), never by a hard-coded L- code: public sources disagree on the codes. Its value is the
 account's applied quota, or AWS's default where none was ever applied. In use = the instances of that type held
-by InProgress training jobs of the same kind (spot or on-demand). More requested than left raises QuotaExceeded
-with the numbers and the command that asks for more; with LUSTRAIN_REQUEST_QUOTA_INCREASE=true the request is
-filed too, and the error says so.
+by InProgress and Stopping training jobs of the same kind (spot or on-demand). The capacity queue (steps/queue.py)
+measures with it and admits a run when its instances fit; a refusal (QuotaExceeded) carries the numbers and the
+command that asks for more; with LUSTRAIN_REQUEST_QUOTA_INCREASE=true the request is filed too, and the error says
+so.
 """
 
 from __future__ import annotations
@@ -44,20 +45,25 @@ def quota_value(quotas: Any, code: str) -> float:
     )
 
 
+#: the statuses of training jobs that hold instances: a Stopping job still has its fleet (and SageMaker counts it)
+HOLDING_STATUSES = ("InProgress", "Stopping")
+
+
 def instances_in_use(sagemaker: Any, instance_type: str, spot: bool) -> int:
-    """Instances of the type held by InProgress training jobs that count against the same quota."""
+    """Instances of the type held by InProgress and Stopping training jobs that count against the same quota."""
     used = 0
-    for page in sagemaker.get_paginator("list_training_jobs").paginate(StatusEquals="InProgress"):
-        for summary in page.get("TrainingJobSummaries", []):
-            job = sagemaker.describe_training_job(TrainingJobName=summary["TrainingJobName"])
-            if bool(job.get("EnableManagedSpotTraining")) != spot:
-                continue
-            resources = job.get("ResourceConfig", {})
-            if resources.get("InstanceType") == instance_type:
-                used += int(resources.get("InstanceCount", 0))
-            for group in resources.get("InstanceGroups", []):
-                if group.get("InstanceType") == instance_type:
-                    used += int(group.get("InstanceCount", 0))
+    for status in HOLDING_STATUSES:
+        for page in sagemaker.get_paginator("list_training_jobs").paginate(StatusEquals=status):
+            for summary in page.get("TrainingJobSummaries", []):
+                job = sagemaker.describe_training_job(TrainingJobName=summary["TrainingJobName"])
+                if bool(job.get("EnableManagedSpotTraining")) != spot:
+                    continue
+                resources = job.get("ResourceConfig", {})
+                if resources.get("InstanceType") == instance_type:
+                    used += int(resources.get("InstanceCount", 0))
+                for group in resources.get("InstanceGroups", []):
+                    if group.get("InstanceType") == instance_type:
+                        used += int(group.get("InstanceCount", 0))
     return used
 
 
@@ -82,11 +88,9 @@ def _request_increase(quotas: Any, code: str, desired: int) -> str:
     return f"an increase to {desired} was requested (request {change.get('Id', '?')}, {change.get('Status', '?')})"
 
 
-def check_quota(
-    document: dict[str, Any], *, quotas: Any, sagemaker: Any, settings: Settings
-) -> dict[str, Any]:
-    """$.quota: the quota, what is in use and what the run asks for; QuotaExceeded when it does not fit."""
-    job = Job.from_document(document)
+def measure(job: Job, *, quotas: Any, sagemaker: Any, settings: Settings, held: int = 0) -> dict[str, Any]:
+    """The quota the run counts against, what running jobs use of it (and `held`: instances the capacity queue
+    has promised to runs whose jobs do not exist yet), what the run asks for and what is left for it."""
     compute = job.spec.compute
     name = job.launch.quota.name
     quota = find_quota(quotas, name)
@@ -100,26 +104,48 @@ def check_quota(
     code = str(quota["QuotaCode"])
     limit = quota_value(quotas, code)
     in_use = instances_in_use(sagemaker, compute.instance_type, compute.spot)
-    requested = compute.instance_count
-    available = max(0, math.floor(limit) - in_use)
-    result = {
+    return {
         "quota_code": code,
         "quota_name": name,
         "limit": limit,
         "in_use": in_use,
-        "requested": requested,
-        "available": available,
+        "held": held,
+        "requested": compute.instance_count,
+        "available": max(0, math.floor(limit) - in_use - held),
     }
-    if requested <= available:
-        return result
-    desired = in_use + requested
+
+
+def fits_ever(measured: dict[str, Any]) -> bool:
+    """Could the run's instances fit the quota at all, with nothing else running?"""
+    return int(measured["requested"]) <= math.floor(float(measured["limit"]))
+
+
+def refusal(job: Job, measured: dict[str, Any], settings: Settings, *, quotas: Any, why: str = "") -> QuotaExceeded:
+    """QuotaExceeded with the numbers and the command that asks for more (filed too where the stack says so)."""
+    compute = job.spec.compute
+    code, name, limit = measured["quota_code"], measured["quota_name"], float(measured["limit"])
+    in_use, held, requested = int(measured["in_use"]), int(measured.get("held") or 0), int(measured["requested"])
+    desired = in_use + held + requested
+    promised = f", {held} promised to queued runs" if held else ""
     message = (
-        f"{requested} x {compute.instance_type} requested, {in_use} in use by running training jobs, quota "
-        f"{limit:g} ({name}, {code}) in {settings.region}: {available} free. Ask for at least {desired}: "
-        f"{increase_command(code, desired, settings.region)}"
+        f"{requested} x {compute.instance_type} requested, {in_use} in use by running training jobs{promised}, "
+        f"quota {limit:g} ({name}, {code}) in {settings.region}: {measured['available']} free"
+        + (f"; {why}" if why else "")
+        + f". Ask for at least {desired}: {increase_command(code, desired, settings.region)}"
     )
     filed = None
     if settings.extra.get(REQUEST_INCREASE, "").strip().lower() == "true":
         filed = _request_increase(quotas, code, desired)
         message += f"; {filed}"
-    raise QuotaExceeded(message, **result, desired=desired, increase_requested=filed)
+    return QuotaExceeded(message, **measured, desired=desired, increase_requested=filed)
+
+
+def check_quota(
+    document: dict[str, Any], *, quotas: Any, sagemaker: Any, settings: Settings
+) -> dict[str, Any]:
+    """The quota now, without queueing: the numbers, or QuotaExceeded when the run's instances do not fit."""
+    job = Job.from_document(document)
+    measured = measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings)
+    if measured["requested"] <= measured["available"]:
+        return measured
+    raise refusal(job, measured, settings, quotas=quotas)

@@ -20,8 +20,12 @@ ledger: a training job still InProgress is stopped, file systems and the network
 (filesystem.keep, or its `lustrain:keep` tag when the record is gone) stays with its network. A run the sweeper
 ends gets status FAILED and the error RunAbandoned in its record; a finished run keeps its status.
 
-The result (also logged) is {swept: [...], kept: [...], skipped: [...]}: each resource stopped or deleted and
-why its job was swept, each resource kept and why, and each job left alone (or not finished yet) and why.
+A queued run has no resources, so it is never swept; the sweep then takes out of the capacity queue's lines every
+run that ended or has no record (`queue.prune`), so a run no teardown saw end never blocks the runs behind it.
+
+The result (also logged) is {swept: [...], kept: [...], skipped: [...], released: [...]}: each resource stopped or
+deleted and why its job was swept, each resource kept and why, each job left alone (or not finished yet) and why,
+and each run taken out of a queue and why.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
 from lustrain_core.spec import Compute
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records, tag_dict
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, queue, records, tag_dict
 from lustrain_core.steps.teardown import TRAINING_JOB, Clock, teardown_job
 
 STATE_MACHINE_SETTING = "LUSTRAIN_STATE_MACHINE_ARN"
@@ -141,9 +145,11 @@ def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
     """When a run still going counts as stuck (epoch seconds), or None when its record does not say.
 
     A run trains in attempts (the run policy, lustrain_core.recovery): the clock runs from the latest attempt's
-    start (start_training's attempt_started_at; the record's created_at before the first), for the longest one
-    attempt may take, plus the longest wait before another while attempts remain (compute.max_attempts), plus
-    the stack's grace. A second attempt is never stopped for the time the first one took."""
+    start (start_training's attempt_started_at; before the first, the capacity queue's admission, or the record's
+    created_at), for the longest one attempt may take, plus the longest wait before another while attempts remain
+    (compute.max_attempts), plus the stack's grace. A second attempt is never stopped for the time the first one
+    took, nor a run admitted late for the time it queued: while a run waits in the queue (`queue.state` queued),
+    the clock starts at the end of the time it may still wait (`queue.since` + `queue.left_s`)."""
     started = _moment(record, "created_at")
     if started is None:
         return None
@@ -152,8 +158,18 @@ def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
         compute = Compute.model_validate(raw)
     except ValidationError:
         return None
-    latest = _moment(record, "attempt_started_at")
-    anchor = max(started, latest) if latest is not None else started
+    raw_queue = record.get("queue")
+    queue: dict[str, Any] = raw_queue if isinstance(raw_queue, dict) else {}
+    moments = [started, _moment(record, "attempt_started_at"), records.moment(queue.get("admitted_at"))]
+    if queue.get("state") == "queued":
+        since = records.moment(queue.get("since"))
+        try:
+            left = float(queue.get("left_s") or 0)
+        except (TypeError, ValueError):
+            left = 0.0
+        if since is not None:
+            moments.append(since + left)
+    anchor = max(m for m in moments if m is not None)
     longest = max(compute.max_runtime_hours, compute.wait_hours or 0) * 3600
     try:
         tried = int(record.get("training_attempts") or 0)
@@ -248,7 +264,9 @@ def sweep(
             report.skipped.append(
                 {"job_id": job_id, "reason": f"could not be swept: {exc}", "resources": resources}
             )
-    return report.to_dict()
+    result = report.to_dict()
+    result["released"] = queue.prune(ddb, settings)
+    return result
 
 
 def _sweep_job(

@@ -35,7 +35,7 @@ from lustrain_core import resources as registry
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid, TeardownIncomplete
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, records
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, queue, records
 from lustrain_core.steps import filesystem as fsx_step
 from lustrain_core.steps.teardown_base import (
     BUSY,
@@ -148,7 +148,11 @@ def teardown_job(
     `error` and the resources still left. TeardownIncomplete while something remains."""
     record = records.get(ddb, settings.jobs_table, job_id) or {}
     spec_doc = record.get("spec") or fallback_spec
-    keep = bool(validate_spec(spec_doc).filesystem.keep) if spec_doc else False
+    spec = validate_spec(spec_doc) if spec_doc else None
+    keep = bool(spec.filesystem.keep) if spec is not None else False
+    if spec is not None:
+        # out of the capacity queue first: a stopped or failed run must not block the runs behind it
+        queue.leave(ddb, settings, spec.compute, job_id)
     export = record.get("export_on_teardown") or {}
 
     work = Teardown(ec2=ec2, fsx=fsx, job_id=job_id, settings=settings, clock=clock, sagemaker=sagemaker)

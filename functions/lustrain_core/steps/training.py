@@ -30,7 +30,7 @@ from lustrain_core.errors import MISSING, BudgetExceeded, FieldError, QuotaExcee
 from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
-from lustrain_core.steps import Job, Run, records
+from lustrain_core.steps import Job, Run, queue, records
 from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, AttemptBudget, attempt_budget, attempt_cost_usd
 from lustrain_core.steps.filesystem import directory_path, output_path
 
@@ -374,6 +374,7 @@ def start_training(
     records.require(ddb, settings.jobs_table, job.job_id)
     adopted = _adopt_running(ddb, sagemaker, settings, job, token)
     if adopted is not None:
+        queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
         return adopted
 
     attempt = _next_attempt(ddb, settings, job.job_id)
@@ -396,19 +397,25 @@ def start_training(
             # The job exists though the answer was an error: a 5xx after SageMaker committed it, or botocore's
             # retry meeting the job its first try created. It is this run's, and its token already waits for it:
             # starting another attempt would pay for a second fleet.
+            queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
             return {"training_job_name": name, "attempt": attempt, "adopted": True}
         ddb.delete_item(TableName=settings.tokens_table, Key=token_key(name))
         if error_code(exc) == QUOTA_REFUSED:
+            # another workload took the quota since the admission: the run goes back to the queue, in its place
+            # (the run policy's quota class; next_attempt does not count it as an attempt)
+            queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
             compute = job.spec.compute
             raise QuotaExceeded(
                 f"SageMaker refused {compute.instance_count} x {compute.instance_type}: "
                 f"{exc.response.get('Error', {}).get('Message', '')} (quota "
-                f"'{job.launch.quota.name}'; request an increase in Service Quotas)",
+                f"'{job.launch.quota.name}'; back to the capacity queue)",
                 training_job_name=name,
                 instance_type=compute.instance_type,
                 instance_count=compute.instance_count,
             ) from exc
         raise
+    # the job exists and holds its instances in SageMaker's count: the queue's promise is kept
+    queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
     return {
         "training_job_name": name,
         "attempt": attempt,

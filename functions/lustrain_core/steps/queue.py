@@ -1,0 +1,358 @@
+"""The capacity queue: a run whose instances do not fit the quota left waits for them, before anything is billed.
+
+check_quota (the state machine's "Check the SageMaker quota") calls `take_place` on every visit: the run joins
+its pool's line, and is admitted when it is at the head and its instances fit what the quota leaves. Otherwise the
+state machine waits `wait_seconds` (the stack's QueuePollSeconds) and asks again; the network and the file system
+are created only after the admission, so a queued run has nothing that bills.
+
+- **One line per pool**: an instance type and a purchase option (`ml.p4d.24xlarge#on-demand`,
+  `...#spot`), since spot and on-demand jobs count against different quotas. First come, first served: a run is
+  admitted only when no run that queued before it still waits, so a large run is never starved by small ones.
+- **An admission holds its instances** until the run's training job exists (start_training releases the hold
+  once CreateTrainingJob answered; the job then counts in SageMaker's own InProgress list). What is free is the
+  quota, less the instances InProgress and Stopping jobs hold (anyone's: another workload's too), less the holds.
+- **Two runs admitted together never oversubscribe**: the pool is one DynamoDB item (its line, its holds and an
+  `epoch`). Every change bumps the epoch, and an admission is written only if the epoch is still the one its
+  arithmetic read (a conditional update); a run that loses the race reads again.
+- **Waits are bounded**: `compute.max_queue_hours` counts every wait of the run (the first, and each return to
+  the line before a later attempt, including the time from an admission to SageMaker's refusal). Past it the run
+  leaves the line and ends QuotaExceeded with the numbers and the command that asks for more. A run that can never
+  fit (more instances than the whole quota) is refused at once; so is any run with `max_queue_hours: 0` that does
+  not fit now.
+- **A refused run keeps its place**: SageMaker's ResourceLimitExceeded (another workload took the quota between
+  the admission and CreateTrainingJob) sends the run back to the line at its first place (its `order`), and the
+  next attempt of a run whose job failed returns there too.
+
+Every end of a run leaves the line and drops its hold (teardown, `leave`), so a stopped or failed run never blocks
+the runs behind it; the sweeper's teardown of an abandoned run does the same.
+
+The pool item (queue table, pk `pool_name`):
+
+    pool_name, epoch, waiting: {job_id: {order, instances, since, before_s}}, holds: {job_id: {instances, since}}
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core.aws_errors import CONDITION_FAILED, error_code
+from lustrain_core.config import Settings
+from lustrain_core.errors import QuotaExceeded
+from lustrain_core.recovery import FailureClass, class_of_error
+from lustrain_core.spec import Compute
+from lustrain_core.steps import Admission, Run, quota, records
+
+#: the stack's seconds between two looks at the queue by a waiting run (template: QueuePollSeconds)
+POLL_SETTING = "LUSTRAIN_QUEUE_POLL_SECONDS"
+DEFAULT_POLL_SECONDS = 30
+#: conditional writes lost to another run's change before this visit gives up (the next visit tries again)
+RACE_TRIES = 4
+
+
+def pool_of(compute: Compute) -> str:
+    """The line a run waits in: its instance type and purchase option."""
+    return f"{compute.instance_type}#{'spot' if compute.spot else 'on-demand'}"
+
+
+def poll_seconds(settings: Settings) -> int:
+    raw = settings.extra.get(POLL_SETTING, "").strip()
+    if not raw:
+        return DEFAULT_POLL_SECONDS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"stack setting {POLL_SETTING}={raw!r} is not a whole number of seconds") from None
+    if value < 1:
+        raise ValueError(f"stack setting {POLL_SETTING}={raw!r} must be 1 or more")
+    return value
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime(records.ISO_FORMAT)
+
+
+def _key(pool: str) -> dict[str, Any]:
+    return {"pool_name": {"S": pool}}
+
+
+def read_pool(ddb: Any, table: str, pool: str) -> dict[str, Any]:
+    """The pool item: {epoch, waiting, holds}; an empty pool is written first (so updates have maps to change)."""
+    item = ddb.get_item(TableName=table, Key=_key(pool), ConsistentRead=True).get("Item")
+    if item is None:
+        try:
+            ddb.put_item(
+                TableName=table,
+                Item={"pool_name": {"S": pool}, "epoch": {"N": "0"}, "waiting": {"M": {}}, "holds": {"M": {}}},
+                ConditionExpression="attribute_not_exists(pool_name)",
+            )
+        except ClientError as exc:
+            if error_code(exc) != CONDITION_FAILED:
+                raise
+        item = ddb.get_item(TableName=table, Key=_key(pool), ConsistentRead=True)["Item"]
+    found = records.from_item(item)
+    return {
+        "epoch": int(found.get("epoch") or 0),
+        "waiting": dict(found.get("waiting") or {}),
+        "holds": dict(found.get("holds") or {}),
+    }
+
+
+def _update(ddb: Any, table: str, pool: str, expression: str, condition: str, job_id: str, **values: Any) -> bool:
+    """One conditional change of the pool item, bumping its epoch; False when the condition no longer held."""
+    attribute_values = {f":{name}": records.to_attribute(value) for name, value in values.items()}
+    attribute_values[":one"] = {"N": "1"}
+    try:
+        ddb.update_item(
+            TableName=table,
+            Key=_key(pool),
+            UpdateExpression=expression,
+            ConditionExpression=condition,
+            ExpressionAttributeNames={"#job": job_id},
+            ExpressionAttributeValues=attribute_values,
+        )
+    except ClientError as exc:
+        if error_code(exc) == CONDITION_FAILED:
+            return False
+        raise
+    return True
+
+
+def _join(ddb: Any, table: str, pool: str, job_id: str, ticket: dict[str, Any]) -> None:
+    """Join the line (once: a run already waiting or holding keeps its ticket)."""
+    _update(
+        ddb,
+        table,
+        pool,
+        "SET waiting.#job = :ticket, epoch = epoch + :one",
+        "attribute_exists(pool_name) AND attribute_not_exists(waiting.#job) AND attribute_not_exists(holds.#job)",
+        job_id,
+        ticket=ticket,
+    )
+
+
+def leave(ddb: Any, settings: Settings, compute: Compute, job_id: str) -> None:
+    """Leave the line and drop any hold (every end of a run: teardown). Nothing to do for a run never queued."""
+    _leave_pool(ddb, settings.queue_table, pool_of(compute), job_id)
+
+
+def _leave_pool(ddb: Any, table: str, pool: str, job_id: str) -> bool:
+    return _update(
+        ddb,
+        table,
+        pool,
+        "REMOVE waiting.#job, holds.#job SET epoch = epoch + :one",
+        "attribute_exists(pool_name) AND (attribute_exists(waiting.#job) OR attribute_exists(holds.#job))",
+        job_id,
+    )
+
+
+def prune(ddb: Any, settings: Settings) -> list[dict[str, str]]:
+    """The sweeper's part: take out of every line the runs that ended (their record FINISHED) or have no record,
+    so a run whose end no teardown saw never blocks the runs behind it. Returns what was taken out."""
+    pruned: list[dict[str, str]] = []
+    for page in ddb.get_paginator("scan").paginate(TableName=settings.queue_table, ConsistentRead=True):
+        for item in page.get("Items", []):
+            found = records.from_item(item)
+            pool = str(found.get("pool_name"))
+            for part in ("waiting", "holds"):
+                for job_id in dict(found.get(part) or {}):
+                    record = records.get(ddb, settings.jobs_table, job_id)
+                    if record is not None and record.get("status") not in records.FINISHED:
+                        continue
+                    if _leave_pool(ddb, settings.queue_table, pool, job_id):
+                        why = "no job record" if record is None else f"its run ended {record.get('status')}"
+                        pruned.append({"pool": pool, "job_id": job_id, "was": part, "reason": why})
+    return pruned
+
+
+def release_hold(ddb: Any, settings: Settings, compute: Compute, job_id: str) -> None:
+    """The training job exists (or SageMaker refused it): its instances count in SageMaker's list, not here."""
+    _update(
+        ddb,
+        settings.queue_table,
+        pool_of(compute),
+        "REMOVE holds.#job SET epoch = epoch + :one",
+        "attribute_exists(pool_name) AND attribute_exists(holds.#job)",
+        job_id,
+    )
+
+
+def _queued_before(run: Run, now: float) -> int:
+    """Seconds the run waited before this wait: its earlier waits, and for a run SageMaker refused after an
+    admission, the time since that admission (it was waiting for the quota all along)."""
+    previous = run.sections.quota
+    if previous is None or not previous.admitted:
+        return previous.queued_s if previous is not None else 0
+    before = previous.queued_s
+    failure = run.sections.failure
+    admitted_at = records.moment(previous.admitted_at)
+    if failure is not None and class_of_error(failure.Error) == FailureClass.QUOTA and admitted_at is not None:
+        before += max(0, int(now - admitted_at))
+    return before
+
+
+def take_place(
+    document: dict[str, Any],
+    *,
+    quotas: Any,
+    sagemaker: Any,
+    ddb: Any,
+    settings: Settings,
+    clock: Callable[[], float] = time.time,
+) -> Admission:
+    """Join the run's line (or keep its place) and be admitted if its instances fit; $.quota either way.
+    QuotaExceeded when they can never fit, or the run's time in the queue (compute.max_queue_hours) ran out."""
+    run = Run.parse(document)
+    job = run.job
+    compute = job.spec.compute
+    table = settings.queue_table
+    pool = pool_of(compute)
+    now = clock()
+    previous = run.sections.quota
+    order = previous.order if previous is not None and previous.order else f"{_iso(now)}#{job.job_id}"
+    allowed_s = int(compute.max_queue_hours * 3600)
+
+    measured: dict[str, Any] = {}
+    for _ in range(RACE_TRIES):
+        state = read_pool(ddb, table, pool)
+        if job.job_id in state["holds"]:  # a retried visit that was admitted already
+            return _admitted(ddb, settings, run, pool, order, measured or {}, state["holds"][job.job_id], now)
+        ticket = state["waiting"].get(job.job_id)
+        if ticket is None:
+            ticket = {
+                "order": order,
+                "instances": compute.instance_count,
+                "since": _iso(now),
+                "before_s": _queued_before(run, now),
+            }
+            _join(ddb, table, pool, job.job_id, ticket)
+            continue  # read the line again, with this run in it
+        held = sum(int(h.get("instances") or 0) for h in state["holds"].values())
+        measured = quota.measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held)
+        since = records.moment(ticket.get("since")) or now
+        queued_s = int(ticket.get("before_s") or 0) + max(0, int(now - since))
+        ahead = [
+            t for j, t in state["waiting"].items() if j != job.job_id and str(t.get("order")) < str(ticket["order"])
+        ]
+        if not quota.fits_ever(measured):
+            leave(ddb, settings, compute, job.job_id)
+            raise _refused(run, measured, settings, quotas, "more than the whole quota: no wait can make it fit")
+        fits = measured["requested"] <= measured["available"]
+        if not ahead and fits:
+            hold = {"instances": compute.instance_count, "since": _iso(now), "queued_s": queued_s}
+            admitted = _update(
+                ddb,
+                table,
+                pool,
+                "SET holds.#job = :hold, epoch = epoch + :one REMOVE waiting.#job",
+                "epoch = :epoch AND attribute_exists(waiting.#job)",
+                job.job_id,
+                hold=hold,
+                epoch=state["epoch"],
+            )
+            if admitted:
+                return _admitted(ddb, settings, run, pool, str(ticket["order"]), measured, hold, now)
+            continue  # another run changed the pool meanwhile: read it again
+        if queued_s >= allowed_s:
+            leave(ddb, settings, compute, job.job_id)
+            waited = (
+                "compute.max_queue_hours is 0: the run does not wait"
+                if allowed_s == 0
+                else f"waited {queued_s} s in the queue, compute.max_queue_hours={compute.max_queue_hours:g} "
+                f"({len(ahead)} run(s) still ahead)"
+            )
+            raise _refused(run, measured, settings, quotas, waited)
+        return _waiting(ddb, settings, run, pool, ticket, measured, ahead, queued_s, allowed_s, now)
+    # every try lost a race: others are being admitted or released right now; look again shortly
+    return Admission(
+        admitted=False,
+        pool=pool,
+        order=order,
+        position=1,
+        queued_s=previous.queued_s if previous is not None else 0,
+        wait_seconds=poll_seconds(settings),
+        **{k: v for k, v in measured.items() if k not in Admission.model_fields},
+    )
+
+
+def _refused(run: Run, measured: dict[str, Any], settings: Settings, quotas: Any, why: str) -> QuotaExceeded:
+    return quota.refusal(run.job, measured, settings, quotas=quotas, why=why)
+
+
+def _admitted(
+    ddb: Any,
+    settings: Settings,
+    run: Run,
+    pool: str,
+    order: str,
+    measured: dict[str, Any],
+    hold: dict[str, Any],
+    now: float,
+) -> Admission:
+    queued_s = int(hold.get("queued_s") or 0)
+    admitted_at = str(hold.get("since") or _iso(now))
+    records.set_fields(
+        ddb,
+        settings.jobs_table,
+        run.job.job_id,
+        {"queue": {"state": "admitted", "pool": pool, "queued_s": queued_s, "admitted_at": admitted_at}},
+    )
+    return Admission(
+        admitted=True,
+        pool=pool,
+        order=order,
+        position=0,
+        queued_s=queued_s,
+        wait_seconds=0,
+        admitted_at=admitted_at,
+        **{k: v for k, v in measured.items() if k not in Admission.model_fields},
+    )
+
+
+def _waiting(
+    ddb: Any,
+    settings: Settings,
+    run: Run,
+    pool: str,
+    ticket: dict[str, Any],
+    measured: dict[str, Any],
+    ahead: list[dict[str, Any]],
+    queued_s: int,
+    allowed_s: int,
+    now: float,
+) -> Admission:
+    position = len(ahead) + 1
+    ahead_instances = sum(int(t.get("instances") or 0) for t in ahead)
+    records.set_fields(
+        ddb,
+        settings.jobs_table,
+        run.job.job_id,
+        {
+            "queue": {
+                "state": "queued",
+                "pool": pool,
+                "position": position,
+                "ahead_instances": ahead_instances,
+                "since": ticket.get("since"),
+                "queued_s": queued_s,
+                # the time left to wait from `since`: the sweeper's deadline counts it
+                "left_s": max(0, allowed_s - int(ticket.get("before_s") or 0)),
+            }
+        },
+    )
+    wait = min(poll_seconds(settings), max(1, allowed_s - queued_s))
+    return Admission(
+        admitted=False,
+        pool=pool,
+        order=str(ticket["order"]),
+        position=position,
+        ahead_instances=ahead_instances,
+        queued_s=queued_s,
+        wait_seconds=wait,
+        **{k: v for k, v in measured.items() if k not in Admission.model_fields},
+    )
