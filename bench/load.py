@@ -7,16 +7,21 @@ once, and waits for every execution to end, bounded by TIMEOUT_S. The server run
 thread, as the command does), so the bench can set the quota, which Service Quotas only lets AWS change.
 
 Every training job is told to keep busy for BUSY_S, so that the crowd overlaps: at most QUOTA instances can train
-at once, and a run that finds the quota taken is refused. check_quota counts InProgress jobs, and runs dropped
-together all pass it before any job exists, so the refusal comes from CreateTrainingJob (ResourceLimitExceeded),
-which start_training turns into QuotaExceeded; the run is torn down and fails by that name. There is no queue:
-a refused run must be dropped again.
+at once. The runs wait in the capacity queue (steps/queue.py) until their instances fit, first come first served,
+and build their network and file system only once admitted; the twin's SageMaker refuses a job beyond the quota
+(ResourceLimitExceeded), as AWS does, so an admission that oversubscribed would show.
 
-A run ends correctly when it SUCCEEDED with its own model archived, or FAILED with QuotaExceeded, and in either
-case left nothing behind. Nothing may cross between runs: each archive's model must name its own training job,
-and no resource may be deleted by two runs' teardowns.
+A run ends correctly when it SUCCEEDED with its own model archived, or FAILED with QuotaExceeded (its queue time
+ran out), and in either case left nothing behind. Nothing may cross between runs: each archive's model must name
+its own training job, and no resource may be deleted by two runs' teardowns.
 
-    .venv/bin/python bench/load.py [RUNS QUOTA]     prints runs=, succeeded=, refused=, leaked=, wall_s=, ...
+Figures: `queued_s_max`, the longest a run waited in the queue (its $.quota.queued_s when admitted), and
+`fs_hours_while_queued`, the file-system hours that overlapped a wait in the queue (each run's file system exists
+from the end of "Create the file system" to the end of its teardown; each wait runs from a check that did not
+admit to the next check), which is 0 when file systems are created on admission. Both in the twin's seconds.
+
+    .venv/bin/python bench/load.py [RUNS QUOTA]     prints runs=, succeeded=, refused=, leaked=, peak_instances=,
+                                                    queued_s_max=, fs_hours_while_queued=, wall_s=, ...
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ class LoadReport:
     leaked: int = 0
     crossed: list[str] = field(default_factory=list)
     peak_instances: int = 0
+    queued_s_max: int = 0
+    fs_seconds_while_queued: float = 0.0
     wall_s: float = 0.0
     ended: list[fault_matrix.Ended] = field(default_factory=list)
 
@@ -85,6 +92,8 @@ class LoadReport:
             "leaked": self.leaked,
             "crossed": len(self.crossed),
             "peak_instances": self.peak_instances,
+            "queued_s_max": self.queued_s_max,
+            "fs_hours_while_queued": round(self.fs_seconds_while_queued / 3600, 6),
             "wall_s": round(self.wall_s, 1),
         }
 
@@ -190,6 +199,49 @@ def _peak_instances(sagemaker: Any) -> int:
     return peak
 
 
+QUEUE_STATE = "Check the SageMaker quota"
+FS_CREATED = "Create the file system"
+TEARDOWNS = ("Tear down the run", "Tear down after failure")
+
+
+def queue_figures(history: list[dict[str, Any]]) -> tuple[int, float]:
+    """(seconds the run waited in the queue when last admitted, seconds its file system existed while it waited),
+    from its execution history's state exits."""
+    exits: list[tuple[datetime, str, dict[str, Any]]] = []
+    for event in history:
+        details = event.get("stateExitedEventDetails") or {}
+        if details.get("name"):
+            try:
+                output = json.loads(details.get("output") or "null")
+            except ValueError:
+                output = None
+            exits.append((event["timestamp"], details["name"], output if isinstance(output, dict) else {}))
+    queued_s = 0
+    fs_from: datetime | None = None
+    fs_to: datetime | None = None
+    waits: list[tuple[datetime, datetime | None]] = []
+    for when, name, output in exits:
+        if name == QUEUE_STATE:
+            if waits and waits[-1][1] is None:
+                waits[-1] = (waits[-1][0], when)
+            quota = output.get("quota") or {}
+            if quota.get("admitted"):
+                queued_s = int(quota.get("queued_s") or 0)
+            else:
+                waits.append((when, None))
+        elif name == FS_CREATED and fs_from is None:
+            fs_from = when
+        elif name in TEARDOWNS:
+            fs_to = when
+    overlap = 0.0
+    if fs_from is not None:
+        end = fs_to or datetime.now(tz=UTC)
+        for start, stop in waits:
+            stop = stop or end
+            overlap += max(0.0, (min(stop, end) - max(start, fs_from)).total_seconds())
+    return queued_s, overlap
+
+
 def _judge(report: LoadReport, outputs: dict[str, str], sfn: Any) -> None:
     s3 = boto3.client("s3")
     deleted_by: dict[str, str] = {}
@@ -207,7 +259,11 @@ def _judge(report: LoadReport, outputs: dict[str, str], sfn: Any) -> None:
             report.refused += 1
         else:
             report.wrong.append(f"{run.name}: {run.status} {run.error}")
-        for resource in _teardown_report(fault_matrix.execution_history(sfn, run.execution_arn)):
+        history = fault_matrix.execution_history(sfn, run.execution_arn)
+        queued_s, fs_while_queued = queue_figures(history)
+        report.queued_s_max = max(report.queued_s_max, queued_s)
+        report.fs_seconds_while_queued += fs_while_queued
+        for resource in _teardown_report(history):
             owner = deleted_by.setdefault(str(resource["id"]), run.name)
             if owner != run.name:
                 report.crossed.append(f"{resource['id']} was deleted by both {owner} and {run.name}")

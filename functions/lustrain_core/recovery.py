@@ -63,6 +63,9 @@ class ClassPolicy:
     recognised_by: str
     #: why it is (not) retried, for the README
     why: str
+    #: a refusal before any job ran (SageMaker's ResourceLimitExceeded) is no attempt: compute.max_attempts does not
+    #: count it, and the capacity queue bounds its wait (compute.max_queue_hours)
+    counts_as_attempt: bool = True
 
 
 POLICY: dict[FailureClass, ClassPolicy] = {
@@ -86,6 +89,7 @@ POLICY: dict[FailureClass, ClassPolicy] = {
                 "another workload took the quota after the capacity queue admitted the run: the run goes back to the "
                 "queue in its place (no job ran, so it is no attempt), and waits there at most compute.max_queue_hours"
             ),
+            counts_as_attempt=False,
         ),
         ClassPolicy(
             FailureClass.INFRASTRUCTURE,
@@ -303,7 +307,13 @@ def markdown_table() -> str:
     ]
     for policy in POLICY.values():
         wait = f"{policy.wait_seconds} s" if policy.retried else "-"
-        retried = "yes, up to `compute.max_attempts`" if policy.retried else "no"
+        retried = "no"
+        if policy.retried:
+            retried = (
+                "yes, up to `compute.max_attempts`"
+                if policy.counts_as_attempt
+                else "yes, through the capacity queue, within `compute.max_queue_hours`"
+            )
         rows.append(
             f"| {policy.failure_class} | `{policy.error}` | {retried} | {wait} | {policy.recognised_by} | {policy.why} |"
         )

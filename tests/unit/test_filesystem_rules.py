@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import botocore.session
@@ -179,13 +180,30 @@ def test_the_data_link_imports_and_the_output_link_exports():
 # --- the poll loop's schedule ----------------------------------------------------------------------------
 
 
-def test_the_wait_doubles_from_initial_up_to_max():
-    poll = {"initial_seconds": 30, "max_seconds": 300, "max_polls": 120}
-    assert [fs.next_wait(n, poll) for n in range(7)] == [30, 60, 120, 240, 300, 300, 300]
+def test_the_first_look_waits_the_creation_time_then_every_look_the_steady_interval():
+    poll = {"initial_seconds": 480, "max_seconds": 30, "max_polls": 240}
+    assert [fs.next_wait(n, poll) for n in range(5)] == [480, 30, 30, 30, 30]
+    # a file system ready 10 minutes after its creation is seen at most one interval late, in few looks
+    looks, waited = 0, 0
+    while waited < 600:
+        waited += fs.next_wait(looks, poll)
+        looks += 1
+    assert waited - 600 <= poll["max_seconds"] and looks == 5
 
 
-def test_poll_settings_default_when_absent_and_come_from_the_payload():
-    assert fs.poll_settings({}) == {"initial_seconds": 60, "max_seconds": 300, "max_polls": 120}
+def test_the_steady_interval_is_never_longer_than_the_first_wait():
+    assert fs.next_wait(3, {"initial_seconds": 1, "max_seconds": 2, "max_polls": 10}) == 1
+
+
+def test_poll_settings_default_to_the_templates_and_come_from_the_payload():
+    from lustrain.twin.stack import copy_template
+
+    parameters = copy_template(Path(__file__).resolve().parents[2] / "template.yaml")["Parameters"]
+    assert fs.poll_settings({}) == {
+        "initial_seconds": parameters["FilesystemPollInitialSeconds"]["Default"],
+        "max_seconds": parameters["FilesystemPollMaxSeconds"]["Default"],
+        "max_polls": parameters["FilesystemPollMaxCount"]["Default"],
+    }
     assert fs.poll_settings({"poll": {"initial_seconds": 1, "max_seconds": 4}})["max_seconds"] == 4
 
 

@@ -131,6 +131,7 @@ def test_the_quota_is_found_by_name_on_a_later_page_whatever_its_code():
         "quota_name": P4D,
         "limit": 8.0,
         "in_use": 0,
+        "held": 0,
         "requested": 2,
         "available": 8,
     }
@@ -147,6 +148,8 @@ def test_in_use_counts_running_jobs_of_the_same_type_and_kind_only():
     jobs = [
         training("a", "ml.p4d.24xlarge", 3),
         training("b", "ml.p4d.24xlarge", 2, status="Completed"),
+        # a Stopping job still has its fleet, and SageMaker counts it against the quota
+        training("s", "ml.p4d.24xlarge", 1, status="Stopping"),
         training("c", "ml.g5.48xlarge", 4),
         training("d", "ml.p4d.24xlarge", 1, spot=True),
         {
@@ -154,8 +157,8 @@ def test_in_use_counts_running_jobs_of_the_same_type_and_kind_only():
             "ResourceConfig": {"InstanceGroups": [{"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2}]},
         },
     ]
-    result = run(document(count=3), quotas, jobs)
-    assert (result["in_use"], result["available"]) == (5, 3)
+    result = run(document(count=2), quotas, jobs)
+    assert (result["in_use"], result["available"]) == (6, 2)
 
 
 def test_spot_runs_count_against_the_spot_quota():

@@ -40,7 +40,7 @@ def test_a_running_execution_is_left_alone_until_its_deadline():
     assert (within.sweep, within.reason) == (False, "its execution run-1 is still running")
     late = sweep.judge(record(), "RUNNING", T0 + 31 * HOUR, 6)
     assert (late.sweep, late.stop_execution) == (True, True)
-    assert "past its deadline (2026-05-02T14:10:00Z" in late.reason
+    assert "past its deadline (2026-05-02T14:05:00Z" in late.reason
 
 
 def test_the_deadline_counts_the_spot_wait_the_wait_before_another_attempt_and_the_grace():
@@ -63,6 +63,28 @@ def test_a_legitimate_second_attempt_is_never_stopped_for_the_time_the_first_one
     # and the second is held to its own deadline
     late = sweep.judge(second, "RUNNING", T0 + 24 * HOUR + 10 / 60 * HOUR + 30 * HOUR + WAIT + 1, 6)
     assert (late.sweep, late.stop_execution) == (True, True)
+
+
+def test_a_run_waiting_in_the_capacity_queue_is_given_the_time_it_may_still_wait():
+    # queued since its registration, allowed 20 h of queue: nothing is past due while it may still be admitted
+    queued = {
+        **record(max_queue_hours=20),
+        "queue": {"state": "queued", "since": STARTED, "queued_s": 19 * 3600, "left_s": 20 * 3600},
+    }
+    assert sweep.deadline(queued, 6) == T0 + 20 * HOUR + 30 * HOUR + WAIT
+    within = sweep.judge(queued, "RUNNING", T0 + 49 * HOUR, 6)
+    assert (within.sweep, within.reason) == (False, "its execution run-1 is still running")
+
+
+def test_a_run_admitted_late_is_held_to_a_deadline_from_its_admission():
+    # queued 20 h, admitted, its network and file system made: its training may take its whole 24 h from there
+    admitted = {
+        **record(max_queue_hours=24),
+        "queue": {"state": "admitted", "queued_s": 20 * 3600, "admitted_at": "2026-05-02T04:00:00Z"},
+    }
+    assert sweep.deadline(admitted, 6) == T0 + 20 * HOUR + 30 * HOUR + WAIT
+    assert sweep.judge(admitted, "RUNNING", T0 + 45 * HOUR, 6).sweep is False
+    assert sweep.judge(admitted, "RUNNING", T0 + 51 * HOUR, 6).stop_execution is True
 
 
 @pytest.mark.parametrize("status", ["ABORTED", "FAILED", "TIMED_OUT", "SUCCEEDED", "PENDING_REDRIVE"])

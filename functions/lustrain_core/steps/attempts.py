@@ -103,7 +103,7 @@ def decide(
     policy = recovery.POLICY[failure_class]
     if not policy.retried:
         return False, 0, f"{failure_class} ({policy.error}) is not retried: {policy.why}"
-    if failure_class == recovery.FailureClass.QUOTA and attempt.training_job_name is None:
+    if not policy.counts_as_attempt and attempt.training_job_name is None:
         # SageMaker refused the job: nothing ran; the capacity queue bounds the wait (compute.max_queue_hours)
         return True, policy.wait_seconds, f"{failure_class}: SageMaker refused the job; back to the capacity queue"
     most = run.job.spec.compute.max_attempts

@@ -73,7 +73,7 @@ TAG_KEEP = "lustrain:keep"
 
 #: the first look after CreateFileSystem waits the creation time to expect (initial_seconds), every later look
 #: max_seconds after the one before: a file system ready after the first look is noticed within max_seconds
-DEFAULT_POLL = {"initial_seconds": 480, "max_seconds": 30, "max_polls": 120}
+DEFAULT_POLL = {"initial_seconds": 480, "max_seconds": 30, "max_polls": 240}
 
 
 def directory_path(mount_name: str, mount_path: str) -> str:
