@@ -25,8 +25,9 @@ from typing import Any
 import boto3
 import pytest
 from infra_support import any_role
-from lustrain_core.errors import FileSystemFailed, NetworkInvalid, SpecInvalid, TeardownIncomplete
-from lustrain_core.steps import Attempt, Code, Filesystem, Network, Recovery, dumped
+from lustrain_core.errors import FileSystemFailed, NetworkInvalid, QuotaExceeded, SpecInvalid, TeardownIncomplete
+from lustrain_core.steps import Admission, Attempt, Code, Filesystem, Network, Recovery, dumped
+from lustrain_core.steps.filesystem import next_wait
 from moto import mock_aws
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,8 +49,8 @@ FUNCTIONS = {
     "notify": "NotifyFunctionArn",
 }
 
-#: The production poll schedule (template defaults): 30 s doubling to 5 min.
-PRODUCTION_POLL = {"initial_seconds": 60, "max_seconds": 300}
+#: The production poll schedule (template defaults): the first look after 480 s, then every 30 s.
+PRODUCTION_POLL = {"initial_seconds": 480, "max_seconds": 30}
 
 
 def render(substitutions: dict[str, Any]) -> str:
@@ -78,6 +79,11 @@ class Scenario:
     trainings: list[tuple[Any, ...]] = field(default_factory=list)
     #: How many failed attempts next_attempt answers with another try (its wait: 0 s).
     retries: int = 0
+    #: How many looks at the capacity queue answer "wait" before the one that admits (each visit of the queue:
+    #: the first attempt's and every later one's)
+    queued_looks: int = 0
+    #: raised by the look that would admit instead (the queue's time ran out)
+    queue_refusal: Exception | None = None
     calls: list[tuple[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -93,7 +99,30 @@ FAST_POLL = {"initial_seconds": 1, "max_seconds": 2, "max_polls": 36}
 
 
 def _scheduled_wait(poll: dict[str, Any], polls: int) -> int:
-    return int(min(poll["initial_seconds"] * 2**polls, poll["max_seconds"]))
+    return next_wait(polls, {**poll, "max_polls": 1})
+
+
+def _queue(event: dict[str, Any]) -> dict[str, Any]:
+    """The capacity queue's answer: `queued_looks` waits (0 s here), then the admission (or the refusal)."""
+    looks = len(SCENARIO.called("check_quota"))
+    waiting = looks <= SCENARIO.queued_looks
+    if not waiting and SCENARIO.queue_refusal is not None:
+        raise SCENARIO.queue_refusal
+    return dumped(
+        Admission(
+            admitted=not waiting,
+            pool="ml.p4d.24xlarge#on-demand",
+            order="2026-01-01T00:00:00Z#gpt-small-1a2b3c4d",
+            position=1 if waiting else 0,
+            queued_s=looks * 30,
+            wait_seconds=0,
+            quota_code="L-1",
+            limit=4,
+            in_use=4 if waiting else 0,
+            requested=2,
+            available=0 if waiting else 4,
+        )
+    )
 
 
 def _filesystem(event: dict[str, Any], polls: int) -> dict[str, Any]:
@@ -184,13 +213,7 @@ def _install_stubs() -> None:
     module = types.ModuleType(STUBS)
     results: dict[str, Callable[[Any], Any]] = {
         "register_job": lambda event: {**JOB, "duplicate": SCENARIO.duplicate},
-        "check_quota": lambda event: {
-            "quota_code": "L-1",
-            "limit": 4,
-            "in_use": 0,
-            "requested": 2,
-            "available": 4,
-        },
+        "check_quota": _queue,
         "create_network": lambda event: dumped(
             Network(
                 vpc_id="vpc-0a1b2c3d4e5f60718",
@@ -344,11 +367,67 @@ def test_happy_path_stays_within_budget_for_a_ten_minute_file_system(machine: Ma
     assert summary["started_at"] and summary["finished_at"]
     assert summary["teardown"]["deleted"] == ["fs-0123456789abcdef0", "vpc-1"]
     assert summary["notify"]["outcome"] == "succeeded"
-    # 60 s doubling to 5 min: polls at 60, 180, 420, 720 s -> AVAILABLE on the 4th (this stub has no links).
-    assert len(SCENARIO.called("check_filesystem")) == 4
-    assert len(entered(run)) <= 30, entered(run)
+    # the first look after 480 s, then every 30 s: looks at 480, 510, 540, 570, 600 s -> AVAILABLE on the 5th,
+    # noticed at once (this stub has no links)
+    assert len(SCENARIO.called("check_filesystem")) == 5
+    assert len(entered(run)) <= 40, entered(run)
     assert lambda_calls(run) <= 15
     assert "Tear down after failure" not in entered(run)
+
+
+def test_a_queued_run_waits_before_anything_is_created_then_builds_once_admitted(machine: Machine) -> None:
+    SCENARIO.queued_looks = 3
+    SCENARIO.training = ("success", TRAINING_OUTPUT)
+
+    run = machine.run(S3_EVENT)
+
+    assert run["status"] == "SUCCEEDED", run.get("cause")
+    steps = [step for step, _ in SCENARIO.calls]
+    assert steps[:5] == ["register_job", "check_quota", "check_quota", "check_quota", "check_quota"]
+    assert steps[5] == "create_network"
+    assert entered(run).count("Wait for capacity") == 3
+    # each look passes on what the last one said: the run keeps its place
+    looks = SCENARIO.called("check_quota")
+    assert [look.get("quota", {}).get("admitted") for look in looks] == [None, False, False, False]
+    assert looks[1]["quota"]["order"] == "2026-01-01T00:00:00Z#gpt-small-1a2b3c4d"
+
+
+def test_a_run_whose_queue_time_runs_out_ends_quota_exceeded_having_created_nothing(machine: Machine) -> None:
+    SCENARIO.queued_looks = 2
+    SCENARIO.queue_refusal = QuotaExceeded("waited 86400 s in the queue, compute.max_queue_hours=24")
+
+    run = machine.run(S3_EVENT)
+
+    assert run["status"] == "FAILED"
+    assert run["error"] == "QuotaExceeded"
+    steps = [step for step, _ in SCENARIO.calls]
+    assert steps == ["register_job", "check_quota", "check_quota", "check_quota", "teardown", "notify"]
+    (teardown,) = SCENARIO.called("teardown")
+    assert teardown["error"]["Error"] == "QuotaExceeded"
+
+
+def test_a_later_attempt_goes_back_through_the_queue_and_starts_on_the_same_network(machine: Machine) -> None:
+    SCENARIO.trainings = [("failure", "QuotaExceeded", "ResourceLimitExceeded: another workload took the quota")]
+    SCENARIO.training = ("success", TRAINING_OUTPUT)
+    SCENARIO.retries = 1
+
+    run = machine.run(S3_EVENT)
+
+    assert run["status"] == "SUCCEEDED", run.get("cause")
+    steps = [step for step, _ in SCENARIO.calls]
+    assert steps.count("create_network") == 1 and steps.count("create_filesystem") == 1
+    after = steps[steps.index("next_attempt") :]
+    assert after[:3] == ["next_attempt", "check_quota", "start_training"]
+
+
+def test_a_queue_answer_without_admitted_fails_catchably_not_with_states_runtime(machine: Machine) -> None:
+    sys.modules[STUBS].check_quota = _stub("check_quota", lambda event: {"quota_code": "L-1"})  # type: ignore[attr-defined]
+
+    run = machine.run(S3_EVENT)
+
+    assert run["status"] == "FAILED"
+    assert run["error"] == "QueueFailed"
+    assert [step for step, _ in SCENARIO.calls] == ["register_job", "check_quota", "teardown", "notify"]
 
 
 def test_each_handler_gets_the_document_and_its_result_lands_under_its_key(machine: Machine) -> None:
@@ -504,7 +583,7 @@ def test_teardown_incomplete_is_retried_until_the_network_interfaces_drain(machi
     "machine", [{"initial_seconds": 1, "max_seconds": 1, "max_polls": 36}], indirect=True
 )
 def test_the_poll_loop_waits_what_the_handler_asks_then_continues(machine: Machine) -> None:
-    SCENARIO.available_after_s = 120  # the 2nd poll, on the production schedule (60 + 120 s)
+    SCENARIO.available_after_s = 510  # the 2nd look, on the production schedule (480 + 30 s)
     SCENARIO.real_wait_s = None  # wait what the handler computes from the poll settings: 1 s
     SCENARIO.training = ("success", TRAINING_OUTPUT)
 
