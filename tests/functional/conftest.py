@@ -20,6 +20,7 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
         region=REGION,
         jobs_table="lustrain-test-jobs",
         tokens_table="lustrain-test-tokens",
+        queue_table="lustrain-test-queue",
         artifacts_bucket="lustrain-test-artifacts",
         sagemaker_role_arn=f"arn:aws:iam::{ACCOUNT}:role/lustrain-test-sagemaker",
         notify_topic_arn="",
@@ -28,6 +29,7 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
     env = {
         "JOBS_TABLE": s.jobs_table,
         "TOKENS_TABLE": s.tokens_table,
+        "QUEUE_TABLE": s.queue_table,
         "ARTIFACTS_BUCKET": s.artifacts_bucket,
         "SAGEMAKER_ROLE_ARN": s.sagemaker_role_arn,
         "STACK_NAME": s.stack_name,
@@ -45,7 +47,7 @@ def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch):
     patches.install()
     with mock_aws():
         topic = stack_resources(
-            settings.jobs_table, settings.tokens_table, settings.artifacts_bucket, monkeypatch
+            settings.jobs_table, settings.tokens_table, settings.artifacts_bucket, monkeypatch, settings.queue_table
         )
         # the training jobs' execution role, which SageMaker must be able to assume (the twin checks it)
         any_role(

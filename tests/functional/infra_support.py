@@ -50,14 +50,21 @@ DATA = {"shard-000.bin": b"\x01" * 4096, "shard-001.bin": b"\x02" * 4096, "meta/
 
 
 def stack_resources(
-    jobs_table: str, tokens_table: str, artifacts_bucket: str, env: pytest.MonkeyPatch
+    jobs_table: str,
+    tokens_table: str,
+    artifacts_bucket: str,
+    env: pytest.MonkeyPatch,
+    queue_table: str = "lustrain-test-queue",
 ) -> str:
-    """On moto, the stack's stateful resources the handlers use: the jobs and task-token tables, the artifacts
+    """On moto, the stack's stateful resources the handlers use: the jobs, task-token and capacity-queue tables
+    (QUEUE_TABLE is set to the last), the artifacts
     bucket, the notification topic (NOTIFY_TOPIC_ARN is set to it) and the training jobs' execution role
     (SAGEMAKER_ROLE_ARN's); returns the topic's ARN."""
     ddb = boto3.client("dynamodb", region_name=REGION)
     resources = load_template(TEMPLATE)["Resources"]
-    for table, logical_id in ((jobs_table, "JobsTable"), (tokens_table, "TaskTokensTable")):
+    env.setenv("QUEUE_TABLE", queue_table)
+    tables = ((jobs_table, "JobsTable"), (tokens_table, "TaskTokensTable"), (queue_table, "CapacityQueueTable"))
+    for table, logical_id in tables:
         # as the template defines them: keys and indexes (the handlers query the jobs table's by-execution)
         props = resources[logical_id]["Properties"]
         ddb.create_table(

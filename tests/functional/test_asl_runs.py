@@ -25,7 +25,13 @@ from typing import Any
 import boto3
 import pytest
 from infra_support import any_role
-from lustrain_core.errors import FileSystemFailed, NetworkInvalid, QuotaExceeded, SpecInvalid, TeardownIncomplete
+from lustrain_core.errors import (
+    FileSystemFailed,
+    NetworkInvalid,
+    QuotaExceeded,
+    SpecInvalid,
+    TeardownIncomplete,
+)
 from lustrain_core.steps import Admission, Attempt, Code, Filesystem, Network, Recovery, dumped
 from lustrain_core.steps.filesystem import next_wait
 from moto import mock_aws

@@ -1,4 +1,5 @@
-"""check_quota on the twin's Service Quotas: SageMaker's quotas found by name, AWS's answer to too many."""
+"""check_quota on the twin's Service Quotas and DynamoDB: SageMaker's quotas found by name, the capacity queue's
+line (first come first served per pool, holds until the job exists, its time bound), AWS's answer to too many."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from lustrain.twin.patches import service_quotas
 def test_the_quota_is_found_by_its_name_and_its_code_is_the_accounts(aws):
     code = service_quotas.set_quota("ml.p4d.24xlarge", 4)
     result = invoke("check_quota", register())
-    assert result == {
+    assert {k: result[k] for k in ("quota_code", "quota_name", "limit", "in_use", "held", "requested")} == {
         "quota_code": code,
         "quota_name": "ml.p4d.24xlarge for training job usage",
         "limit": 4.0,
         "in_use": 0,
+        "held": 0,
         "requested": 2,
-        "available": 4,
     }
+    assert (result["admitted"], result["position"], result["wait_seconds"]) == (True, 0, 0)
 
 
 def test_a_new_accounts_zero_p4d_quota_stops_the_run_with_the_command_to_ask_for_more(aws):

@@ -13,7 +13,8 @@ from lustrain_core.errors import FileSystemFailed
 from lustrain.twin import faults
 from lustrain.twin.patches import fsx as twin_fsx
 
-POLL = {"initial_seconds": 5, "max_seconds": 20, "max_polls": 12}
+#: the first look waits the creation time to expect (20 s here), every later look the steady interval (5 s)
+POLL = {"initial_seconds": 20, "max_seconds": 5, "max_polls": 12}
 
 
 @pytest.fixture(autouse=True)
@@ -45,17 +46,17 @@ def until_ready(document: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
-def test_the_poll_wait_doubles_while_nothing_changes_and_restarts_on_progress(aws):
+def test_the_first_look_waits_the_creation_time_then_every_look_the_steady_interval(aws):
     from lustrain.twin.patches import fsx as twin_fsx
 
     twin_fsx.configure(polls=3)
     document = prepared()
     document["filesystem"] = invoke("create_filesystem", document)
+    assert document["filesystem"]["wait_seconds"] == POLL["initial_seconds"]
     checks = until_ready(document)
-    waits = [c["wait_seconds"] for c in checks]
-    # two polls with nothing new (10, 20), AVAILABLE restarts at 5, then the links' own wait grows again
-    assert waits[:3] == [10, 20, 5], waits
-    assert max(waits) <= POLL["max_seconds"]
+    # CREATING, CREATING, AVAILABLE with its links made, then the links: each look the steady interval after the
+    # one before, so the file system and each link are noticed within 5 s of being ready
+    assert {c["wait_seconds"] for c in checks} == {POLL["max_seconds"]}, checks
 
 
 def test_the_planned_scratch_file_system_is_created_linked_and_polled_until_ready(aws):
@@ -66,11 +67,11 @@ def test_the_planned_scratch_file_system_is_created_linked_and_polled_until_read
         "CREATING",
         True,
         0,
-        5,
+        20,
     )
     checks = until_ready(document)
-    # still CREATING (doubles), AVAILABLE with links made (restarts), links CREATING (doubles), all ready
-    assert [c["wait_seconds"] for c in checks] == [10, 5, 10, 5]
+    # still CREATING, AVAILABLE with links made, links CREATING, all ready: every 5 s after the first look
+    assert [c["wait_seconds"] for c in checks] == [5, 5, 5, 5]
     assert [c["polls"] for c in checks] == list(range(1, len(checks) + 1))
 
     described = fsx().describe_file_systems(FileSystemIds=[created["file_system_id"]])["FileSystems"][0]

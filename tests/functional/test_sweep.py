@@ -247,7 +247,7 @@ def test_what_another_stack_or_nobody_tagged_is_never_touched(machine, aws):
     result = sweep()
 
     assert {other_stack, untagged} <= {v["VpcId"] for v in ec2.describe_vpcs()["Vpcs"]}
-    assert result == {"swept": [], "kept": [], "skipped": []}
+    assert result == {"swept": [], "kept": [], "skipped": [], "released": []}
 
 
 class ShortContext:
