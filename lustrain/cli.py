@@ -183,6 +183,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     quota = found.quota
     if quota:
         print(f"  quota:       {quota.get('instances_requested')} x {quota.get('instance_type')} ('{quota.get('quota_name')}')")
+    place = found.queue
+    if place.get("state") == "queued" and r.state == "RUNNING":
+        print(
+            f"  queue:       waiting in {place.get('pool')}: place {place.get('position')}, "
+            f"{place.get('ahead_instances', 0)} instance(s) ahead, {_ago(float(place.get('queued_s') or 0))} so far"
+        )
+    elif place.get("admitted_at"):
+        print(f"  queue:       admitted {place['admitted_at']} after {_ago(float(place.get('queued_s') or 0))}")
     if found.file_system:
         fs = found.file_system
         print(f"  file system: {fs['id']} {fs['lifecycle']} ({fs['deployment_type']}, {fs['storage_gib']:,} GiB)")

@@ -257,6 +257,9 @@ class RunStatus:
     execution_status: str | None
     timeline: list[StateSpan]
     quota: dict[str, Any]
+    #: the run's place in the capacity queue, as check_quota last recorded it: state (queued | admitted), pool,
+    #: position and ahead_instances while queued, queued_s, admitted_at once admitted; {} before the first look
+    queue: dict[str, Any]
     file_system: dict[str, Any] | None
     training_job: dict[str, Any] | None
     cause: str | None
@@ -349,6 +352,7 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         execution_status=(execution or {}).get("status"),
         timeline=timeline(history),
         quota=dict((record.get("plan") or {}).get("quota") or {}),
+        queue=dict(record.get("queue") or {}),
         file_system=file_system,
         training_job=training,
         cause=str(cause) if cause else None,
