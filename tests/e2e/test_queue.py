@@ -8,11 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import yaml
 
-from lustrain import operate
+from lustrain import cli, operate
 from lustrain.twin import rehearse
 from lustrain.twin.rehearse import REGION, STACK_NAME, drop, operator_session, twin, until
 
@@ -39,7 +38,7 @@ def queued(sfn: Any, arn: str) -> dict[str, Any] | None:
 
 
 def test_runs_wait_for_the_quota_with_nothing_created_and_a_run_out_of_queue_time_ends_quota_exceeded(
-    tmp_path, long_spec, quick_stops, monkeypatch
+    tmp_path, long_spec, quick_stops, monkeypatch, capsys
 ):
     from lustrain.twin.patches import service_quotas
 
@@ -75,7 +74,10 @@ def test_runs_wait_for_the_quota_with_nothing_created_and_a_run_out_of_queue_tim
             assert rehearse.resources_left(job_ids[spec.name], spec) == ([], []), spec.name
         shown = operate.status(ours, job_ids["patient"])
         assert shown.queue["state"] == "queued" and shown.queue["position"] in (1, 2)
-        answer = boto3.client("lambda", region_name=REGION).invoke(
+        assert cli.main(["status", "patient", "--stack", STACK_NAME]) == 0
+        assert "  queue:       waiting in ml.p4d.24xlarge#on-demand: place " in capsys.readouterr().out
+        # as the operator (the handlers of the runs under way run in this process, each as its own role)
+        answer = session.client("lambda").invoke(
             FunctionName=stack.function_names()["sweep"], Payload=SCHEDULED_EVENT.read_bytes()
         )
         swept = json.loads(answer["Payload"].read())
@@ -106,6 +108,6 @@ def test_runs_wait_for_the_quota_with_nothing_created_and_a_run_out_of_queue_tim
         for job_id, spec in ((holder_id, holder), (job_ids["patient"], patient)):
             until(lambda j=job_id, s=spec: rehearse.resources_left(j, s)[0] == [] or None, f"{spec.name} clean", 60)
         # and nobody is left in the line
-        pools = boto3.client("dynamodb", region_name=REGION).scan(TableName=stack.outputs["CapacityQueueTableName"])
+        pools = session.client("dynamodb").scan(TableName=stack.outputs["CapacityQueueTableName"])
         for item in pools["Items"]:
             assert item["waiting"]["M"] == {} and item["holds"]["M"] == {}, item
