@@ -74,6 +74,10 @@ TAG_KEEP = "lustrain:keep"
 #: the first look after CreateFileSystem waits the creation time to expect (initial_seconds), every later look
 #: max_seconds after the one before: a file system ready after the first look is noticed within max_seconds
 DEFAULT_POLL = {"initial_seconds": 480, "max_seconds": 30, "max_polls": 240}
+#: the look after the one that created the file system's S3 associations waits this share of the steady interval
+#: (10 s of 30): a new association is AVAILABLE once its metadata import ends, seconds for a small prefix; a long
+#: import is then looked at every max_seconds
+LINK_FIRST_LOOK_SHARE = 3
 
 
 def directory_path(mount_name: str, mount_path: str) -> str:
@@ -503,12 +507,16 @@ def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: 
             file_system_id=fs_id,
             lifecycle=fs.get("Lifecycle"),
         )
+    wait = next_wait(polls, poll)
+    if links and not previous.links:
+        # the associations were just created: their import of a small prefix ends within seconds, so look soon
+        wait = max(1, wait // LINK_FIRST_LOOK_SHARE)
     return _result(
         job,
         fs,
         created=previous.created,
         polls=polls,
-        wait_seconds=next_wait(polls, poll),
+        wait_seconds=wait,
         links=links,
         ready=ready,
     )
