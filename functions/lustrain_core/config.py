@@ -37,3 +37,16 @@ class Settings:
             stack_name=env.get("STACK_NAME", defaults.stack_name),
             extra={k: v for k, v in env.items() if k.startswith("LUSTRAIN_")},
         )
+
+    def whole_seconds(self, name: str, *, least: int) -> int | None:
+        """A stack setting in whole seconds (at least `least`), or None where the stack leaves it unset."""
+        raw = self.extra.get(name, "").strip()
+        if not raw:
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"stack setting {name}={raw!r} is not a whole number of seconds") from None
+        if value < least:
+            raise ValueError(f"stack setting {name}={raw!r} must be {least} or more")
+        return value

@@ -39,16 +39,7 @@ RESUMED_METRIC = "resumed_from"
 
 
 def _wait_cap(settings: Settings) -> int | None:
-    raw = settings.extra.get(WAIT_MAX_SETTING, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"stack setting {WAIT_MAX_SETTING}={raw!r} is not a whole number of seconds") from None
-    if value < 0:
-        raise ValueError(f"stack setting {WAIT_MAX_SETTING}={raw!r} must be 0 or more")
-    return value
+    return settings.whole_seconds(WAIT_MAX_SETTING, least=0)
 
 
 def _describe(sagemaker: Any, name: str) -> dict[str, Any] | None:

@@ -42,7 +42,6 @@ from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
-from lustrain_core.errors import QuotaExceeded
 from lustrain_core.recovery import FailureClass, class_of_error
 from lustrain_core.spec import Compute
 from lustrain_core.steps import Admission, Run, quota, records
@@ -60,16 +59,8 @@ def pool_of(compute: Compute) -> str:
 
 
 def poll_seconds(settings: Settings) -> int:
-    raw = settings.extra.get(POLL_SETTING, "").strip()
-    if not raw:
-        return DEFAULT_POLL_SECONDS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"stack setting {POLL_SETTING}={raw!r} is not a whole number of seconds") from None
-    if value < 1:
-        raise ValueError(f"stack setting {POLL_SETTING}={raw!r} must be 1 or more")
-    return value
+    found = settings.whole_seconds(POLL_SETTING, least=1)
+    return DEFAULT_POLL_SECONDS if found is None else found
 
 
 def _iso(moment: float) -> str:
@@ -241,7 +232,9 @@ def take_place(
         ]
         if not quota.fits_ever(measured):
             leave(ddb, settings, compute, job.job_id)
-            raise _refused(run, measured, settings, quotas, "more than the whole quota: no wait can make it fit")
+            raise quota.refusal(
+                job, measured, settings, quotas=quotas, why="more than the whole quota: no wait can make it fit"
+            )
         fits = measured["requested"] <= measured["available"]
         if not ahead and fits:
             hold = {"instances": compute.instance_count, "since": _iso(now), "queued_s": queued_s}
@@ -266,7 +259,7 @@ def take_place(
                 else f"waited {queued_s} s in the queue, compute.max_queue_hours={compute.max_queue_hours:g} "
                 f"({len(ahead)} run(s) still ahead)"
             )
-            raise _refused(run, measured, settings, quotas, waited)
+            raise quota.refusal(job, measured, settings, quotas=quotas, why=waited)
         return _waiting(ddb, settings, run, pool, ticket, measured, ahead, queued_s, allowed_s, now)
     # every try lost a race: others are being admitted or released right now; look again shortly
     return Admission(
@@ -276,12 +269,13 @@ def take_place(
         position=1,
         queued_s=previous.queued_s if previous is not None else 0,
         wait_seconds=poll_seconds(settings),
-        **{k: v for k, v in measured.items() if k not in Admission.model_fields},
+        **_numbers(measured),
     )
 
 
-def _refused(run: Run, measured: dict[str, Any], settings: Settings, quotas: Any, why: str) -> QuotaExceeded:
-    return quota.refusal(run.job, measured, settings, quotas=quotas, why=why)
+def _numbers(measured: dict[str, Any]) -> dict[str, Any]:
+    """The quota's numbers the answer carries beside the queue's own fields."""
+    return {k: v for k, v in measured.items() if k not in Admission.model_fields}
 
 
 def _admitted(
@@ -310,7 +304,7 @@ def _admitted(
         queued_s=queued_s,
         wait_seconds=0,
         admitted_at=admitted_at,
-        **{k: v for k, v in measured.items() if k not in Admission.model_fields},
+        **_numbers(measured),
     )
 
 
@@ -354,5 +348,5 @@ def _waiting(
         ahead_instances=ahead_instances,
         queued_s=queued_s,
         wait_seconds=wait,
-        **{k: v for k, v in measured.items() if k not in Admission.model_fields},
+        **_numbers(measured),
     )
