@@ -20,6 +20,8 @@ Expected endings, as the state machine (statemachine/training_job.asl.json) deci
   compute.max_attempts (3) training jobs; capacity-error-once and hardware-failure -> SUCCEEDED with two; user-error
   -> FAILED TrainingFailed after one; next_attempt's transient faults, after a first attempt with no capacity ->
   SUCCEEDED with two;
+- quota-taken-once (SageMaker refuses the first CreateTrainingJob: ResourceLimitExceeded) -> back to the capacity
+  queue, admitted again, SUCCEEDED with one training job (the refused one never existed);
 - fsx-failed, quota, stopped -> FAILED with the error class named for each;
 - silent (the training job never reports) -> the task's HeartbeatSeconds fires States.Timeout -> the teardown
   must stop the job -> FAILED with TrainingTimedOut (a Fail state may not raise a States.* name; the Cause keeps
@@ -168,6 +170,8 @@ def cases() -> list[Case]:
         # the run policy: capacity is retried up to compute.max_attempts, then the run ends
         Case("start_training", "capacity-error", "FAILED", "CapacityError", training_jobs=3),
         Case("start_training", "capacity-error-once", "SUCCEEDED", training_jobs=2),
+        # SageMaker refuses the first create (another workload took the quota): back to the queue, no job lost
+        Case("start_training", "quota-taken-once", "SUCCEEDED", training_jobs=1),
         Case("start_training", "hardware-failure", "SUCCEEDED", training_jobs=2),
         # the user's own code error is not retried
         Case("start_training", "user-error", "FAILED", "TrainingFailed"),

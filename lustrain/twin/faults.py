@@ -13,7 +13,9 @@ Who fires what:
   SageMaker's InternalServerError after its trainer has written a checkpoint and logged a step past it, before it
   ends: its checkpoints are in S3, as SageMaker syncs them), `user-error` (the user's script raises), `stopped`
   (MaxRuntime), `silent` (the job never reports: it sends no event and holds its instances until it is stopped
-  or reaches MaxRuntime) and `repeat-events` (each of its events is delivered three times);
+  or reaches MaxRuntime) and `repeat-events` (each of its events is delivered three times); the twin's SageMaker
+  itself: `quota-taken-once` (the first CreateTrainingJob is refused ResourceLimitExceeded, as if another workload
+  had taken the quota since the capacity queue admitted the run);
 - the botocore hook (patches/throttling.py): `throttling` / `throttling-always` (a ThrottlingException) and
   `service-error` (a 500 InternalError), from the handler of STEP's next AWS call; `lost-create`, STEP's first
   Create* call reaches AWS and is done, but its answer is a 500 (AWS committed, the response was lost): the
@@ -74,6 +76,9 @@ FAULTS: dict[str, tuple[str, ...]] = {
     "fsx-failed": ("create_filesystem",),
     **{name: ("start_training",) for name in (*TRAINING_JOB_FAULTS, "repeat-events")},
     "quota": ("check_quota",),
+    # another workload takes the quota between the admission and CreateTrainingJob: SageMaker refuses the first
+    # create (ResourceLimitExceeded); the run goes back to the capacity queue
+    "quota-taken-once": ("start_training",),
     # the steps whose Create* calls make what a run pays for
     "lost-create": ("create_network", "create_filesystem", "check_filesystem", "start_training"),
     **{name: STEPS for name in ANY_STEP},

@@ -170,6 +170,24 @@ def _check_quota(backend: SageMakerModelBackend, request: dict[str, Any]) -> Non
         )
 
 
+#: the fault: another workload took the whole quota between the capacity queue's admission and CreateTrainingJob
+QUOTA_TAKEN_ONCE = "quota-taken-once"
+
+
+def _refuse_as_taken(backend: SageMakerModelBackend, request: dict[str, Any]) -> None:
+    """SageMaker's refusal of a job whose instances another workload holds: the quota's whole limit in use."""
+    resources = request.get("ResourceConfig") or {}
+    instance_type = str(resources.get("InstanceType", ""))
+    spot = bool(request.get("EnableManagedSpotTraining"))
+    name, limit = _quota_value(backend.account_id, backend.region_name, instance_type, spot) or (instance_type, 0.0)
+    raise ResourceLimitExceeded(
+        f"The account-level service limit '{name}' is {_count(limit)} Instances, with current utilization "
+        f"of {_count(limit)} Instances and a request delta of {int(resources.get('InstanceCount', 1))} Instances. "
+        "Please use AWS Service Quotas to request an increase for this quota. If AWS Service Quotas is not "
+        "available, contact AWS support to request an increase for this quota."
+    )
+
+
 def _count(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -266,6 +284,8 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
         _check_unique(backend, name)
         arn = FakeTrainingJob.arn_formatter(name, backend.account_id, backend.region_name)
         credentials = _check_role(backend, request, arn)
+        if faults.consume("start_training", QUOTA_TAKEN_ONCE):
+            _refuse_as_taken(backend, request)
         _check_quota(backend, request)
         result = original(self)
         fake = backend.training_jobs[name]
