@@ -30,6 +30,11 @@ from enum import StrEnum
 DEFAULT_MAX_ATTEMPTS = 3
 #: compute.max_attempts at most (each attempt is a full training job: a loop of them is a bill)
 MAX_ATTEMPTS = 10
+#: SageMaker's refusals of a run's training jobs (ResourceLimitExceeded after the capacity queue admitted the run)
+#: before the run ends QuotaExceeded: each one means the quota SageMaker enforces was not free though the queue
+#: counted it so (another workload between the two, or SageMaker's list of running jobs behind); each sends the
+#: run back to its place in the queue, where it waits at least one look before it is admitted again
+MAX_REFUSALS = 10
 #: the trainer's exit code for a fault of the machine under it (NCCL, EFA, CUDA, ECC, a lost rank), with its last
 #: line starting INFRASTRUCTURE_MARK; the trainer (trainer/lustrain_trainer/faults.py) keeps the same two values
 INFRASTRUCTURE_EXIT_CODE = 75

@@ -41,6 +41,9 @@ FAST_PARAMETERS: dict[str, str] = {
     "FilesystemPollInitialSeconds": "1",
     "FilesystemPollMaxSeconds": "2",
     "QueuePollSeconds": "1",
+    # the twin's waits are seconds for AWS's minutes while max_queue_hours stays in hours: the history bound on
+    # looks (QueueMaxLooks) would stretch the twin's looks back to AWS's length, and moto keeps no history limit
+    "QueueMaxLooks": "1000000",
     "RetryIntervalSeconds": "1",
     "TeardownRetryIntervalSeconds": "1",
     "TeardownRetryMaxDelaySeconds": "2",

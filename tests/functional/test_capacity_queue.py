@@ -99,7 +99,8 @@ def test_first_come_first_served_a_large_run_is_not_starved_by_small_ones(line):
     first_b, first_c = look(b), look(c)
     assert (first_b["admitted"], first_b["position"]) == (False, 1)
     assert (first_c["admitted"], first_c["position"], first_c["ahead_instances"]) == (False, 2, 4)
-    assert first_b["wait_seconds"] == 30
+    # QueuePollSeconds, or longer for a run allowed a long wait (24 h: 44 s, within the execution history limit)
+    assert first_b["wait_seconds"] == queue.poll_seconds(line["settings"], compute_of(b)) == 44
     # what the queue promised a counts until its job exists: b's look sees 2 in use and 2 held
     assert (first_b["in_use"], first_b["held"], first_b["available"]) == (2, 2, 0)
 
@@ -198,6 +199,20 @@ def test_every_end_of_a_run_leaves_the_line_for_the_runs_behind_it(line):
     assert look(behind)["admitted"] is True
 
 
+def test_a_run_allowed_a_long_wait_looks_less_often_to_stay_within_the_execution_history():
+    from lustrain_core.spec import Compute
+
+    settings = Settings(extra={queue.POLL_SETTING: "30"})
+    # 9 history events a look; Step Functions keeps 25,000 per execution
+    for hours, every in ((1, 30), (24, 44), (168, 303)):
+        compute = Compute(max_queue_hours=hours)
+        assert queue.poll_seconds(settings, compute) == every
+        assert hours * 3600 / every * 9 < 25_000 - 5_000  # room for the rest of the run
+    # the stack's QueueMaxLooks moves the bound (the twin sets it out of the way: its waits are shrunk, hours not)
+    unbound = Settings(extra={queue.POLL_SETTING: "30", queue.MAX_LOOKS_SETTING: "1000000"})
+    assert queue.poll_seconds(unbound, Compute(max_queue_hours=168)) == 30
+
+
 def test_the_sweeper_takes_ended_and_unknown_runs_out_of_the_line(line):
     look, run, running = line["look"], line["run"], line["running"]
     running.start("busy", 4)
@@ -205,11 +220,17 @@ def test_the_sweeper_takes_ended_and_unknown_runs_out_of_the_line(line):
     look(ended), look(alive)
     records.set_fields(line["ddb"], line["settings"].jobs_table, ended["job"]["job_id"], {"status": "FAILED"})
 
-    released = queue.prune(line["ddb"], line["settings"])
+    dead = run("dead", 1)
+    look(dead)  # its execution is gone (no teardown ever ran), its record still RUNNING
 
-    assert released == [
-        {"pool": "ml.p4d.24xlarge#on-demand", "job_id": ended["job"]["job_id"], "was": "waiting", "reason": "its run ended FAILED"}
-    ]
+    released = queue.prune(line["ddb"], line["settings"], running=lambda record: record["job_id"] != dead["job"]["job_id"])
+
+    assert sorted((r["job_id"], r["reason"]) for r in released) == sorted(
+        [
+            (ended["job"]["job_id"], "its run ended FAILED"),
+            (dead["job"]["job_id"], "its execution run-1 is no longer running"),
+        ]
+    )
     assert list(line["pool"]()["waiting"]) == [alive["job"]["job_id"]]
     # a run still queued has no resources: its deadline is past the time it may still wait
     record = job_record(line["settings"].jobs_table, alive["job"]["job_id"])
@@ -228,6 +249,7 @@ def test_a_run_sagemaker_refused_goes_back_in_its_place_and_its_wait_keeps_count
     queue.release_hold(line["ddb"], line["settings"], compute_of(refused), refused["job"]["job_id"])
     clock.now += 119
     refused["failure"] = {"Error": QuotaExceeded.__name__, "Cause": "ResourceLimitExceeded"}
+    refused["recovery"] = {"attempts": [], "retry": True, "refusals": 1, "refused": True}
 
     back = look(refused)
 
@@ -235,3 +257,6 @@ def test_a_run_sagemaker_refused_goes_back_in_its_place_and_its_wait_keeps_count
     assert (back["admitted"], back["order"], back["position"]) == (False, order, 1)
     assert back["queued_s"] == 120
     assert look(later)["position"] == 2
+    # it waits at least one look, even with room: a quota SageMaker counts otherwise cannot spin it
+    running.end("someone-elses")
+    assert look(refused)["admitted"] is True

@@ -67,11 +67,12 @@ def test_the_users_own_error_ends_the_run_and_the_last_attempt_allowed_is_the_la
     assert capacity["retry"] is False and "compute.max_attempts=1" in capacity["reason"]
 
 
-def test_a_start_sagemaker_refused_is_an_attempt_with_no_job(started):
-    event = training_input()
-    # CreateTrainingJob answered ResourceLimitExceeded: the record counts the attempt, no job exists
-    from lustrain_core import clients
+def test_a_start_sagemaker_refused_is_no_attempt_and_goes_back_to_the_queue_a_bounded_number_of_times(started):
+    from lustrain_core import clients, recovery
 
+    event = training_input()
+    # CreateTrainingJob answered ResourceLimitExceeded: the record counts the try (names are unique forever), no
+    # job exists
     clients.client("dynamodb").update_item(
         TableName=started.jobs_table,
         Key={"job_id": {"S": event["job"]["job_id"]}},
@@ -79,4 +80,12 @@ def test_a_start_sagemaker_refused_is_an_attempt_with_no_job(started):
         ExpressionAttributeValues={":one": {"N": "1"}},
     )
     decided = invoke("next_attempt", failed(event, "QuotaExceeded"))
-    assert decided["attempts"][0]["outcome"] == "NotStarted" and decided["retry"] is True
+    assert (decided["retry"], decided["wait_seconds"], decided["attempts"]) == (True, 0, [])
+    assert (decided["refusals"], decided["refused"]) == (1, True)
+    assert "back to the capacity queue" in decided["reason"]
+
+    # the run's document does not grow with refusals, and a quota SageMaker counts otherwise cannot loop forever
+    event["recovery"] = {**decided, "refusals": recovery.MAX_REFUSALS}
+    last = invoke("next_attempt", failed(event, "QuotaExceeded"))
+    assert (last["retry"], last["refusals"]) == (False, recovery.MAX_REFUSALS + 1)
+    assert f"refused the run's job {recovery.MAX_REFUSALS + 1} times" in last["reason"]

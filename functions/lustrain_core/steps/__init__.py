@@ -207,6 +207,10 @@ class Recovery(_Shape):
     reason: str | None = None
     #: what the training attempts so far cost (billable seconds at the plan's prices)
     spent_usd: float = Field(0.0, ge=0)
+    #: SageMaker's refusals of the run's jobs (ResourceLimitExceeded): no attempt, the run went back to the queue
+    refusals: NonNegativeInt = 0
+    #: the latest end was such a refusal (the queue then counts the time since the admission as queued)
+    refused: bool = False
 
 
 #: The parts of the state document besides $.job that steps read, and the step that makes each.

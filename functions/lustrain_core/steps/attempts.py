@@ -94,9 +94,6 @@ def decide(
     policy = recovery.POLICY[failure_class]
     if not policy.retried:
         return False, 0, f"{failure_class} ({policy.error}) is not retried: {policy.why}"
-    if not policy.counts_as_attempt and attempt.training_job_name is None:
-        # SageMaker refused the job: nothing ran; the capacity queue bounds the wait (compute.max_queue_hours)
-        return True, policy.wait_seconds, f"{failure_class}: SageMaker refused the job; back to the capacity queue"
     most = run.job.spec.compute.max_attempts
     ran = attempt.attempt if ran is None else ran
     if ran >= most:
@@ -124,11 +121,43 @@ def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings
     number = int(record.get("training_attempts") or 0)
     earlier = [a for a in run.recovery.attempts if a.attempt != number]
     attempt = _this_attempt(run, sagemaker, number)
+    refusal = _refusal(run, attempt, earlier)
+    if refusal is not None:
+        return refusal
     attempts = [*earlier, attempt]
     spent = round(sum(a.cost_usd for a in attempts), 2)
     ran = sum(1 for a in attempts if a.training_job_name is not None)
     retry, wait, reason = decide(run, attempt, spent, settings, ran)
-    return Recovery(attempts=attempts, retry=retry, wait_seconds=wait, reason=reason, spent_usd=spent)
+    return Recovery(
+        attempts=attempts,
+        retry=retry,
+        wait_seconds=wait,
+        reason=reason,
+        spent_usd=spent,
+        refusals=run.recovery.refusals,
+    )
+
+
+def _refusal(run: Run, attempt: Attempt, earlier: list[Attempt]) -> Recovery | None:
+    """SageMaker refused the job (no job exists): no attempt, the run goes back to the capacity queue, in its
+    place; after recovery.MAX_REFUSALS of them the run ends. None for any other end."""
+    failure_class = recovery.class_of_error(attempt.error)
+    if failure_class is None or attempt.training_job_name is not None:
+        return None
+    policy = recovery.POLICY[failure_class]
+    if policy.counts_as_attempt or not policy.retried:
+        return None
+    refusals = run.recovery.refusals + 1
+    base = {"attempts": earlier, "spent_usd": run.recovery.spent_usd, "refusals": refusals, "refused": True}
+    if refusals > recovery.MAX_REFUSALS:
+        reason = (
+            f"SageMaker refused the run's job {refusals} times though the capacity queue saw room: the quota it "
+            f"enforces is not what Service Quotas and the running jobs show (recovery.MAX_REFUSALS="
+            f"{recovery.MAX_REFUSALS})"
+        )
+        return Recovery(retry=False, wait_seconds=0, reason=reason, **base)
+    reason = f"{failure_class}: SageMaker refused the job (refusal {refusals}); back to the capacity queue, in its place"
+    return Recovery(retry=True, wait_seconds=policy.wait_seconds, reason=reason, **base)
 
 
 def final_attempt(training: dict[str, Any]) -> Attempt | None:

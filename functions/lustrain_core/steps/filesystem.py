@@ -379,7 +379,7 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
             _note_export(ddb, settings, job, fs["FileSystemId"], links.output_path)
         ready = links.output_path is None
         return _result(
-            job, fs, created=False, polls=0, wait_seconds=0 if ready else next_wait(0, poll), links=[], ready=ready
+            job, fs, created=False, polls=0, wait_seconds=0 if ready else next_wait(1, poll), links=[], ready=ready
         )
 
     existing = find_by_tag(fsx, job.job_id, settings.stack_name)
@@ -399,7 +399,9 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
             file_system_id=fs["FileSystemId"],
             lifecycle=fs["Lifecycle"],
         )
-    return _result(job, fs, created=True, polls=0, wait_seconds=next_wait(0, poll), links=[], ready=False)
+    # a file system found AVAILABLE (a retry after a lost answer) is looked at again at the steady interval
+    first = next_wait(1 if fs.get("Lifecycle") == "AVAILABLE" else 0, poll)
+    return _result(job, fs, created=True, polls=0, wait_seconds=first, links=[], ready=False)
 
 
 def _note_export(ddb: Any, settings: Settings, job: Job, file_system_id: str, path: str) -> None:

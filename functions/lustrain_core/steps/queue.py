@@ -33,6 +33,7 @@ The pool item (queue table, pk `pool_name`):
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -42,7 +43,6 @@ from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
-from lustrain_core.recovery import FailureClass, class_of_error
 from lustrain_core.spec import Compute
 from lustrain_core.steps import Admission, Run, quota, records
 
@@ -51,6 +51,12 @@ POLL_SETTING = "LUSTRAIN_QUEUE_POLL_SECONDS"
 DEFAULT_POLL_SECONDS = 30
 #: conditional writes lost to another run's change before this visit gives up (the next visit tries again)
 RACE_TRIES = 4
+#: Step Functions keeps at most 25,000 events in an execution's history, and the execution fails (no Catch sees
+#: it) past them; each look at the queue is 9 (Task 5, Choice 2, Wait 2). The looks of a whole allowed wait stay
+#: within this many (the stack's QueueMaxLooks), so a run that may wait long looks less often than
+#: QueuePollSeconds: max_queue_hours x 3600 / MAX_LOOKS (24 h: every 44 s; 168 h: every 303 s)
+MAX_LOOKS_SETTING = "LUSTRAIN_QUEUE_MAX_LOOKS"
+MAX_LOOKS = 2000
 
 
 def pool_of(compute: Compute) -> str:
@@ -58,9 +64,15 @@ def pool_of(compute: Compute) -> str:
     return f"{compute.instance_type}#{'spot' if compute.spot else 'on-demand'}"
 
 
-def poll_seconds(settings: Settings) -> int:
+def poll_seconds(settings: Settings, compute: Compute | None = None) -> int:
+    """Seconds between two looks: the stack's QueuePollSeconds, or longer for a run whose allowed wait would
+    otherwise take more than MAX_LOOKS looks (Step Functions' history limit)."""
     found = settings.whole_seconds(POLL_SETTING, least=1)
-    return DEFAULT_POLL_SECONDS if found is None else found
+    every = DEFAULT_POLL_SECONDS if found is None else found
+    if compute is not None:
+        looks = settings.whole_seconds(MAX_LOOKS_SETTING, least=1) or MAX_LOOKS
+        every = max(every, math.ceil(compute.max_queue_hours * 3600 / looks))
+    return every
 
 
 def _iso(moment: float) -> str:
@@ -142,9 +154,12 @@ def _leave_pool(ddb: Any, table: str, pool: str, job_id: str) -> bool:
     )
 
 
-def prune(ddb: Any, settings: Settings) -> list[dict[str, str]]:
-    """The sweeper's part: take out of every line the runs that ended (their record FINISHED) or have no record,
-    so a run whose end no teardown saw never blocks the runs behind it. Returns what was taken out."""
+def prune(
+    ddb: Any, settings: Settings, running: Callable[[dict[str, Any]], bool] = lambda record: True
+) -> list[dict[str, str]]:
+    """The sweeper's part: take out of every line the runs that ended (their record FINISHED, or `running` says
+    their execution is no longer RUNNING) or have no record, so a run whose end no teardown saw never blocks the
+    runs behind it. Returns what was taken out."""
     pruned: list[dict[str, str]] = []
     for page in ddb.get_paginator("scan").paginate(TableName=settings.queue_table, ConsistentRead=True):
         for item in page.get("Items", []):
@@ -153,10 +168,15 @@ def prune(ddb: Any, settings: Settings) -> list[dict[str, str]]:
             for part in ("waiting", "holds"):
                 for job_id in dict(found.get(part) or {}):
                     record = records.get(ddb, settings.jobs_table, job_id)
-                    if record is not None and record.get("status") not in records.FINISHED:
+                    if record is None:
+                        why = "no job record"
+                    elif record.get("status") in records.FINISHED:
+                        why = f"its run ended {record.get('status')}"
+                    elif not running(record):
+                        why = f"its execution {record.get('execution')} is no longer running"
+                    else:
                         continue
                     if _leave_pool(ddb, settings.queue_table, pool, job_id):
-                        why = "no job record" if record is None else f"its run ended {record.get('status')}"
                         pruned.append({"pool": pool, "job_id": job_id, "was": part, "reason": why})
     return pruned
 
@@ -180,9 +200,8 @@ def _queued_before(run: Run, now: float) -> int:
     if previous is None or not previous.admitted:
         return previous.queued_s if previous is not None else 0
     before = previous.queued_s
-    failure = run.sections.failure
     admitted_at = records.moment(previous.admitted_at)
-    if failure is not None and class_of_error(failure.Error) == FailureClass.QUOTA and admitted_at is not None:
+    if run.recovery.refused and admitted_at is not None:
         before += max(0, int(now - admitted_at))
     return before
 
@@ -207,12 +226,16 @@ def take_place(
     previous = run.sections.quota
     order = previous.order if previous is not None and previous.order else f"{_iso(now)}#{job.job_id}"
     allowed_s = int(compute.max_queue_hours * 3600)
+    # back after SageMaker refused its job: it waits at least one look before it is admitted again, so a quota
+    # that SageMaker and the queue count differently cannot spin the run through refusals
+    hold_off = previous is not None and previous.admitted and run.recovery.refused
 
     measured: dict[str, Any] = {}
     for _ in range(RACE_TRIES):
         state = read_pool(ddb, table, pool)
         if job.job_id in state["holds"]:  # a retried visit that was admitted already
-            return _admitted(ddb, settings, run, pool, order, measured or {}, state["holds"][job.job_id], now)
+            hold = state["holds"][job.job_id]
+            return _admitted(ddb, settings, run, pool, str(hold.get("order") or order), measured, hold, now)
         ticket = state["waiting"].get(job.job_id)
         if ticket is None:
             ticket = {
@@ -236,8 +259,8 @@ def take_place(
                 job, measured, settings, quotas=quotas, why="more than the whole quota: no wait can make it fit"
             )
         fits = measured["requested"] <= measured["available"]
-        if not ahead and fits:
-            hold = {"instances": compute.instance_count, "since": _iso(now), "queued_s": queued_s}
+        if not ahead and fits and not hold_off:
+            hold = {"instances": compute.instance_count, "since": _iso(now), "queued_s": queued_s, "order": ticket["order"]}
             admitted = _update(
                 ddb,
                 table,
@@ -268,7 +291,7 @@ def take_place(
         order=order,
         position=1,
         queued_s=previous.queued_s if previous is not None else 0,
-        wait_seconds=poll_seconds(settings),
+        wait_seconds=poll_seconds(settings, compute),
         **_numbers(measured),
     )
 
@@ -339,7 +362,7 @@ def _waiting(
             }
         },
     )
-    wait = min(poll_seconds(settings), max(1, allowed_s - queued_s))
+    wait = min(poll_seconds(settings, run.job.spec.compute), max(1, allowed_s - queued_s))
     return Admission(
         admitted=False,
         pool=pool,

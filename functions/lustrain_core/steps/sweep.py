@@ -265,7 +265,12 @@ def sweep(
                 {"job_id": job_id, "reason": f"could not be swept: {exc}", "resources": resources}
             )
     result = report.to_dict()
-    result["released"] = queue.prune(ddb, settings)
+
+    def running(record: dict[str, Any]) -> bool:
+        arn = config.execution_arn(str(record.get("execution") or ""))
+        return arn is None or execution_status(sfn, arn) == "RUNNING"
+
+    result["released"] = queue.prune(ddb, settings, running)
     return result
 
 
