@@ -168,11 +168,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from lustrain.operate import status
+    from lustrain.operate import as_json, status
 
     found = status(_stack(args), args.run)
     if args.json:
-        print(json.dumps(found.to_dict(), indent=2, default=str))
+        print(as_json(found))
         return EXIT_OK
     r = found.run
     print(f"run {r.job_id} ({r.name}): {r.state}" + (f", {r.error}" if r.error else ""))

@@ -260,3 +260,18 @@ def test_a_run_sagemaker_refused_goes_back_in_its_place_and_its_wait_keeps_count
     # it waits at least one look, even with room: a quota SageMaker counts otherwise cannot spin it
     running.end("someone-elses")
     assert look(refused)["admitted"] is True
+
+
+def test_a_retried_look_after_its_admission_is_admitted_again_in_the_same_place(line):
+    look, run, clock = line["look"], line["run"], line["clock"]
+    first = run("first", 2)
+    retried = {key: value for key, value in first.items()}  # the same input, as Lambda retries it
+    answer = look(first)
+    clock.now += 5
+    again = look(retried)
+    assert (again["admitted"], again["order"], again["admitted_at"]) == (True, answer["order"], answer["admitted_at"])
+    # one hold, not two
+    assert list(line["pool"]()["holds"]) == [first["job"]["job_id"]]
+    record = job_record(line["settings"].jobs_table, first["job"]["job_id"])
+    assert record["queue"] == {"state": "admitted", "pool": "ml.p4d.24xlarge#on-demand", "queued_s": 0,
+                               "admitted_at": answer["admitted_at"]}

@@ -111,6 +111,17 @@ def test_a_retried_create_returns_the_same_file_system(aws):
     again = invoke("create_filesystem", document)
     assert again["file_system_id"] == first["file_system_id"]
     assert len(fsx().describe_file_systems()["FileSystems"]) == 1
+    assert again["wait_seconds"] == POLL["initial_seconds"]  # still CREATING: the creation time to expect
+
+
+def test_a_retried_create_that_finds_its_file_system_available_looks_again_at_the_steady_interval(aws):
+    document = prepared()
+    invoke("create_filesystem", document)
+    twin_fsx.configure(polls=0)  # the answer was lost and the file system has become AVAILABLE meanwhile
+    fsx().describe_file_systems()
+    again = invoke("create_filesystem", document)
+    assert again["file_system_lifecycle"] == "AVAILABLE"
+    assert again["wait_seconds"] == POLL["max_seconds"]
 
 
 def test_a_persistent_file_system_gets_its_throughput_and_the_association(aws):

@@ -1,4 +1,5 @@
-"""check_quota against in-memory Service Quotas and SageMaker: found by name, counted, refused with the fix."""
+"""The quota the capacity queue measures, against in-memory Service Quotas and SageMaker: found by name, counted,
+refused with the fix."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from lustrain_core.config import Settings
 from lustrain_core.errors import QuotaExceeded, SpecInvalid
 from lustrain_core.launch import registered
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import quota
+from lustrain_core.steps import Job, quota
 
 P4D = "ml.p4d.24xlarge for training job usage"
 P4D_SPOT = "ml.p4d.24xlarge for spot training job usage"
@@ -119,8 +120,13 @@ def document(count: int = 2, spot: bool = False) -> dict[str, Any]:
 def run(
     doc: dict[str, Any], quotas: FakeQuotas, jobs: list[dict[str, Any]] = (), **env: str
 ) -> dict[str, Any]:
+    """What the capacity queue measures for the run, and the refusal it raises when the instances do not fit."""
     settings = Settings(region="eu-west-1", extra=dict(env))
-    return quota.check_quota(doc, quotas=quotas, sagemaker=FakeSageMaker(list(jobs)), settings=settings)
+    job = Job.from_document(doc)
+    measured = quota.measure(job, quotas=quotas, sagemaker=FakeSageMaker(list(jobs)), settings=settings)
+    if not quota.fits_now(measured):
+        raise quota.refusal(job, measured, settings, quotas=quotas)
+    return measured
 
 
 def test_the_quota_is_found_by_name_on_a_later_page_whatever_its_code():

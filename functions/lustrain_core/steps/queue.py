@@ -235,7 +235,7 @@ def take_place(
         state = read_pool(ddb, table, pool)
         if job.job_id in state["holds"]:  # a retried visit that was admitted already
             hold = state["holds"][job.job_id]
-            return _admitted(ddb, settings, run, pool, str(hold.get("order") or order), measured, hold, now)
+            return _admitted(ddb, settings, run, pool, str(hold.get("order") or order), measured, hold)
         ticket = state["waiting"].get(job.job_id)
         if ticket is None:
             ticket = {
@@ -258,8 +258,7 @@ def take_place(
             raise quota.refusal(
                 job, measured, settings, quotas=quotas, why="more than the whole quota: no wait can make it fit"
             )
-        fits = measured["requested"] <= measured["available"]
-        if not ahead and fits and not hold_off:
+        if not ahead and quota.fits_now(measured) and not hold_off:
             hold = {"instances": compute.instance_count, "since": _iso(now), "queued_s": queued_s, "order": ticket["order"]}
             admitted = _update(
                 ddb,
@@ -272,7 +271,7 @@ def take_place(
                 epoch=state["epoch"],
             )
             if admitted:
-                return _admitted(ddb, settings, run, pool, str(ticket["order"]), measured, hold, now)
+                return _admitted(ddb, settings, run, pool, str(ticket["order"]), measured, hold)
             continue  # another run changed the pool meanwhile: read it again
         if queued_s >= allowed_s:
             leave(ddb, settings, compute, job.job_id)
@@ -283,7 +282,7 @@ def take_place(
                 f"({len(ahead)} run(s) still ahead)"
             )
             raise quota.refusal(job, measured, settings, quotas=quotas, why=waited)
-        return _waiting(ddb, settings, run, pool, ticket, measured, ahead, queued_s, allowed_s, now)
+        return _waiting(ddb, settings, run, pool, ticket, measured, ahead, queued_s, allowed_s)
     # every try lost a race: others are being admitted or released right now; look again shortly
     return Admission(
         admitted=False,
@@ -301,33 +300,31 @@ def _numbers(measured: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in measured.items() if k not in Admission.model_fields}
 
 
-def _admitted(
-    ddb: Any,
-    settings: Settings,
-    run: Run,
-    pool: str,
-    order: str,
-    measured: dict[str, Any],
-    hold: dict[str, Any],
-    now: float,
+def _answer(
+    ddb: Any, settings: Settings, run: Run, measured: dict[str, Any], record: dict[str, Any], **fields: Any
 ) -> Admission:
-    queued_s = int(hold.get("queued_s") or 0)
-    admitted_at = str(hold.get("since") or _iso(now))
-    records.set_fields(
+    """$.quota, with the run's place also written to its job record (`queue`: `lustrain status`, the sweeper)."""
+    answer = Admission(**fields, **_numbers(measured))
+    place = {"state": "admitted" if answer.admitted else "queued", "pool": answer.pool, "queued_s": answer.queued_s}
+    records.set_fields(ddb, settings.jobs_table, run.job.job_id, {"queue": {**place, **record}})
+    return answer
+
+
+def _admitted(
+    ddb: Any, settings: Settings, run: Run, pool: str, order: str, measured: dict[str, Any], hold: dict[str, Any]
+) -> Admission:
+    admitted_at = str(hold["since"])
+    return _answer(
         ddb,
-        settings.jobs_table,
-        run.job.job_id,
-        {"queue": {"state": "admitted", "pool": pool, "queued_s": queued_s, "admitted_at": admitted_at}},
-    )
-    return Admission(
+        settings,
+        run,
+        measured,
+        {"admitted_at": admitted_at},
         admitted=True,
         pool=pool,
         order=order,
-        position=0,
-        queued_s=queued_s,
-        wait_seconds=0,
+        queued_s=int(hold.get("queued_s") or 0),
         admitted_at=admitted_at,
-        **_numbers(measured),
     )
 
 
@@ -341,35 +338,21 @@ def _waiting(
     ahead: list[dict[str, Any]],
     queued_s: int,
     allowed_s: int,
-    now: float,
 ) -> Admission:
-    position = len(ahead) + 1
-    ahead_instances = sum(int(t.get("instances") or 0) for t in ahead)
-    records.set_fields(
+    position, ahead_instances = len(ahead) + 1, sum(int(t.get("instances") or 0) for t in ahead)
+    # the time left to wait from `since`: the sweeper's deadline counts it
+    left_s = max(0, allowed_s - int(ticket.get("before_s") or 0))
+    return _answer(
         ddb,
-        settings.jobs_table,
-        run.job.job_id,
-        {
-            "queue": {
-                "state": "queued",
-                "pool": pool,
-                "position": position,
-                "ahead_instances": ahead_instances,
-                "since": ticket.get("since"),
-                "queued_s": queued_s,
-                # the time left to wait from `since`: the sweeper's deadline counts it
-                "left_s": max(0, allowed_s - int(ticket.get("before_s") or 0)),
-            }
-        },
-    )
-    wait = min(poll_seconds(settings, run.job.spec.compute), max(1, allowed_s - queued_s))
-    return Admission(
+        settings,
+        run,
+        measured,
+        {"position": position, "ahead_instances": ahead_instances, "since": ticket.get("since"), "left_s": left_s},
         admitted=False,
         pool=pool,
         order=str(ticket["order"]),
         position=position,
         ahead_instances=ahead_instances,
         queued_s=queued_s,
-        wait_seconds=wait,
-        **_numbers(measured),
+        wait_seconds=min(poll_seconds(settings, run.job.spec.compute), max(1, allowed_s - queued_s)),
     )

@@ -115,6 +115,11 @@ def measure(job: Job, *, quotas: Any, sagemaker: Any, settings: Settings, held: 
     }
 
 
+def fits_now(measured: dict[str, Any]) -> bool:
+    """Do the run's instances fit what the quota leaves free now?"""
+    return int(measured["requested"]) <= int(measured["available"])
+
+
 def fits_ever(measured: dict[str, Any]) -> bool:
     """Could the run's instances fit the quota at all, with nothing else running?"""
     return int(measured["requested"]) <= math.floor(float(measured["limit"]))
@@ -138,14 +143,3 @@ def refusal(job: Job, measured: dict[str, Any], settings: Settings, *, quotas: A
         filed = _request_increase(quotas, code, desired)
         message += f"; {filed}"
     return QuotaExceeded(message, **measured, desired=desired, increase_requested=filed)
-
-
-def check_quota(
-    document: dict[str, Any], *, quotas: Any, sagemaker: Any, settings: Settings
-) -> dict[str, Any]:
-    """The quota now, without queueing: the numbers, or QuotaExceeded when the run's instances do not fit."""
-    job = Job.from_document(document)
-    measured = measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings)
-    if measured["requested"] <= measured["available"]:
-        return measured
-    raise refusal(job, measured, settings, quotas=quotas)
