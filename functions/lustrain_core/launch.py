@@ -35,7 +35,7 @@ RESUME_FROM_VARIABLE = "LUSTRAIN_RESUME_FROM"
 #: The input channel that brings the resumed checkpoint to the instances (SM_CHANNEL_RESUME in the container).
 RESUME_CHANNEL = "resume"
 
-#: a checkpoint's manifest, beside its step-N.pt (written by lustrain's trainer)
+#: a checkpoint's manifest, which commits it (written by lustrain's trainer beside its shards, or a version 1 step-N.pt)
 MANIFEST_NAME = re.compile(r"step-(\d+)\.json")
 MAX_MANIFEST_BYTES = 1024 * 1024
 

@@ -1,18 +1,21 @@
 """Reading token shards for training: memory-mapped, disjoint per rank, prefetched in the background.
 
-A batch is one contiguous span of batch_size * seq_len + 1 tokens; spans do not overlap. The order is
-shuffled at two levels, so that the loader reads a few large pieces rather than many scattered batches:
+A batch is one contiguous span of batch_size * seq_len + 1 tokens; spans do not overlap. An epoch is one order
+of every span of the split, the same for every world size:
 
-- blocks of adjacent spans (about a megabyte, aligned within a shard) are put in an order shuffled per
-  epoch with a seed every rank shares, and rank r takes the r-th of world_size equal runs of that order,
-  so no two ranks read the same span in an epoch and each span is read at most once per epoch;
-- within a window of a few blocks a rank's batches are shuffled again.
+- the split's spans are cut into blocks of adjacent spans (about a megabyte); the blocks are put in an order
+  shuffled per epoch by a keyed permutation computed index by index (a Feistel network, cycle-walked onto the
+  number of blocks), so no array grows with the data: the plan holds a few numbers per shard;
+- windows of a few consecutive blocks of that order are shuffled again, span by span, with a draw of the
+  window's own; the spans that do not fill a whole block come last, shuffled among themselves;
+- optimizer step s takes positions s*G .. s*G + G - 1 of that order, G = world_size * grad_accum micro-batches
+  (the global batch); rank r takes grad_accum consecutive ones of them. A run resumed on another world size with
+  the same G (grad_accum absorbing the change) reads, from the saved step on, exactly what the first run would
+  have read: within an epoch no span is seen twice or skipped.
 
-A background thread copies a window's whole blocks with one np.take per shard (a single call without the
-GIL, near the speed of a sequential read; cut blocks at a shard's end or a rank's share are copied run by
-run) into one buffer (pinned on a GPU). It works out the next window while the training loop waits and
-hands a window over in one piece; the loop turns it into batches, views of the buffer, while the thread
-copies the next one.
+A background thread copies a window's spans of this rank with one np.take per shard (a single call without the
+GIL) into one buffer (pinned on a GPU). It works out the next window while the training loop waits and hands a
+window over in one piece; the loop turns it into batches, views of the buffer, while the thread copies the next.
 """
 
 from __future__ import annotations
@@ -34,121 +37,182 @@ from .shards import DTYPE, TOKEN_BYTES, DataError, DataIndex
 BLOCK_BYTES = 1 << 20
 WINDOW_BLOCKS = 8
 KEEP_BUFFERS = 8
-PLANNED_WINDOWS = 16
+#: shards mapped at once by a reader: a 20 TB data set has tens of thousands, and the kernel allows a process
+#: about 65,000 mappings (vm.max_map_count)
+OPEN_MAPS = 512
+#: windows whose in-window shuffle a plan keeps (the prefetch thread plans one ahead of the loop)
+KEEP_WINDOWS = 4
+FEISTEL_ROUNDS = 4
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_MIX2 = np.uint64(0xBF58476D1CE4E5B9)
+
+
+def _keyed_permutation(indices: np.ndarray, n: int, key: tuple[int, ...]) -> np.ndarray:
+    """A bijection of [0, n) keyed by `key`, evaluated at `indices` alone: a balanced Feistel network on the smallest
+    even number of bits that holds n, cycle-walked (applied again while a value falls at or beyond n, which ends
+    within a few rounds since the domain is under 4n). Memory: the indices' own."""
+    if n <= 1:
+        return np.zeros(len(indices), dtype=np.int64)
+    bits = max(2, (n - 1).bit_length())
+    bits += bits % 2
+    half = bits // 2
+    mask = np.uint64((1 << half) - 1)
+    keys = [np.uint64(int(k)) for k in np.random.default_rng(list(key)).integers(0, 2**63, FEISTEL_ROUNDS)]
+    x = indices.astype(np.uint64)
+    todo = np.ones(len(x), dtype=bool)
+    with np.errstate(over="ignore"):
+        while todo.any():
+            v = x[todo]
+            left, right = v >> np.uint64(half), v & mask
+            for k in keys:
+                mixed = (right + k) * _MIX
+                mixed ^= mixed >> np.uint64(31)
+                mixed *= _MIX2
+                left, right = right, left ^ ((mixed >> np.uint64(29)) & mask)
+            x[todo] = (left << np.uint64(half)) | right
+            todo[todo] = x[todo] >= np.uint64(n)
+    return x.astype(np.int64)
 
 
 class ShardReader:
-    """Memory maps of one split's shards: pages are read on demand and shared by all ranks on a host.
+    """Memory maps of one split's shards, opened on first use (at most OPEN_MAPS at once, the least recently used
+    closed first): pages are read on demand and shared by all ranks on a host.
 
     Tokens stay uint16 until they reach the device: a quarter of the bytes of int64 to copy and, on a GPU,
     to send over PCIe; the widening to int64 happens on the device.
     """
 
-    def __init__(self, index: DataIndex, split: str) -> None:
+    def __init__(self, index: DataIndex, split: str, open_maps: int = OPEN_MAPS) -> None:
         if sys.byteorder != "little":
             raise DataError(f"shards are little-endian {DTYPE}; this machine is {sys.byteorder}-endian")
         self.shards = index.splits.get(split, [])
-        # shared=False maps the file copy-on-write; nothing here writes, so no page is ever copied. (A
-        # torch mapping rather than np.memmap: that one keeps a file descriptor open per shard.)
-        self._maps = [torch.from_file(str(shard.path), shared=False, size=shard.tokens, dtype=torch.uint16).numpy()
-                      for shard in self.shards]
+        self._open_maps = open_maps
+        self._maps: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._lock = threading.Lock()
         self.buffers = _Buffers(keep=KEEP_BUFFERS)
 
+    def _map(self, shard: int) -> np.ndarray:
+        with self._lock:
+            tokens = self._maps.get(shard)
+            if tokens is None:
+                # shared=False maps the file copy-on-write; nothing here writes, so no page is ever copied. (A
+                # torch mapping rather than np.memmap: that one keeps a file descriptor open per shard.)
+                info = self.shards[shard]
+                tokens = torch.from_file(str(info.path), shared=False, size=info.tokens, dtype=torch.uint16).numpy()
+                self._maps[shard] = tokens
+                while len(self._maps) > self._open_maps:
+                    self._maps.popitem(last=False)  # unmapped once no batch refers to it any more
+            else:
+                self._maps.move_to_end(shard)
+            return tokens
+
     def read_into(self, out: np.ndarray, shard: int, offset: int) -> None:
-        """Fill `out` with the tokens from `offset` of shard `shard`: one straight copy, without the GIL.
+        """Fill `out` with the tokens from `offset` of shard `shard`: one straight copy, without the GIL."""
+        out[:] = self._map(shard)[offset : offset + len(out)]
 
-        Gathers of many small rows were tried first: the per-row work (and on a busy machine torch's
-        OpenMP gathers) made the loader several times slower than a sequential read.
-        """
-        out[:] = self._maps[shard][offset : offset + len(out)]
-
-    def blocks(self, shard: int, row_tokens: int) -> np.ndarray:
-        """Shard `shard` as rows of `row_tokens` (its whole blocks), without copying."""
-        whole = len(self._maps[shard]) // row_tokens
-        return self._maps[shard][: whole * row_tokens].reshape(whole, row_tokens)
+    def rows(self, shard: int, row_tokens: int) -> np.ndarray:
+        """Shard `shard` as rows of `row_tokens` (its whole spans), without copying."""
+        tokens = self._map(shard)
+        whole = len(tokens) // row_tokens
+        return tokens[: whole * row_tokens].reshape(whole, row_tokens)
 
     def read(self, shard: int, offset: int, count: int) -> torch.Tensor:
-        return torch.from_numpy(self._maps[shard][offset : offset + count].copy())
+        return torch.from_numpy(self._map(shard)[offset : offset + count].copy())
 
 
 class BatchPlan:
-    """Where batch number k of this rank lies: a pure function of (seed, epoch, rank, world_size, k).
+    """Where batch number k of this rank lies: a pure function of (seed, epoch, rank, world_size, grad_accum, k).
 
-    `block` (spans per block) and `window` (blocks per shuffle window) default to about a megabyte and
-    eight of them; smaller ones shuffle more finely at more copies per window.
+    Batch k of a rank is micro-batch k % grad_accum of optimizer step k // grad_accum. `block` (spans per block)
+    and `window` (blocks per shuffle window) default to about a megabyte and eight of them. Memory: a few numbers
+    per shard and one window's shuffle, whatever the size of the data.
     """
 
     def __init__(self, shard_tokens: list[int], batch_size: int, seq_len: int, rank: int, world_size: int,
                  seed: int, shuffle: bool = True, split: str = "train", block: int | None = None,
-                 window: int = WINDOW_BLOCKS) -> None:
-        if (block is not None and block < 1) or window < 1:
-            raise DataError(f"block ({block}) and window ({window}) must be at least 1")
+                 window: int = WINDOW_BLOCKS, grad_accum: int = 1) -> None:
+        if (block is not None and block < 1) or window < 1 or grad_accum < 1:
+            raise DataError(f"block ({block}), window ({window}) and grad_accum ({grad_accum}) must be at least 1")
         self.batch_size, self.seq_len = batch_size, seq_len
         self.span = batch_size * seq_len
         self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
-        # Spans do not overlap (the last target of a batch is not the next batch's first input), so a
-        # block of them is one straight row of a shard: 1 input-target pair in span is not trained on.
+        self.grad_accum = grad_accum
+        # Spans do not overlap (the last target of a batch is not the next batch's first input): 1 input-target
+        # pair in span is not trained on.
         counts = np.array([tokens // self.batch_tokens for tokens in shard_tokens], dtype=np.int64)
-        self._shard_of = np.repeat(np.arange(len(counts)), counts)
-        firsts = np.cumsum(counts) - counts  # span number of each shard's first span
-        self._offset_of = (np.arange(int(counts.sum())) - np.repeat(firsts, counts)) * self.batch_tokens
+        self._firsts = np.cumsum(counts) - counts  # span number of each shard's first span
         self.total = int(counts.sum())
-        self.per_rank = self.total // world_size
-        if self.per_rank == 0:
+        self.global_batches = world_size * grad_accum  # micro-batches of the whole world per optimizer step
+        self.steps_per_epoch = self.total // self.global_batches
+        if self.steps_per_epoch == 0:
             raise DataError(
                 f"the {split} split holds {self.total} batches of batch_size {batch_size} x seq_len {seq_len}, "
-                f"fewer than the {world_size} ranks: prepare more data or lower batch_size/seq_len"
+                f"fewer than the {world_size} ranks x grad_accum {grad_accum} of one step: prepare more data or "
+                "lower batch_size/seq_len"
             )
+        self.per_rank = self.steps_per_epoch * grad_accum
         self.block = block or max(1, BLOCK_BYTES // (self.batch_tokens * TOKEN_BYTES))
-        self.window = self.block * window  # batches
-        # Blocks start at every block-th span of a shard; a shard's last block may be short.
-        self._block_starts = np.concatenate(
-            [first + np.arange(0, n, self.block) for first, n in zip(firsts.tolist(), counts.tolist(), strict=True)])
-        self._block_lengths = np.diff(np.append(self._block_starts, self.total))
-        self._orders: dict[int, np.ndarray] = {}
-        self._planned: tuple[tuple[int, int], list[tuple[np.ndarray, Reads, np.ndarray]]] | None = None
+        self.window_blocks = window
+        self._whole_blocks = self.total // self.block
+        self._window_spans = self.block * window
+        # batches of this rank per window, at most: its buffer's size
+        self.window = (self._window_spans // self.global_batches + 2) * grad_accum
+        self._shuffles: collections.OrderedDict[tuple[int, int], np.ndarray] = collections.OrderedDict()
+        self._lock = threading.Lock()
 
     @property
     def batch_tokens(self) -> int:
         return self.span + 1
 
-    def _order(self, epoch: int) -> np.ndarray:
-        """The span numbers of this rank's batches in one epoch."""
-        if epoch in self._orders:
-            return self._orders[epoch]
-        lo, hi = self.rank * self.per_rank, (self.rank + 1) * self.per_rank
+    # -- the epoch's order -----------------------------------------------------------------------------
+
+    def _positions(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(epoch, position in the epoch's order) of this rank's batches ks."""
+        steps, micro = np.divmod(ks, self.grad_accum)
+        epochs, step_in_epoch = np.divmod(steps, self.steps_per_epoch)
+        return epochs, step_in_epoch * self.global_batches + self.rank * self.grad_accum + micro
+
+    def _window_shuffle(self, epoch: int, window: int, length: int) -> np.ndarray:
+        with self._lock:
+            key = (epoch, window)
+            order = self._shuffles.get(key)
+            if order is None:
+                order = np.random.default_rng([self.seed, epoch, window + 1, 1]).permutation(length)
+                self._shuffles[key] = order
+                while len(self._shuffles) > KEEP_WINDOWS:
+                    self._shuffles.popitem(last=False)
+            return order
+
+    def _spans_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Span numbers at these positions of one epoch's order."""
         if not self.shuffle:
-            return np.arange(lo, hi)
-        blocks = np.random.default_rng([self.seed, epoch]).permutation(len(self._block_starts))
-        starts, lengths = self._block_starts[blocks], self._block_lengths[blocks]
-        ends = np.cumsum(lengths)
-        # Only the blocks that overlap this rank's run of the shuffled order are spelled out span by span.
-        first, last = int(np.searchsorted(ends, lo, "right")), int(np.searchsorted(ends, hi - 1, "right"))
-        starts, lengths = starts[first : last + 1], lengths[first : last + 1]
-        before = ends[first] - lengths[0]
-        spans = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-        order = spans[lo - before : hi - before]
-        # Within each window the batches are shuffled again, with a draw of this rank's own.
-        keys = np.random.default_rng([self.seed, epoch, self.rank]).random(self.per_rank)
-        # (A stable sort of each window's keys: the order of np.lexsort((keys, position // window)).)
-        full = self.per_rank - self.per_rank % self.window
-        within = keys[:full].reshape(-1, self.window).argsort(axis=1, kind="stable")
-        within += np.arange(0, full, self.window)[:, None]
-        order = order[np.concatenate((within.ravel(), full + keys[full:].argsort(kind="stable")))]
-        self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
-        self._orders[epoch] = order
-        return order
+            return positions.copy()
+        spans = np.empty(len(positions), dtype=np.int64)
+        whole = self._whole_blocks * self.block
+        in_blocks = positions < whole
+        windows = positions // self._window_spans
+        for window in np.unique(windows[in_blocks]).tolist():
+            here = in_blocks & (windows == window)
+            first_block = window * self.window_blocks
+            length = min(self.window_blocks, self._whole_blocks - first_block) * self.block
+            shuffled = self._window_shuffle(epoch, window, length)[positions[here] - window * self._window_spans]
+            blocks = _keyed_permutation(first_block + shuffled // self.block, self._whole_blocks,
+                                        (self.seed, epoch))
+            spans[here] = blocks * self.block + shuffled % self.block
+        if not in_blocks.all():
+            rest = ~in_blocks
+            tail = self.total - whole  # the spans no whole block holds: last, shuffled among themselves
+            order = self._window_shuffle(epoch, -1, tail)
+            spans[rest] = whole + order[positions[rest] - whole]
+        return spans
 
     def spans(self, start: int, count: int) -> np.ndarray:
         """Span numbers (positions in the split, shard after shard) of this rank's batches start .. +count-1."""
-        epoch, position = divmod(start, self.per_rank)
-        if position + count <= self.per_rank:
-            return self._order(epoch)[position : position + count]
-        epochs, positions = np.divmod(np.arange(start, start + count), self.per_rank)
+        epochs, positions = self._positions(np.arange(start, start + count, dtype=np.int64))
         spans = np.empty(count, dtype=np.int64)
-        for epoch in np.unique(epochs):
+        for epoch in np.unique(epochs).tolist():
             here = epochs == epoch
-            spans[here] = self._order(int(epoch))[positions[here]]
+            spans[here] = self._spans_at(epoch, positions[here])
         return spans
 
     def locations(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,107 +221,53 @@ class BatchPlan:
 
     def locations_of(self, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(shard, offset) arrays of the given span numbers."""
-        return self._shard_of[spans], self._offset_of[spans]
+        shards = np.searchsorted(self._firsts, spans, side="right") - 1
+        return shards, (spans - self._firsts[shards]) * self.batch_tokens
 
     def location(self, k: int) -> tuple[int, int]:
         shards, offsets = self.locations(k, 1)
         return int(shards[0]), int(offsets[0])
 
     def window_end(self, k: int) -> int:
-        """The first batch number after the shuffle window that holds batch k (windows end with the epoch)."""
-        epoch, position = divmod(k, self.per_rank)
-        return epoch * self.per_rank + min(self.per_rank, (position // self.window + 1) * self.window)
+        """The first batch number after k that lies in another shuffle window of the order (or another epoch)."""
+        epoch_end = (k // self.per_rank + 1) * self.per_rank
+        if not self.shuffle:
+            return min(epoch_end, k + self.window)
+        _, (position,) = self._positions(np.array([k], dtype=np.int64))
+        next_window = (int(position) // self._window_spans + 1) * self._window_spans
+        step, at = divmod(next_window, self.global_batches)
+        mine = self.rank * self.grad_accum
+        if at >= mine + self.grad_accum:
+            step, at = step + 1, mine
+        micro = max(0, at - mine)
+        epoch_start = epoch_end - self.per_rank
+        return min(epoch_end, epoch_start + step * self.grad_accum + micro)
 
     def window_reads(self, start: int) -> tuple[int, np.ndarray, Reads, list[int]]:
         """(end, spans, reads, rows) of the batches from `start` to the end of its window: rows[i] is the row of
-        the buffer that reads.layout puts the i-th batch in.
-
-        Windows are planned PLANNED_WINDOWS at a time with one set of numpy calls, not one set per window: the
-        prefetch thread works this out between two copies, and a window's numpy calls on a few hundred spans
-        cost about a third of its copy, most of it per call. A start inside a window (a resumed run) plans
-        the rest of that window alone.
-        """
+        the buffer that reads.layout puts the i-th batch in."""
         end = self.window_end(start)
-        epoch, position = divmod(start, self.per_rank)
-        if position % self.window:
-            spans = self.spans(start, end - start)
-            (reads,), rows = self._grouped_reads(spans, np.zeros(len(spans), dtype=np.int64), 1)
-            return end, spans, reads, rows.tolist()
-        window = position // self.window
-        key = (epoch, window // PLANNED_WINDOWS)
-        planned = self._planned  # one read: another thread may plan the same windows meanwhile
-        if planned is None or planned[0] != key:
-            first = key[1] * PLANNED_WINDOWS * self.window
-            spans = self._order(epoch)[first : first + PLANNED_WINDOWS * self.window]
-            groups = np.arange(len(spans)) // self.window
-            reads, rows = self._grouped_reads(spans, groups, int(groups[-1]) + 1)
-            bounds = range(0, len(spans), self.window)
-            planned = self._planned = (key, [(spans[b : b + self.window], r, rows[b : b + self.window])
-                                             for b, r in zip(bounds, reads, strict=True)])
-        spans, reads, rows = planned[1][window % PLANNED_WINDOWS]
+        spans = self.spans(start, end - start)
+        reads = self.reads(spans)
+        rows = np.empty(len(spans), dtype=np.int64)
+        rows[np.argsort(spans, kind="stable")] = np.arange(len(spans))
         return end, spans, reads, rows.tolist()
 
     def reads(self, spans: np.ndarray) -> Reads:
-        """How to read the given spans in few straight copies: their whole blocks, then runs of the rest."""
-        (reads,), _ = self._grouped_reads(spans, np.zeros(len(spans), dtype=np.int64), 1)
-        return reads
-
-    def _grouped_reads(self, spans: np.ndarray, groups: np.ndarray, count: int) -> tuple[list[Reads], np.ndarray]:
-        """reads() of each group of spans (groups: 0 .. count - 1, none empty), and the row of each span in its
-        group's layout."""
-        n = len(spans)
-        by = np.argsort(groups * self.total + spans)  # by group, then by span
-        ordered, group = spans[by], groups[by]
-        shards = self._shard_of[ordered]
-        local = self._offset_of[ordered] // self.batch_tokens  # span number within its shard
-        # A block is whole when its first span is here along with the block - 1 spans after it, in its group.
-        ahead, fit = np.full(n, -1), max(0, n - self.block + 1)
-        ahead[:fit] = ordered[self.block - 1 :]
-        whole = (local % self.block == 0) & (ahead == ordered + self.block - 1)
-        whole &= self._shard_of[np.maximum(ahead, 0)] == shards
-        whole[:fit] &= group[self.block - 1 :] == group[:fit]
-        # A span is in a whole block when one starts at it or at one of the block - 1 spans before it.
-        starts_here = np.cumsum(whole)
-        starts_here[self.block :] -= starts_here[: -self.block].copy()
-        in_whole = starts_here > 0
-        # Each group's layout: the spans of its whole blocks, then the rest, both in order.
-        sizes, whole_sizes = np.bincount(group, minlength=count), np.bincount(group[in_whole], minlength=count)
-        starts, whole_starts = np.cumsum(sizes) - sizes, np.cumsum(whole_sizes) - whole_sizes
-        whole_before = np.cumsum(in_whole) - in_whole  # spans in whole blocks before each, over all groups
-        rest_before = np.arange(n) - whole_before
-        row = np.where(in_whole, whole_before - whole_starts[group],
-                       whole_sizes[group] + rest_before - (starts - whole_starts)[group])
-        layout = np.empty_like(ordered)
-        layout[starts[group] + row] = ordered
-        rows = np.empty_like(row)
-        rows[by] = row
-        # Whole blocks, group by group and shard by shard.
-        at = np.flatnonzero(whole)
-        block_groups, block_shards, numbers = group[at], shards[at], local[at] // self.block
-        cut = np.flatnonzero((block_groups[1:] != block_groups[:-1]) | (block_shards[1:] != block_shards[:-1])) + 1
-        firsts = np.concatenate(([0], cut)) if len(at) else np.empty(0, dtype=np.int64)
-        blocks: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(count)]
-        for g, shard, a, length in zip(block_groups[firsts].tolist(), block_shards[firsts].tolist(), firsts.tolist(),
-                                       np.diff(firsts, append=len(at)).tolist(), strict=True):
-            blocks[g].append((shard, numbers[a : a + length]))
-        # The other spans, run by run.
-        rest, rest_shards, rest_groups = ordered[~in_whole], shards[~in_whole], group[~in_whole]
-        apart = (rest[1:] - rest[:-1] != 1) | (rest_shards[1:] != rest_shards[:-1]) | (rest_groups[1:] != rest_groups[:-1])
-        first = np.concatenate(([0], np.flatnonzero(apart) + 1)) if len(rest) else np.empty(0, dtype=np.int64)
-        runs: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
-        for g, shard, offset, length in zip(rest_groups[first].tolist(), rest_shards[first].tolist(),
-                                            self._offset_of[rest[first]].tolist(),
-                                            np.diff(first, append=len(rest)).tolist(), strict=True):
-            runs[g].append((shard, offset, length))
-        bounds = np.append(starts, n).tolist()
-        return [Reads(blocks[g], runs[g], layout[bounds[g] : bounds[g + 1]]) for g in range(count)], rows
+        """How to read the given spans: one gather per shard of its spans in file order (the layout)."""
+        layout = np.sort(spans)
+        shards, _ = self.locations_of(layout)
+        cuts = np.flatnonzero(shards[1:] != shards[:-1]) + 1
+        takes = [(int(shards[a]), layout[a:b] - self._firsts[shards[a]])
+                 for a, b in zip(np.concatenate(([0], cuts)).tolist(), np.append(cuts, len(layout)).tolist(),
+                                 strict=True) if b > a]
+        return Reads(takes, layout)
 
 
 @dataclass(slots=True)
 class Reads:
-    blocks: list[tuple[int, np.ndarray]]  # (shard, its whole blocks to read), shard by shard
-    runs: list[tuple[int, int, int]]  # (shard, offset, spans) of the other spans, run by run
-    layout: np.ndarray  # the span read into each row of the buffer: the blocks' spans, then the runs'
+    takes: list[tuple[int, np.ndarray]]  # (shard, its span numbers to copy, in file order), shard by shard
+    layout: np.ndarray  # the span read into each row of the buffer
 
 
 @dataclass(slots=True)
@@ -301,17 +311,14 @@ class Prefetcher:
         return _Window(start, end, spans, buffer, reads, rows)
 
     def _fill(self, window: _Window) -> None:
-        row_tokens = self.plan.block * self.plan.batch_tokens
+        bt = self.plan.batch_tokens
         out, at = window.buffer.numpy(), 0
-        for shard, blocks in window.reads.blocks:
-            # One np.take per shard: a single call that copies every block without taking the GIL back, so
-            # the training loop's Python work runs alongside it.
-            rows = out[at : at + len(blocks) * row_tokens].reshape(len(blocks), row_tokens)
-            np.take(self.reader.blocks(shard, row_tokens), blocks, axis=0, out=rows, mode="clip")
-            at += len(blocks) * row_tokens
-        for shard, offset, n in window.reads.runs:
-            self.reader.read_into(out[at : at + n * self.plan.batch_tokens], shard, offset)
-            at += n * self.plan.batch_tokens
+        for shard, spans in window.reads.takes:
+            # One np.take per shard: a single call that copies every span without taking the GIL back, so the
+            # training loop's Python work runs alongside it.
+            rows = out[at : at + len(spans) * bt].reshape(len(spans), bt)
+            np.take(self.reader.rows(shard, bt), spans, axis=0, out=rows, mode="clip")
+            at += len(spans) * bt
 
     def _run(self, k: int) -> None:
         try:

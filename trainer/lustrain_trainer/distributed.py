@@ -1,22 +1,22 @@
-"""One process or many: torchrun's environment decides (DDP over gloo on CPU, NCCL on GPU; FSDP on request).
+"""One process or many: torchrun's environment decides (DDP over gloo on CPU, NCCL on GPU; FSDP or HSDP as the
+memory plan says, or as asked).
 
-Only rank 0 writes files every rank would otherwise write (checkpoints, the model, the summary), and only
-rank 0 reads a checkpoint: its state is broadcast, so other hosts need no copy of the checkpoint directory.
+Only rank 0 writes the files every rank would otherwise write (the model, the summary); every rank writes its own
+shards of a checkpoint (checkpoint.py).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-
-# Parameters, gradients and two Adam moments in fp32: the memory a model needs per replica to train.
-TRAINING_BYTES_PER_PARAMETER = 16
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,9 @@ class Dist:
         return self.world_size > 1
 
 
-def init(env: Mapping[str, str] | None = None) -> Dist:
+def init(env: Mapping[str, str] | None = None, timeout_s: int = 1800) -> Dist:
+    """This process's place in the world; the process group's collectives give up after timeout_s (a rank waiting
+    on another's checkpoint step, or a first step's compilation, must not be taken for a lost rank)."""
     env = os.environ if env is None else env
     world_size = int(env.get("WORLD_SIZE", "1"))
     rank = int(env.get("RANK", "0"))
@@ -45,7 +47,8 @@ def init(env: Mapping[str, str] | None = None) -> Dist:
     if cuda:
         torch.cuda.set_device(device)
     if world_size > 1:
-        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
+        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None,
+                                timeout=datetime.timedelta(seconds=timeout_s))
     return Dist(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
@@ -54,27 +57,37 @@ def shutdown(info: Dist) -> None:
         dist.destroy_process_group()
 
 
-def use_fsdp(choice: str, parameters: int, info: Dist) -> bool:
-    """FSDP when asked, or ('auto') when a full replica would not fit in about 60% of one GPU."""
-    if not info.active:
-        return False
-    if choice != "auto":
-        return choice == "true"
-    if info.device.type != "cuda":
-        return False
-    gpu_bytes = torch.cuda.get_device_properties(info.device).total_memory
-    return parameters * TRAINING_BYTES_PER_PARAMETER > 0.6 * gpu_bytes
+def gpus_per_host(info: Dist, env: Mapping[str, str] | None = None) -> int:
+    """The ranks on this host (torchrun's LOCAL_WORLD_SIZE): the unit of a shard group within NVLink's reach."""
+    env = os.environ if env is None else env
+    return int(env.get("LOCAL_WORLD_SIZE", str(info.world_size)))
+
+
+def shard(model: nn.Module, info: Dist, bf16: bool, shard_group: int) -> None:
+    """Shard `model` in place with FSDP2 (fully_shard), block by block: over the whole world (FSDP), or over groups
+    of shard_group ranks with the model replicated across the groups (HSDP: each group holds one whole replica,
+    gradients are reduce-scattered within it and all-reduced across the replicas). Works on a model on `meta`:
+    nothing is allocated until to_empty."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if info.world_size % shard_group:
+        raise ValueError(f"shard_group {shard_group} does not divide the world size {info.world_size}")
+    if shard_group == info.world_size:
+        mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("shard",))
+    else:
+        mesh = init_device_mesh(info.device.type, (info.world_size // shard_group, shard_group),
+                                mesh_dim_names=("replicate", "shard"))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+    for block in getattr(model, "blocks", []):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def wrap(model: nn.Module, info: Dist, fsdp: bool, bf16: bool) -> nn.Module:
-    """The module to call in the training loop; `model` itself stays the one whose state is saved."""
+    """The module to call in the training loop (DDP's wrapper; a sharded model is called as it is); `model` itself
+    stays the one whose state is saved."""
     if fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
-        for block in getattr(model, "blocks", []):
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
         return model
     if info.active:
         return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
@@ -100,3 +113,45 @@ def broadcast_int(value: int, info: Dist) -> int:
 def barrier(info: Dist) -> None:
     if info.active:
         dist.barrier()
+
+
+def broadcast_object(value: Any, info: Dist) -> Any:
+    """Rank 0's value (a small picklable one: a decision, not tensors) on every rank."""
+    if not info.active:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+#: NCCL and EFA settings for p4d that SageMaker's launcher does not set (and only where it set nothing: a spec's
+#: environment wins). SageMaker's training toolkit (sagemaker-training-toolkit, torch_distributed.py) already sets
+#: FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, RDMAV_FORK_SAFE=1, NCCL_SOCKET_IFNAME and NCCL_PROTO=simple on p4d,
+#: and its PyTorch container MASTER_ADDR/PORT and NCCL_DEBUG=WARN. What it lacks, from AWS's EFA cheat sheet
+#: (aws-samples/awsome-distributed-training, 1.architectures/efa-cheatsheet.md) and torch's own notes:
+EFA_DEFAULTS: dict[str, str] = {
+    # Where training runs outside that toolkit (its own torchrun, a rehearsal on EC2): EFA, not TCP sockets.
+    "FI_PROVIDER": "efa",
+    # GPUDirect RDMA on p4d's EFA (harmless where libfabric already enables it).
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    # NCCL's bootstrap over the instance's network interfaces, never loopback or docker's bridge.
+    "NCCL_SOCKET_IFNAME": "^lo,docker",
+    # A collective that fails (a lost EFA link) ends the process, so the run's policy can retry it as
+    # infrastructure, instead of hanging until the collective timeout (torch's ProcessGroupNCCL notes).
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    # FSDP's all-gathers on their own streams free memory as soon as they are used (torchtitan sets the same).
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+}
+#: the instance types with EFA that these defaults are for
+EFA_INSTANCE_PREFIXES = ("ml.p4d.", "ml.p4de.", "ml.p5.", "ml.p5e.", "ml.p5en.")
+
+
+def apply_network_defaults(env: MutableMapping[str, str]) -> dict[str, str]:
+    """Set the EFA defaults this host lacks, on an EFA instance type (SageMaker's SM_CURRENT_INSTANCE_TYPE) with a
+    GPU; the ones set. Called before the process group starts, when NCCL reads them."""
+    instance_type = env.get("SM_CURRENT_INSTANCE_TYPE", "")
+    if not instance_type.startswith(EFA_INSTANCE_PREFIXES) or not torch.cuda.is_available():
+        return {}
+    added = {key: value for key, value in EFA_DEFAULTS.items() if key not in env}
+    env.update(added)
+    return added

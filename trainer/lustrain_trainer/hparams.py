@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .model import GPTConfig
+from .plan import Shape
 from .tokenizer import VOCAB_SIZE
 
 # Model shapes follow GPT-3 (Brown et al., 2020, table 2.1). With a 257-token vocabulary instead of 50,257
@@ -39,9 +40,23 @@ PRESETS: dict[str, dict[str, Any]] = {
              "activation_checkpointing": True},
     "6.4b": {"n_layer": 32, "n_head": 32, "n_embd": 4096, "seq_len": 2048, "batch_size": 1, "lr": 1.2e-4,
              "activation_checkpointing": True},
+    # Named for the published model whose depth, width and heads they take (PRESET_SOURCES); with this block
+    # (a 4x GELU MLP, full multi-head attention) and a 257-token vocabulary they hold somewhat fewer parameters
+    # (13b: 12.6 billion, 70b: 64.4 billion). lr and seq_len are Llama 2's (Touvron et al., 2023, table 1).
+    "13b": {"n_layer": 40, "n_head": 40, "n_embd": 5120, "seq_len": 4096, "batch_size": 1, "lr": 3e-4,
+            "activation_checkpointing": True},
+    "70b": {"n_layer": 80, "n_head": 64, "n_embd": 8192, "seq_len": 4096, "batch_size": 1, "lr": 1.5e-4,
+            "activation_checkpointing": True},
+}
+#: the presets that take a published model's shape, and which
+PRESET_SOURCES = {
+    "13b": "Llama 2 13B (Touvron et al., 2023): 40 layers, d_model 5120, 40 heads",
+    "70b": "Llama 2 70B (Touvron et al., 2023): 80 layers, d_model 8192, 64 heads",
 }
 
 CHOICES = {"fsdp": ("auto", "true", "false"), "precision": ("auto", "bf16", "fp32")}
+#: seconds a collective waits for every rank: long enough for a checkpoint's blocking part and a first step
+COLLECTIVE_TIMEOUT_S = 1800
 
 
 class HyperparameterError(ValueError):
@@ -75,10 +90,16 @@ class Hyperparameters:
     fsdp: str = "auto"
     activation_checkpointing: bool = False
     precision: str = "auto"
+    shard_group: int = 0
+    collective_timeout_s: int = COLLECTIVE_TIMEOUT_S
 
     def model_config(self) -> GPTConfig:
         return GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, seq_len=self.seq_len,
                          vocab_size=VOCAB_SIZE, dropout=self.dropout)
+
+    def plan_shape(self) -> Shape:
+        return Shape(n_layer=self.n_layer, n_embd=self.n_embd, n_head=self.n_head, seq_len=self.seq_len,
+                     vocab_size=VOCAB_SIZE)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,7 +144,7 @@ LOCAL_RUN_DIR = Path("runs") / "trainer"
 MINIMUM = {"n_layer": 1, "n_head": 1, "n_embd": 1, "seq_len": 2, "batch_size": 1, "grad_accum": 1,
            "max_steps": 1, "log_interval": 1, "eval_interval": 0, "eval_batches": 1, "checkpoint_interval": 1,
            "keep_checkpoints": 1, "prefetch": 1, "warmup_steps": 0, "lr": 0, "weight_decay": 0,
-           "grad_clip": 0, "seed": 0, "cpu_threads": 0}
+           "grad_clip": 0, "seed": 0, "cpu_threads": 0, "shard_group": 0, "collective_timeout_s": 60}
 BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
 
@@ -183,7 +204,9 @@ HELP = {
     "eval_batches": "validation batches per rank", "checkpoint_interval": "steps between checkpoints",
     "keep_checkpoints": "checkpoints kept", "seed": "initialisation and data order",
     "prefetch": "batches read ahead", "cpu_threads": "torch threads on CPU (0: torch's default)",
-    "fsdp": "auto | true | false (auto: when a replica would not fit one GPU)",
+    "fsdp": "auto | true | false (auto: when the memory plan says a whole replica does not fit one GPU)",
+    "shard_group": "ranks that shard one replica (FSDP; HSDP when fewer than the world); 0: the memory plan's",
+    "collective_timeout_s": "seconds a collective waits for every rank before the run fails as infrastructure",
     "activation_checkpointing": "recompute activations in backward (true | false)",
     "precision": "auto | bf16 | fp32 (auto: bf16 autocast on GPUs that have it)",
 }

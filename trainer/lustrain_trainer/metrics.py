@@ -1,6 +1,7 @@
 """The metric log line and the SageMaker MetricDefinitions that read it, generated from one table.
 
-    step=120 train_loss=2.3456 tokens_per_s=15234.2 lr=2.861e-03 val_loss=2.4012
+    step=120 train_loss=2.3456 tokens_per_s=15234.2 tokens_per_s_per_gpu=1904.3 mfu=0.4123 lr=2.861e-03 val_loss=2.4012
+    step=500 ckpt_blocking_s=0.412                              (each checkpoint: the time training waited for it)
     step=100 resumed_from=100                                  (once, at start: the step training resumes from)
 
 `step` is a metric too: SageMaker keeps the last value of each (FinalMetricDataList), so the control plane knows
@@ -19,9 +20,12 @@ import sys
 METRICS: dict[str, str] = {
     "train_loss": "{:.4f}",
     "tokens_per_s": "{:.1f}",
+    "tokens_per_s_per_gpu": "{:.1f}",
+    "mfu": "{:.4f}",
     "lr": "{:.3e}",
     "val_loss": "{:.4f}",
     "resumed_from": "{:.0f}",
+    "ckpt_blocking_s": "{:.3f}",
 }
 #: the step every line starts with, a metric of its own
 STEP = "step"

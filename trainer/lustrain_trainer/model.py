@@ -6,6 +6,7 @@ positions and an output head tied to the token embedding.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -97,17 +98,23 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.head.weight = self.wte.weight
-        self.reset_parameters()
+        self.tie_weights()
+        if self.wte.weight.device.type != "meta":
+            self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        # GPT-2's scheme: residual projections shrink with depth so the residual stream starts near unit size.
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        for name, p in self.named_parameters():
-            if p.dim() < 2:
-                nn.init.ones_(p)
-            else:
-                nn.init.normal_(p, mean=0.0, std=residual_std if name.endswith("proj.weight") else 0.02)
+    def init_std(self, name: str) -> float:
+        """The standard deviation of a matrix's initial weights (gains start at one). GPT-2's scheme: residual
+        projections shrink with depth so the residual stream starts near unit size."""
+        if name.endswith("proj.weight"):
+            return 0.02 / math.sqrt(2 * self.config.n_layer)
+        return 0.02
+
+    def reset_parameters(self, seed: int = 0) -> None:
+        init_weights(self, seed)
+
+    def tie_weights(self) -> None:
+        """The head shares the token embedding (again, after to_empty gave each its own tensor)."""
+        self.head.weight = self.wte.weight
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, time, vocab) without targets; the mean cross-entropy loss with them."""
@@ -141,3 +148,54 @@ class GPT(nn.Module):
                 next_token = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
             idx = torch.cat((idx, next_token), dim=1)
         return idx
+
+
+#: rows drawn from one generator: the unit of deterministic initialisation, whatever a rank holds of a matrix
+INIT_ROWS = 64
+
+
+def _stream_seed(seed: int, name: str, chunk: int) -> int:
+    digest = hashlib.blake2b(f"{seed}/{name}/{chunk}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def local_part(p: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The tensor this rank holds of parameter p and the global row its first row is: all of it at row 0, or the
+    local shard of an FSDP-sharded (DTensor) parameter, which shards dim 0."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(p, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+        if any(offset[1:]):
+            raise ValueError(f"parameter sharded along a dimension other than 0: offset {offset}")
+        return p.to_local(), int(offset[0]) if len(offset) else 0
+    return p.data, 0
+
+
+@torch.no_grad()
+def init_weights(model: GPT, seed: int) -> None:
+    """Initialise each parameter where it lives, rank by rank, only the rows this rank holds.
+
+    A matrix is drawn in chunks of INIT_ROWS rows, each from a generator seeded by (seed, parameter name, chunk):
+    a rank draws only the chunks its shard overlaps, so no rank ever holds more than its shard plus one chunk, and
+    the weights are the same for the same seed whatever the world size or sharding (a test holds them equal).
+    """
+    for name, p in model.named_parameters():
+        local, first_row = local_part(p)
+        if local.numel() == 0:
+            continue
+        std = model.init_std(name)
+        if p.dim() < 2:
+            local.fill_(1.0)
+            continue
+        rows, width = p.shape[0], math.prod(p.shape[1:])
+        view = local.reshape(local.shape[0], width)
+        last_row = first_row + local.shape[0]
+        for chunk in range(first_row // INIT_ROWS, (last_row - 1) // INIT_ROWS + 1):
+            lo, hi = chunk * INIT_ROWS, min(rows, (chunk + 1) * INIT_ROWS)
+            generator = torch.Generator().manual_seed(_stream_seed(seed, name, chunk))
+            drawn = torch.empty(hi - lo, width).normal_(0.0, std, generator=generator)
+            a, b = max(lo, first_row), min(hi, last_row)
+            view[a - first_row : b - first_row].copy_(drawn[a - lo : b - lo])

@@ -13,10 +13,12 @@ ECC, a lost rank, a failed pre-flight: see faults.py), any other the code's own 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
 import os
+import resource
 import signal
 import sys
 import time
@@ -29,7 +31,7 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from . import checkpoint, distributed, faults
+from . import checkpoint, distributed, faults, plan
 from .data import Batch, BatchPlan, Prefetcher, ShardReader
 from .distributed import Dist
 from .hparams import (
@@ -43,7 +45,7 @@ from .hparams import (
     shape_of,
 )
 from .metrics import format_line
-from .model import CONFIG_FILE, GPT, MODEL_FILE
+from .model import CONFIG_FILE, GPT, MODEL_FILE, init_weights, local_part
 from .shards import DataError, DataIndex, read_index
 from .tokenizer import TOKENIZER_INFO
 
@@ -111,9 +113,46 @@ class Outcome:
     tokens_seen: int = 0
 
 
+def build_model(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, bf16: bool) -> GPT:
+    """The model as this rank trains it: built on `meta` (no memory), sharded there when FSDP is on, then only this
+    rank's part materialised on its device and initialised (init_weights: the same weights for the same seed,
+    whatever the world size). No rank ever holds the whole model unless it trains the whole model (DDP)."""
+    model = build_model_on_meta(hp, info, fsdp, shard_group, bf16)
+    model.to_empty(device=info.device)
+    if not fsdp:
+        model.tie_weights()
+    init_weights(model, hp.seed)
+    return model
+
+
+def layout(hp: Hyperparameters, info: Dist, bf16: bool) -> tuple[bool, int]:
+    """(fsdp, shard group) for this world: what was asked, else what the memory plan says fits this GPU."""
+    if not info.active:
+        return False, 1
+    if hp.shard_group:
+        if hp.fsdp == "false":
+            raise HyperparameterError("hyperparameter shard_group: sharding needs fsdp true or auto, not false")
+        if info.world_size % hp.shard_group:
+            raise HyperparameterError(
+                f"hyperparameter shard_group: {hp.shard_group} does not divide the world size {info.world_size}")
+        return True, hp.shard_group
+    if hp.fsdp == "false":
+        return False, 1
+    if info.device.type != "cuda":
+        return (True, info.world_size) if hp.fsdp == "true" else (False, 1)
+    props = torch.cuda.get_device_properties(info.device)
+    hardware = plan.Hardware(gpus=distributed.gpus_per_host(info), gpu_bytes=props.total_memory, gpu=props.name,
+                             bf16_tflops=plan.peak_tflops(props.name) or 0.0, host_bytes=0, write_gbps=1.0,
+                             stage_gbps=1.0)
+    shard = plan.choose_shard(hp.plan_shape(), batch_size=hp.batch_size,
+                              activation_checkpointing=hp.activation_checkpointing, world_size=info.world_size,
+                              bf16=bf16, hardware=hardware, allow_ddp=hp.fsdp == "auto")
+    return shard > 1 or hp.fsdp == "true", shard
+
+
 class Trainer:
     def __init__(self, hp: Hyperparameters, paths: RunPaths, info: Dist, hosts: Hosts, index: DataIndex) -> None:
-        self.hp, self.paths, self.info, self.hosts = hp, paths, info, hosts
+        self.hp, self.paths, self.info, self.hosts, self.index = hp, paths, info, hosts, index
         # the run lustrain started this job for, the run it may continue, and that run's checkpoint (if any)
         self.run_id = os.environ.get(checkpoint.RUN_ID_ENV) or None
         self.resume_from = os.environ.get(checkpoint.RESUME_FROM_ENV) or None
@@ -130,17 +169,20 @@ class Trainer:
         if info.device.type == "cpu" and hp.cpu_threads:
             torch.set_num_threads(hp.cpu_threads)
         torch.manual_seed(hp.seed)
-        self.model = GPT(self.config, activation_checkpointing=hp.activation_checkpointing)
-        self.parameters = sum(p.numel() for p in self.model.parameters())
-        self.fsdp = distributed.use_fsdp(hp.fsdp, self.parameters, info)
-        if not self.fsdp:
-            self.model.to(info.device)
-        self.step_module = distributed.wrap(self.model, info, self.fsdp, self.bf16) if self.fsdp else self.model
+        self.fsdp, self.shard_group = layout(hp, info, self.bf16)
+        self.model = build_model(hp, info, self.fsdp, self.shard_group, self.bf16)
+        self.parameters = self.config.parameter_count()
+        self.step_module: nn.Module = self.model
         self.optimizer = make_optimizer(self.model, hp, info.device, sharded=self.fsdp)
-
-        self.train_plan = BatchPlan([s.tokens for s in index.splits["train"]], hp.batch_size, hp.seq_len,
-                                    info.rank, info.world_size, hp.seed, split="train")
-        self.train_reader = ShardReader(index, "train")
+        # micro-batches of the whole world per optimizer step: a resumed run keeps it, whatever its world size
+        self.grad_accum = hp.grad_accum
+        self.checkpointer = checkpoint.Checkpointer(paths.checkpoints, info.rank, info.world_size,
+                                                    hp.keep_checkpoints, say)
+        # this process's saves go to directories of their own: a save cut short by a crash is never mixed up with
+        # the same step saved again by the next attempt
+        self.save_id = f"{distributed.broadcast_int(int.from_bytes(os.urandom(4), 'little'), info):08x}"
+        self.peak_tflops = (plan.peak_tflops(torch.cuda.get_device_name(info.device))
+                            if info.device.type == "cuda" else None)
         self.val_plan: BatchPlan | None = None
         if hp.eval_interval and index.splits.get("val"):
             try:
@@ -155,13 +197,20 @@ class Trainer:
         if self.info.is_main:
             say(message)
 
+    @property
+    def global_micro_batches(self) -> int:
+        return self.grad_accum * self.info.world_size
+
+    def train_plan(self) -> BatchPlan:
+        return BatchPlan([s.tokens for s in self.index.splits["train"]], self.hp.batch_size, self.hp.seq_len,
+                         self.info.rank, self.info.world_size, self.hp.seed, grad_accum=self.grad_accum,
+                         split="train")
+
     # -- state ---------------------------------------------------------------------------------------
 
     def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The full model and optimizer state (optimizer keyed by parameter name) on CPU, for rank 0 to save.
-
-        Under FSDP every rank must call this: the shards are gathered onto rank 0.
-        """
+        """The full model and optimizer state (optimizer keyed by parameter name) on CPU, for rank 0 to write the
+        trained model. Under FSDP every rank must call this: the shards are gathered onto rank 0."""
         if self.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -172,58 +221,101 @@ class Trainer:
         model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         return model_state, checkpoint.optimizer_state_by_name(self.model, self.optimizer)
 
-    def save_checkpoint(self, step: int, tokens_seen: int, reason: str) -> None:
+    def _sharded_state(self) -> dict[str, Any]:
+        """Model and optimizer state as this rank holds it (its shards under FSDP), keyed by parameter name: what
+        every rank saves, and loads into, whatever the world size or sharding that wrote it."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optimizer": optimizer_state}
+
+    def save_checkpoint(self, step: int, tokens_seen: int, reason: str, blocking: bool = False) -> float:
+        """Start a sharded checkpoint of step `step` (every rank); the seconds training was blocked. With blocking,
+        returns once it is committed (the end of training, a stop)."""
         if step == self.saved_step:
-            return
-        model_state, optim_state = self._state()
-        if self.writes:
-            started = time.monotonic()
-            path = checkpoint.checkpoint_path(self.paths.checkpoints, step)
-            payload = checkpoint.make_payload(step, model_state, optim_state, self.config.to_dict(),
-                                              {"tokens_seen": tokens_seen, "hyperparameters": self.hp.to_dict(),
-                                               "run": self.run_id})
-            checkpoint.save_atomic(payload, path)
-            checkpoint.save_manifest(checkpoint.manifest_path(self.paths.checkpoints, step), {
-                "format": checkpoint.FORMAT, "version": checkpoint.VERSION, "run": self.run_id, "step": step,
-                "model_config": self.config.to_dict(), "shape": shape_of(self.hp)})
-            checkpoint.prune(self.paths.checkpoints, self.hp.keep_checkpoints)
-            say(f"checkpoint saved {path.name} at step {step} ({reason}, {time.monotonic() - started:.2f}s)")
-        distributed.barrier(self.info)
+            if blocking:
+                self.checkpointer.wait()
+            return 0.0
+        manifest = {"run": self.run_id, "model_config": self.config.to_dict(), "shape": shape_of(self.hp),
+                    "tokens_seen": tokens_seen, "global_micro_batches": self.global_micro_batches,
+                    "world_size": self.info.world_size, "hyperparameters": self.hp.to_dict()}
+        blocked = self.checkpointer.save(step, self._sharded_state(), manifest, self.save_id, reason, blocking)
         self.saved_step = step
+        return blocked
 
-    def restore(self) -> tuple[int, int]:
-        """Load the newest good checkpoint, as rank 0 chooses it: (step, tokens_seen), (0, 0) if none.
-
-        Under FSDP rank 0 reads it and the state is broadcast; otherwise every rank reads the same step from
-        its own checkpoint directory (SageMaker restores the checkpoints to every instance).
-        """
-        loaded = checkpoint.load_latest(self.paths.checkpoints, say) if self.info.is_main else None
-        if loaded is None and self.resume_dir is not None and self.info.is_main:
+    def _choose_checkpoint(self) -> tuple[dict[str, Any] | None, checkpoint.Loaded | None]:
+        """Rank 0's choice of the checkpoint to resume from, as every rank needs it (no tensors), or a refusal."""
+        loaded = checkpoint.load_latest(self.paths.checkpoints, say)
+        if loaded is None and self.resume_dir is not None:
             # the run this one continues (checkpoints.resume_from): its checkpoint, brought by the resume channel
             loaded = checkpoint.load_latest(self.resume_dir, say)
             if loaded is not None:
                 say(f"continuing run {loaded.payload.get('run')} from {loaded.path.name}")
-        refusal = None
-        if loaded is not None:
-            why = checkpoint.foreign(loaded.payload, self.run_id, self.resume_from)
-            if why:
-                refusal = f"{loaded.path} will not be continued: {why}"
-            elif loaded.payload["model_config"] != self.config.to_dict():
-                refusal = (
-                    f"the newest checkpoint in {loaded.path.parent} holds {loaded.payload['model_config']}, another "
-                    f"model than this run's {self.config.to_dict()}: use another checkpoint_dir or the same model "
-                    "hyperparameters")
-        # -1 tells every rank that rank 0 refuses the checkpoint, so none waits for a broadcast that never comes.
-        step = distributed.broadcast_int(-1 if refusal else loaded.step if loaded else 0, self.info)
-        if step < 0:
-            raise checkpoint.CheckpointMismatch(refusal or "rank 0 refused the newest checkpoint (see its log)")
+        if loaded is None:
+            return {"step": 0}, None
+        why = checkpoint.foreign(loaded.payload, self.run_id, self.resume_from)
+        if why:
+            return {"refusal": f"{loaded.path} will not be continued: {why}"}, loaded
+        if loaded.payload["model_config"] != self.config.to_dict():
+            held = dict(sorted(loaded.payload["model_config"].items(),
+                               key=lambda kv: list(self.config.to_dict()).index(kv[0])
+                               if kv[0] in self.config.to_dict() else len(kv[0])))
+            return {"refusal": (
+                f"the newest checkpoint in {loaded.path.parent} holds {held}, another "
+                f"model than this run's {self.config.to_dict()}: use another checkpoint_dir or the same model "
+                "hyperparameters")}, loaded
+        micro = loaded.payload.get("global_micro_batches")
+        if micro and micro % self.info.world_size:
+            return {"refusal": (
+                f"{loaded.path.name} was trained with a global batch of {micro} micro-batches, which "
+                f"{self.info.world_size} ranks cannot share evenly: resume on a world size that divides {micro}, "
+                "or start a new run to change the global batch (batch_size, grad_accum)")}, loaded
+        return {"step": loaded.step, "sharded": loaded.sharded, "path": str(loaded.path),
+                "directory": loaded.path.parent == self.paths.checkpoints,
+                "tokens_seen": int(loaded.payload.get("tokens_seen", 0)), "global_micro_batches": micro}, loaded
+
+    def restore(self) -> tuple[int, int]:
+        """Load the newest good checkpoint, as rank 0 chooses it: (step, tokens_seen), (0, 0) if none.
+
+        A sharded checkpoint is loaded by every rank, each reading the parts of the shards it now holds (any world
+        size, any sharding); a version 1 file is read by rank 0 and broadcast under FSDP, or read by every rank
+        from its own checkpoint directory otherwise (SageMaker restores the checkpoints to every instance).
+        """
+        choice, loaded = self._choose_checkpoint() if self.info.is_main else (None, None)
+        choice = distributed.broadcast_object(choice, self.info)
+        assert choice is not None
+        if "refusal" in choice:
+            raise checkpoint.CheckpointMismatch(choice["refusal"])
+        step = int(choice["step"])
         if step == 0:
             return 0, 0
-        payload: dict[str, Any] = {}
-        if loaded is not None:
-            payload = loaded.payload
-        elif not self.fsdp:
-            own = checkpoint.checkpoint_path(self.paths.checkpoints, step).exists()
+        micro = choice.get("global_micro_batches")
+        if micro and micro != self.global_micro_batches:
+            self.grad_accum = micro // self.info.world_size
+            self.log(f"the checkpoint's global batch is {micro} micro-batches: grad_accum {self.grad_accum} on "
+                     f"{self.info.world_size} rank(s) keeps it, and the data position with it")
+        if choice["sharded"]:
+            self._load_sharded(Path(choice["path"]))
+        else:
+            self._load_full(step, loaded, bool(choice["directory"]))
+        self.log(f"resumed from {Path(choice['path']).name} at step {step}")
+        self.saved_step = step
+        self.checkpointer.committed_step = step
+        return step, int(choice["tokens_seen"])
+
+    def _load_sharded(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._sharded_state()
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+
+    def _load_full(self, step: int, loaded: checkpoint.Loaded | None, own: bool) -> None:
+        """A version 1 checkpoint: the whole state in one file."""
+        payload: dict[str, Any] = loaded.payload if loaded is not None else {}
+        if loaded is None and not self.fsdp:
             source = self.paths.checkpoints if own or self.resume_dir is None else self.resume_dir
             try:
                 payload = checkpoint.load_step(source, step)
@@ -248,10 +340,6 @@ class Trainer:
             self.model.load_state_dict(payload["model"])
             self.optimizer.load_state_dict(
                 checkpoint.optimizer_state_by_id(self.model, self.optimizer, payload["optimizer"]))
-        if loaded is not None:
-            say(f"resumed from {loaded.path.name} at step {step}")
-        self.saved_step = step
-        return step, distributed.broadcast_int(int(payload.get("tokens_seen", 0)), self.info)
 
     def write_model(self, step: int, metrics: dict[str, float]) -> None:
         model_state, _ = self._state()
@@ -303,12 +391,12 @@ class Trainer:
             group["lr"] = lr
         total = torch.zeros((), device=self.info.device)
         no_sync = getattr(self.step_module, "no_sync", None)
-        for micro in range(hp.grad_accum):
+        for micro in range(self.grad_accum):
             x, y = next_batch().inputs_targets(self.info.device, hp.batch_size, hp.seq_len)
             # DDP all-reduces gradients only on the last micro-batch of the step.
-            last = micro == hp.grad_accum - 1
+            last = micro == self.grad_accum - 1
             with (no_sync() if no_sync and not last else contextlib.nullcontext()), self._autocast():
-                loss = self.step_module(x, y) / hp.grad_accum
+                loss = self.step_module(x, y) / self.grad_accum
             loss.backward()
             total += loss.detach()
         if hp.grad_clip:
@@ -331,9 +419,11 @@ class Trainer:
         # DDP is wrapped after the restore so its first broadcast carries the restored weights.
         if info.active and not self.fsdp:
             self.step_module = distributed.wrap(self.model, info, False, self.bf16)
-        tokens_per_step = hp.batch_size * hp.seq_len * hp.grad_accum * info.world_size
-        prefetch = Prefetcher(self.train_plan, self.train_reader, start * hp.grad_accum, hp.prefetch,
-                              pin=info.device.type == "cuda")
+        tokens_per_step = hp.batch_size * hp.seq_len * self.global_micro_batches
+        flops_per_token = hp.plan_shape().flops_per_token()
+        # this rank's micro-batches are numbered step * grad_accum + micro: the plan maps them to the data
+        prefetch = Prefetcher(self.train_plan(), ShardReader(self.index, "train"), start * self.grad_accum,
+                              hp.prefetch, pin=info.device.type == "cuda")
         trace = _open_trace(info.rank)
 
         def next_batch() -> Batch:
@@ -363,6 +453,10 @@ class Trainer:
                     elapsed = time.perf_counter() - window_start
                     values["train_loss"] = float(distributed.all_reduce(loss_sum / window_steps, info).item())
                     values["tokens_per_s"] = tokens_per_step * window_steps / max(elapsed, 1e-9)
+                    values["tokens_per_s_per_gpu"] = values["tokens_per_s"] / info.world_size
+                    if self.peak_tflops:
+                        # model FLOPs utilisation: the model's training FLOPs per second over the GPUs' bf16 peak
+                        values["mfu"] = values["tokens_per_s_per_gpu"] * flops_per_token / (self.peak_tflops * 1e12)
                     values["lr"] = lr
                     loss_sum.zero_()
                     window_steps, window_start = 0, time.perf_counter()
@@ -373,13 +467,19 @@ class Trainer:
                     if info.is_main:
                         print(format_line(step, values), flush=True)
                 if step % hp.checkpoint_interval == 0:
-                    self.save_checkpoint(step, tokens_seen, "interval")
+                    values = {"ckpt_blocking_s": self.save_checkpoint(step, tokens_seen, "interval")}
+                    if info.is_main:
+                        print(format_line(step, values), flush=True)
+                else:
+                    self.checkpointer.poll()  # commit the checkpoint in flight once it is written
         finally:
             prefetch.close()
             if trace:
                 trace.close()
+        # Blocking: the process ends after this, and a stop must end in a committed checkpoint (the write in
+        # flight, if any, finishes first). Under torchrun of torch < 2.12 this must fit its 30 s grace.
         self.save_checkpoint(step, tokens_seen, "stop requested by " + str(stop.signal)
-                             if status == "interrupted" else "end of training")
+                             if status == "interrupted" else "end of training", blocking=True)
         if status == "completed":
             self.write_model(step, metrics)
         return Outcome(status, step, resumed_from, metrics, tokens_seen)
@@ -401,10 +501,77 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _planning_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--dry_run", "--dry-run", action="store_true")
+    parser.add_argument("--world_size", "--world-size", type=int, default=None)
+    parser.add_argument("--instance_type", "--instance-type", default=None)
+    return parser.parse_known_args(argv)
+
+
+def dry_run(hp: Hyperparameters, world_size: int | None, instance_type: str | None, env: dict[str, str]) -> int:
+    """The memory plan of this run, as key=value lines, without training or allocating the model: built on `meta`
+    and, under torchrun, sharded there exactly as the run would shard it (its per-rank parameter bytes are
+    printed beside the plan's); --world_size N plans a world this machine does not have."""
+    instance_type = instance_type or env.get("SM_CURRENT_INSTANCE_TYPE") or plan.DEFAULT_INSTANCE
+    if instance_type not in plan.INSTANCES:
+        print(f"error: --instance_type {instance_type!r} is not one the plan knows (use "
+              f"{' | '.join(plan.INSTANCES)})", file=sys.stderr)
+        return 2
+    launched = int(env.get("WORLD_SIZE", "1"))
+    world = world_size or launched
+    bf16 = hp.precision != "fp32"
+    fsdp = {"auto": None, "true": True, "false": False}[hp.fsdp]
+    try:
+        layout_plan = plan.plan(hp.plan_shape(), batch_size=hp.batch_size, world_size=world, bf16=bf16, fsdp=fsdp,
+                                activation_checkpointing=hp.activation_checkpointing, shard=hp.shard_group,
+                                instance_type=instance_type)
+    except ValueError as exc:
+        print(f"error: hyperparameter shard_group: {exc}", file=sys.stderr)
+        return 2
+    lines = [f"preset={hp.preset}", *layout_plan.lines()]
+    if launched > 1 and world == launched:
+        # the model as the run builds it, on meta: what this rank would hold, counted, not allocated
+        info = distributed.init(timeout_s=hp.collective_timeout_s)
+        try:
+            model = build_model_on_meta(hp, info, layout_plan.fsdp, layout_plan.shard, bf16)
+            held = sum(local_numel(p) for p in model.parameters())
+            lines.append(f"measured_parameter_gib_per_rank={4 * held / plan.GIB:.2f}")
+        finally:
+            distributed.shutdown(info)
+        if info.rank:
+            return 0
+    lines.append(f"peak_rss_mb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
+    for line in lines:
+        print(line, flush=True)
+    return 0
+
+
+def build_model_on_meta(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, bf16: bool) -> GPT:
+    with torch.device("meta"):
+        model = GPT(hp.model_config(), activation_checkpointing=hp.activation_checkpointing)
+    if fsdp:
+        distributed.shard(model, info, bf16, shard_group)
+    return model
+
+
+def local_numel(p: torch.Tensor) -> int:
+    local, _ = local_part(p)
+    return local.numel()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     env = dict(os.environ)
     started = time.monotonic()
+    planning, argv = _planning_args(argv)
+    if planning.dry_run:
+        try:
+            hp, _, warnings = parse(argv, env)
+        except HyperparameterError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        return dry_run(hp, planning.world_size, planning.instance_type, env)
     try:
         hp, given, warnings = parse(argv, env)
         paths = resolve_paths(given, env, warnings)
@@ -413,8 +580,9 @@ def main(argv: list[str] | None = None) -> int:
     except (HyperparameterError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    added = distributed.apply_network_defaults(os.environ)
     try:
-        info = distributed.init()
+        info = distributed.init(timeout_s=hp.collective_timeout_s)
     except Exception as exc:
         kind = faults.kind_of(exc)
         if kind is None:
@@ -427,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
             if info.is_main:
                 for warning in warnings:
                     say(f"warning: {warning}")
+                if added:
+                    say(f"network defaults for {os.environ.get('SM_CURRENT_INSTANCE_TYPE')}: "
+                        + " ".join(f"{k}={v}" for k, v in sorted(added.items())))
             try:
                 check = faults.preflight(info)
             except Exception as exc:
@@ -441,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             trainer.log(
                 f"preset {hp.preset}: {trainer.parameters:,} parameters, {hp.n_layer} layers, {hp.n_embd} wide; "
-                f"{info.world_size} rank(s) on {info.device.type}, fsdp {trainer.fsdp}, "
+                f"{info.world_size} rank(s) on {info.device.type}, fsdp {trainer.fsdp} (shard group {trainer.shard_group}), "
                 f"{'bf16' if trainer.bf16 else 'fp32'}; host {hosts.current} of {len(hosts.hosts) or 1}; "
                 f"data {paths.data} ({index.tokens('train'):,} train tokens); "
                 f"checkpoints {paths.checkpoints}"

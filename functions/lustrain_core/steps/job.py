@@ -284,7 +284,7 @@ def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch.
                     steps.append((int(match[1]), str(obj["Key"])))
         if not steps:
             raise SpecInvalid.one(
-                field, ref, f"no checkpoint under {prefix} (lustrain's trainer writes step-N.pt with its step-N.json)"
+                field, ref, f"no checkpoint under {prefix} (lustrain's trainer commits each checkpoint with its manifest step-N.json)"
             )
         step, key = max(steps)
         manifest = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read(launch.MAX_MANIFEST_BYTES))

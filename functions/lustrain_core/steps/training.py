@@ -181,7 +181,7 @@ def _channels(run: Run) -> list[dict[str, Any]]:
         channels.append(channel(OUTPUT_CHANNEL, output_path(job.job_id), "rw"))
     resume = job.launch.resume
     if resume is not None:
-        # the checkpoint this run continues (step-N.pt and its step-N.json), copied to every instance at start
+        # the checkpoint this run continues (its manifest step-N.json and shards), copied to every instance at start
         s3 = {"S3DataType": "S3Prefix", "S3Uri": resume.s3_uri, "S3DataDistributionType": "FullyReplicated"}
         channels.append({"ChannelName": RESUME_CHANNEL, "DataSource": {"S3DataSource": s3}, "InputMode": "File"})
     return channels

@@ -56,8 +56,9 @@ CAPACITY_ERROR = (
 )
 #: SageMaker's FailureReason when an instance of the job fails under it (the `hardware-failure` fault)
 INTERNAL_ERROR = "InternalServerError: We encountered an internal error. Please try again."
-#: A checkpoint of the trainer (trainer/lustrain_trainer/checkpoint.py), and how often the fault looks for one
-CHECKPOINT_FILE = re.compile(r"^step-(\d+)\.pt$")
+#: A committed checkpoint of the trainer (its manifest: trainer/lustrain_trainer/checkpoint.py), and how often the
+#: fault looks for one
+CHECKPOINT_FILE = re.compile(r"^step-(\d+)\.json$")
 HARDWARE_POLL_S = 0.005
 #: An ECR image URI: REGISTRY.dkr.ecr.REGION.amazonaws.com[.cn]/REPOSITORY[:TAG|@DIGEST]
 ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+)")
@@ -525,7 +526,7 @@ class _JobRun:
         (the trainer is killed where it stands, with what it has checkpointed). A thread of its own, polling the
         checkpoint directory: the trainer's log lines reach the simulator too late to time it by them."""
         while process.poll() is None:
-            if any(CHECKPOINT_FILE.match(p.name) for p in layout.checkpoints.glob("step-*.pt")):
+            if any(CHECKPOINT_FILE.match(p.name) for p in layout.checkpoints.glob("step-*.json")):
                 self.hardware_failed = True
                 log.info("training job %s: hardware failure injected after its first checkpoint", self.job.name)
                 kill(process)

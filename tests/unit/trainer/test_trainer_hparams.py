@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from lustrain_trainer.hparams import (
+    PRESET_SOURCES,
     PRESETS,
     HyperparameterError,
     parse,
@@ -106,11 +108,16 @@ def test_hosts_come_from_sm_hosts_and_the_current_host_must_be_one_of_them() -> 
 
 
 @pytest.mark.parametrize("name", [name for name in PRESETS if name != "tiny"])
-def test_each_preset_has_the_parameter_count_in_its_name(name: str) -> None:
+def test_each_preset_has_the_parameter_count_in_its_name_or_its_sources_shape(name: str) -> None:
     hp, _, _ = parse(["--preset", name], {})
-    with torch.device("meta"):  # shapes only: a 6.4b model is not built in memory
+    with torch.device("meta"):  # shapes only: a 70b model is not built in memory
         model = GPT(hp.model_config())
     count = sum(p.numel() for p in model.parameters())
-    assert count == hp.model_config().parameter_count()
+    assert count == hp.model_config().parameter_count() == hp.plan_shape().parameters
     scale = 1e9 if name.endswith("b") else 1e6
-    assert abs(count / scale - float(name[:-1])) / float(name[:-1]) < 0.05, count
+    if name in PRESET_SOURCES:  # a published model's depth, width and heads, in this trainer's block
+        layers, width, heads = (int(n) for n in re.findall(r"\d+", PRESET_SOURCES[name].split(":")[1]))
+        assert (hp.n_layer, hp.n_embd, hp.n_head) == (layers, width, heads)
+        assert 0.85 < count / scale / float(name[:-1]) <= 1.0, count
+    else:
+        assert abs(count / scale - float(name[:-1])) / float(name[:-1]) < 0.05, count

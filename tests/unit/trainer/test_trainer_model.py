@@ -144,3 +144,36 @@ def test_the_trainer_imports_nothing_of_the_control_plane() -> None:
                 imported.add(node.module.split(".")[0])
     third_party = {name for name in imported if name not in sys.stdlib_module_names}
     assert third_party <= allowed, third_party - allowed
+
+
+def test_initialisation_is_the_same_whatever_part_of_a_matrix_a_rank_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank initialises only the rows of its shard, drawn chunk by chunk from generators keyed by
+    (seed, parameter, chunk): any cut of the rows gives the same weights as the whole model built at once."""
+    from lustrain_trainer import model as model_module
+
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=24, seq_len=8)
+    whole = GPT(config)
+    model_module.init_weights(whole, seed=3)
+    for cut in (1, 7, model_module.INIT_ROWS + 5):
+        parts = {}
+        for first in (0, cut):
+            part = GPT(config)
+
+            def holds(p: torch.Tensor, first: int = first) -> tuple[torch.Tensor, int]:
+                rows = p.data[first:cut] if first == 0 else p.data[cut:]
+                return rows, first
+
+            monkeypatch.setattr(model_module, "local_part", holds)
+            model_module.init_weights(part, seed=3)
+            parts[first] = part.state_dict()
+        for name, tensor in whole.state_dict().items():
+            assert torch.equal(tensor[:cut], parts[0][name][:cut]) and torch.equal(tensor[cut:], parts[cut][name][cut:])
+    other = GPT(config)
+    model_module.init_weights(other, seed=4)
+    assert not torch.equal(other.blocks[0].fc.weight, whole.blocks[0].fc.weight)
+
+
+def test_a_model_built_on_meta_holds_no_memory_until_materialised() -> None:
+    with torch.device("meta"):
+        model = GPT(GPTConfig(n_layer=80, n_head=64, n_embd=8192, seq_len=4096))  # the 70b preset's shape
+    assert all(p.is_meta for p in model.parameters()) and model.head.weight is model.wte.weight

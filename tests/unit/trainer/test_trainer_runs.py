@@ -137,7 +137,7 @@ def test_fsdp_trains_the_model_ddp_trains_and_its_checkpoint_resumes_without_it(
     done = run(sourcedir, sagemaker_env(sharded, data), *MICRO, "--max_steps", "9", "--checkpoint_interval", "3",
                "--fsdp", "false", torchrun=2)
     assert done.returncode == 0, done.stderr
-    assert "resumed from step-000000006.pt at step 6" in done.stdout
+    assert re.search(r"resumed from step-000000006-\w+ at step 6", done.stdout)
     summary = json.loads((sharded / "output" / "summary.json").read_text())
     assert (summary["status"], summary["resumed_from_step"], summary["step"]) == ("completed", 6, 9)
 
@@ -176,23 +176,30 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_state(
     interrupted = tmp_path / "interrupted"
     env = sagemaker_env(interrupted, data)
     process = launch(sourcedir, env, *args)
-    list(lines_until(process, r"lustrain: checkpoint saved step-000000010\.pt"))
-    list(lines_until(process, r"step=12 "))
+    # committed in the background while training went on: by then step 10 is on disk, and later steps ran
+    list(lines_until(process, r"lustrain: checkpoint saved step-000000010-"))
     process.kill()  # no chance to save anything: a lost spot instance
     process.wait(timeout=60)
-    saved = sorted(p.name for p in (interrupted / "checkpoints").glob("step-*.pt"))
-    assert saved and "step-000000060.pt" not in saved
+    checkpoints = interrupted / "checkpoints"
+    saved = sorted(p.name for p in checkpoints.glob("step-*.json"))  # the committed ones
+    assert saved and "step-000000060.json" not in saved
     newest = int(saved[-1][5:14])
-    # and a newer checkpoint that was still being copied when the instance went away
-    good = interrupted / "checkpoints" / saved[-1]
-    (interrupted / "checkpoints" / f"step-{newest + 1:09d}.pt").write_bytes(good.read_bytes()[:5000])
+    # and a newer checkpoint that was still being copied when the instance went away: its manifest arrived, one
+    # of its shards only in part
+    manifest = json.loads((checkpoints / saved[-1]).read_text())
+    copy = checkpoints / f"step-{newest + 1:09d}-cut"
+    shutil.copytree(checkpoints / manifest["directory"], copy)
+    shard = next(copy.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:5000])
+    (checkpoints / f"step-{newest + 1:09d}.json").write_text(
+        json.dumps({**manifest, "step": newest + 1, "directory": copy.name}))
     capsys.readouterr()
 
     assert train_in_process(monkeypatch, env, *args) == 0
 
     resumed = capsys.readouterr().out
-    assert f"skipping checkpoint step-{newest + 1:09d}.pt" in resumed
-    assert f"resumed from step-{newest:09d}.pt at step {newest}" in resumed
+    assert f"skipping checkpoint step-{newest + 1:09d}.json ({copy.name}/{shard.name}: 5000 bytes of" in resumed
+    assert re.search(rf"resumed from step-{newest:09d}-\w+ at step {newest}", resumed)
     assert f"step={newest} resumed_from={newest}\n" in resumed
     first_step = int(re.search(r"^step=(\d+) train_loss", resumed, re.MULTILINE).group(1))  # type: ignore[union-attr]
     assert first_step == newest + 1
@@ -212,10 +219,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(data: Path, sourcedir: Pat
     output, _ = process.communicate(timeout=60)
 
     assert process.returncode == 0, output
-    saved = re.search(r"checkpoint saved (step-(\d+)\.pt) at step \d+ \(stop requested by SIGTERM", output)
+    saved = re.search(r"checkpoint saved step-(\d+)-\w+ at step \d+ \(stop requested by SIGTERM", output)
     assert saved, output
-    payload = torch.load(tmp_path / "checkpoints" / saved.group(1), weights_only=True)
-    assert payload["step"] == int(saved.group(2)) >= 5
+    payload = json.loads((tmp_path / "checkpoints" / f"step-{saved.group(1)}.json").read_text())  # committed
+    assert payload["step"] == int(saved.group(1)) >= 5
     summary = json.loads((tmp_path / "output" / "summary.json").read_text())
     assert (summary["status"], summary["step"]) == ("interrupted", payload["step"])
     assert not (tmp_path / "model" / "model.pt").exists()  # an unfinished run publishes no model
@@ -233,7 +240,7 @@ def test_a_checkpoint_of_another_model_is_refused_not_loaded(data: Path, tmp_pat
     error = capsys.readouterr().err
     assert "holds {'n_layer': 1, 'n_head': 2, 'n_embd': 32" in error
     assert "use another checkpoint_dir or the same model hyperparameters" in error
-    assert (tmp_path / "checkpoints" / "step-000000002.pt").exists()  # refused, not set aside as corrupt
+    assert (tmp_path / "checkpoints" / "step-000000002.json").exists()  # refused, not set aside as corrupt
 
 
 # ------------------------------------------------------------------ what failed: the machine, or the code
@@ -297,3 +304,76 @@ def test_the_preflight_all_reduces_across_every_rank_and_logs_its_bus_bandwidth(
 ])
 def test_faults_are_told_from_the_codes_errors(error: BaseException, kind: str | None) -> None:
     assert faults.kind_of(error) == kind
+
+
+# ------------------------------------------------------------------ giant scale: plans, sharded resumes, stops
+
+
+def read_trace(directory: Path, ranks: int) -> list[tuple[str, str]]:
+    """Every (shard, offset) the ranks read, rank by rank (LUSTRAIN_DATA_TRACE)."""
+    return [tuple(line.split()[1:]) for rank in range(ranks)  # type: ignore[misc]
+            for line in (directory / f"rank-{rank}.txt").read_text().splitlines()]
+
+
+def test_a_run_resumed_on_another_world_size_reads_what_an_uninterrupted_run_reads(
+        data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    """2 ranks, then 1, then 2 again, from sharded checkpoints: the same steps, the same spans of data (none seen
+    twice, none skipped) and the same tokens as one run on 2 ranks; grad_accum keeps the global batch."""
+    args = [*MICRO, "--checkpoint_interval", "3"]
+    straight = tmp_path / "straight"
+    done = run(sourcedir, sagemaker_env(straight, data, LUSTRAIN_DATA_TRACE=str(straight / "trace")), *args,
+               "--max_steps", "9", torchrun=2)
+    assert done.returncode == 0, done.stderr
+
+    moved = tmp_path / "moved"
+    env = sagemaker_env(moved, data, LUSTRAIN_DATA_TRACE=str(moved / "trace"))
+    for ranks, steps in ((2, "3"), (1, "6"), (2, "9")):
+        done = run(sourcedir, env, *args, "--max_steps", steps, torchrun=ranks)
+        assert done.returncode == 0, done.stderr
+        if ranks == 1:
+            assert "grad_accum 2 on 1 rank(s) keeps it" in done.stdout
+            assert re.search(r"resumed from step-000000003-\w+ at step 3", done.stdout)
+
+    reads = sorted(read_trace(moved / "trace", 2))
+    assert reads == sorted(read_trace(straight / "trace", 2)) and len(set(reads)) == len(reads) == 18
+    summaries = [json.loads((root / "output" / "summary.json").read_text()) for root in (straight, moved)]
+    assert summaries[0]["tokens_seen"] == summaries[1]["tokens_seen"] == 9 * 2 * 4 * 32
+    assert summaries[1]["resumed_from_step"] == 6 and summaries[1]["step"] == 9
+
+
+def test_sigterm_under_torchrun_ends_in_a_committed_sharded_checkpoint(
+        data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
+         *MICRO, "--max_steps", "100000", "--checkpoint_interval", "4"],
+        cwd=sourcedir, env=sagemaker_env(tmp_path, data), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    list(lines_until(process, r"lustrain: checkpoint saved step-000000004-"))
+    process.send_signal(signal.SIGTERM)  # SageMaker stopping the job: torchrun forwards it to every worker
+    output, _ = process.communicate(timeout=60)
+
+    # the step every rank stopped at is committed (by the stop's own save, or by the interval's at that very step)
+    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
+    saved = re.findall(r"checkpoint saved (step-(\d+)-\w+) at step \d+ \((?:stop requested by SIGTERM|interval)",
+                       output)[-1]
+    assert summary["status"] == "interrupted" and int(saved[1]) == summary["step"], output
+    manifest = json.loads((tmp_path / "checkpoints" / f"step-{saved[1]}.json").read_text())
+    assert manifest["world_size"] == 2 and manifest["layout"] == "sharded"
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / saved[0]).glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own part
+
+
+def test_a_dry_run_plans_a_70b_model_without_building_it(sourcedir: Path, tmp_path: Path) -> None:
+    def plan_of(*args: str, torchrun: int = 0) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "LUSTRAIN_"))}
+        done = run(sourcedir, env, "--preset", "70b", "--dry_run", *args, torchrun=torchrun)
+        assert done.returncode == 0, done.stderr
+        return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+    one_host, fleet = plan_of("--world_size", "8"), plan_of("--world_size", "400")
+    assert (one_host["fits"], fleet["fits"]) == ("no", "yes")
+    assert (fleet["sharding"], fleet["shard_group"], fleet["replicas"]) == ("hsdp", "80", "5")
+    assert float(fleet["stop_to_saved_s"]) < 120 and float(fleet["peak_gib_per_gpu"]) < 40
+    # under torchrun the model is built on meta and sharded as the run would: what a rank holds, counted
+    sharded = plan_of("--fsdp", "true", torchrun=2)
+    assert sharded["measured_parameter_gib_per_rank"] == sharded["parameter_gib_per_rank"] == "120.07"
+    assert float(sharded["peak_rss_mb"]) < 2000  # the whole model would be 240 GiB in fp32
