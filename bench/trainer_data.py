@@ -1,7 +1,7 @@
 """Benchmark of the trainer's data path, measured side by side in one run on the same shards and model.
 
-(a) loader throughput: the training loader (memory-mapped shards, shuffled blocks of contiguous batches
-    read a window of a few megabytes at a time by a prefetch thread) against a raw sequential read of
+(a) loader throughput: the training loader (memory-mapped shards, shuffled windows of a few blocks of adjacent
+    batches, each window's batches gathered by a prefetch thread with one copy per shard) against a raw sequential read of
     the same shard files with numpy.fromfile, both from the page cache, in alternating rounds of a few
     epochs each (median of the per-round ratios). The loader's rate runs from its first batch on; the
     time to that first batch (the pipeline's start, once per training process) is printed apart;
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                          output=Path(tmp) / "out")
         trainer = Trainer(hp, paths, Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")),
                           Hosts(hosts=(), current="bench"), index)
-        tplan, treader = trainer.train_plan, trainer.train_reader
+        tplan, treader = trainer.train_plan(), ShardReader(index, "train")
         in_memory = [Batch(k, *tplan.location(k), treader.read(*tplan.location(k), tplan.batch_tokens))
                      for k in range(64)]
         cycle = itertools.cycle(in_memory)

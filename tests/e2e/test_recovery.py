@@ -39,8 +39,9 @@ def test_a_hardware_failure_after_a_checkpoint_resumes_on_the_same_network_and_f
     first, second = run.attempts
     assert (first["outcome"], first["failure_class"], first["error"]) == ("Failed", "infrastructure", "InfrastructureError")
     assert second["outcome"] == "Completed" and second["training_job_name"].endswith("-2")
-    # the second attempt started from the checkpoint the first had written, and trained to the end
-    assert first["resumed_from"] == 0 and second["resumed_from"] == first["step_reached"] >= 2
+    # the second attempt started from the checkpoint the first had committed (written in the background, so the
+    # first may have trained a step past it before its instance went), and trained to the end
+    assert first["resumed_from"] == 0 and 2 <= second["resumed_from"] <= first["step_reached"]
     assert second["step_reached"] == 6
     assert run.goodput is not None and run.goodput >= 6 / (6 + 2)
     # one network and one file system for both attempts, torn down once at the end
