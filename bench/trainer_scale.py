@@ -132,7 +132,10 @@ def sm_env(root: Path, data: Path, **extra: str) -> dict[str, str]:
     env.update({"PYTHONUNBUFFERED": "1", "SM_TRAINING_ENV": "{}", "SM_CHANNEL_TRAINING": str(data),
                 "SM_MODEL_DIR": str(root / "model"), "SM_OUTPUT_DATA_DIR": str(root / "output"),
                 "SM_CHECKPOINT_DIR": str(root / "checkpoints"), "SM_HOSTS": '["algo-1"]',
-                "SM_CURRENT_HOST": "algo-1", **extra})
+                "SM_CURRENT_HOST": "algo-1",
+                # what lustrain puts in the training job's environment (steps/training.py): torchrun (torch >= 2.12)
+                # gives its workers 110 s to save on a stop, not 30
+                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110", **extra})
     return env
 
 

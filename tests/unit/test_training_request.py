@@ -271,8 +271,12 @@ def test_spot_without_max_wait_may_wait_a_day_for_capacity_beyond_its_runtime():
 
 def test_environment_passes_through_and_is_checked_against_the_api():
     doc = document({"code": {"environment": {"NCCL_DEBUG": "INFO"}}})
-    # the trainer learns its run from LUSTRAIN_RUN_ID: it continues only that run's checkpoints
-    assert request_for(doc)["Environment"] == {"NCCL_DEBUG": "INFO", "LUSTRAIN_RUN_ID": doc["job"]["job_id"]}
+    # the trainer learns its run from LUSTRAIN_RUN_ID: it continues only that run's checkpoints; torchrun gives its
+    # workers 110 of SageMaker's 120 s to save on a stop, unless the spec says otherwise
+    assert request_for(doc)["Environment"] == {"NCCL_DEBUG": "INFO", "LUSTRAIN_RUN_ID": doc["job"]["job_id"],
+                                               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110"}
+    mine = document({"code": {"environment": {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}}})
+    assert request_for(mine)["Environment"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "60"
     with pytest.raises(SpecInvalid) as info:
         request_for(document({"code": {"environment": {"1BAD": "x", "GOOD": "y" * 513}}}))
     assert {e.path for e in info.value.errors} == {"code.environment.1BAD", "code.environment.GOOD"}

@@ -21,6 +21,7 @@ window over in one piece; the loop turns it into batches, views of the buffer, w
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import math
 import queue
@@ -40,37 +41,44 @@ KEEP_BUFFERS = 8
 #: shards mapped at once by a reader: a 20 TB data set has tens of thousands, and the kernel allows a process
 #: about 65,000 mappings (vm.max_map_count)
 OPEN_MAPS = 512
-#: windows whose in-window shuffle a plan keeps (the prefetch thread plans one ahead of the loop)
-KEEP_WINDOWS = 4
+#: windows whose order a plan works out at once, and the groups of them it keeps (the prefetch thread plans one
+#: window ahead of the loop; an evaluation or a resume may look elsewhere)
+PLANNED_WINDOWS = 16
+KEEP_GROUPS = 3
 FEISTEL_ROUNDS = 4
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xBF58476D1CE4E5B9)
 
 
+@functools.lru_cache(maxsize=8)
+def _round_keys(key: tuple[int, ...]) -> tuple[np.uint64, ...]:
+    return tuple(np.uint64(int(k)) for k in np.random.default_rng(list(key)).integers(0, 2**63, FEISTEL_ROUNDS))
+
+
 def _keyed_permutation(indices: np.ndarray, n: int, key: tuple[int, ...]) -> np.ndarray:
     """A bijection of [0, n) keyed by `key`, evaluated at `indices` alone: a balanced Feistel network on the smallest
     even number of bits that holds n, cycle-walked (applied again while a value falls at or beyond n, which ends
-    within a few rounds since the domain is under 4n). Memory: the indices' own."""
+    within a few rounds since the domain is under 4n). Memory: the indices' own. (Unsigned integer arithmetic
+    wraps around silently: the multiplications are meant to.)"""
     if n <= 1:
         return np.zeros(len(indices), dtype=np.int64)
     bits = max(2, (n - 1).bit_length())
     bits += bits % 2
-    half = bits // 2
-    mask = np.uint64((1 << half) - 1)
-    keys = [np.uint64(int(k)) for k in np.random.default_rng(list(key)).integers(0, 2**63, FEISTEL_ROUNDS)]
+    half = np.uint64(bits // 2)
+    mask = np.uint64((1 << (bits // 2)) - 1)
+    keys = _round_keys(key)
     x = indices.astype(np.uint64)
     todo = np.ones(len(x), dtype=bool)
-    with np.errstate(over="ignore"):
-        while todo.any():
-            v = x[todo]
-            left, right = v >> np.uint64(half), v & mask
-            for k in keys:
-                mixed = (right + k) * _MIX
-                mixed ^= mixed >> np.uint64(31)
-                mixed *= _MIX2
-                left, right = right, left ^ ((mixed >> np.uint64(29)) & mask)
-            x[todo] = (left << np.uint64(half)) | right
-            todo[todo] = x[todo] >= np.uint64(n)
+    while todo.any():
+        v = x[todo]
+        left, right = v >> half, v & mask
+        for k in keys:
+            mixed = (right + k) * _MIX
+            mixed ^= mixed >> np.uint64(31)
+            mixed *= _MIX2
+            left, right = right, left ^ ((mixed >> np.uint64(29)) & mask)
+        x[todo] = (left << half) | right
+        todo[todo] = x[todo] >= np.uint64(n)
     return x.astype(np.int64)
 
 
@@ -157,7 +165,7 @@ class BatchPlan:
         self._window_spans = self.block * window
         # batches of this rank per window, at most: its buffer's size
         self.window = (self._window_spans // self.global_batches + 2) * grad_accum
-        self._shuffles: collections.OrderedDict[tuple[int, int], np.ndarray] = collections.OrderedDict()
+        self._windows: collections.OrderedDict[tuple[int, int], np.ndarray] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -172,43 +180,59 @@ class BatchPlan:
         epochs, step_in_epoch = np.divmod(steps, self.steps_per_epoch)
         return epochs, step_in_epoch * self.global_batches + self.rank * self.grad_accum + micro
 
-    def _window_shuffle(self, epoch: int, window: int, length: int) -> np.ndarray:
+    def _window_order(self, epoch: int, window: int) -> np.ndarray:
+        """The span numbers of one window of an epoch's order, in that order (window -1: the spans no whole block
+        holds, shuffled among themselves). Windows are worked out PLANNED_WINDOWS at a time, with one set of numpy
+        calls: the prefetch thread plans a window while the training loop runs, and holds the GIL while it does,
+        so what costs per call is paid once per group."""
+        group = window // PLANNED_WINDOWS if window >= 0 else -1
         with self._lock:
-            key = (epoch, window)
-            order = self._shuffles.get(key)
-            if order is None:
-                order = np.random.default_rng([self.seed, epoch, window + 1, 1]).permutation(length)
-                self._shuffles[key] = order
-                while len(self._shuffles) > KEEP_WINDOWS:
-                    self._shuffles.popitem(last=False)
-            return order
+            orders = self._windows.get((epoch, group))
+        if orders is None:
+            orders = self._plan_group(epoch, group)
+            with self._lock:
+                self._windows[(epoch, group)] = orders
+                while len(self._windows) > KEEP_GROUPS:
+                    self._windows.popitem(last=False)
+        return orders[window - group * PLANNED_WINDOWS if window >= 0 else 0]
+
+    def _plan_group(self, epoch: int, group: int) -> list[np.ndarray]:
+        rng = np.random.default_rng([self.seed, epoch, group + 1, 2])
+        whole = self._whole_blocks * self.block
+        if group < 0:
+            return [whole + rng.permutation(self.total - whole)]
+        first = group * PLANNED_WINDOWS * self.window_blocks
+        numbers = np.arange(first, min(first + PLANNED_WINDOWS * self.window_blocks, self._whole_blocks))
+        blocks = _keyed_permutation(numbers, self._whole_blocks, (self.seed, epoch))
+        spans = (blocks[:, None] * self.block + np.arange(self.block)).ravel()
+        size = self._window_spans
+        return [part[rng.permutation(len(part))] for part in (spans[a : a + size] for a in range(0, len(spans), size))]
+
+    def _window_of(self, position: int) -> int:
+        whole = self._whole_blocks * self.block
+        return position // self._window_spans if position < whole else -1
 
     def _spans_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """Span numbers at these positions of one epoch's order."""
+        """Span numbers at these positions (ascending) of one epoch's order."""
         if not self.shuffle:
             return positions.copy()
-        spans = np.empty(len(positions), dtype=np.int64)
         whole = self._whole_blocks * self.block
-        in_blocks = positions < whole
-        windows = positions // self._window_spans
-        for window in np.unique(windows[in_blocks]).tolist():
-            here = in_blocks & (windows == window)
-            first_block = window * self.window_blocks
-            length = min(self.window_blocks, self._whole_blocks - first_block) * self.block
-            shuffled = self._window_shuffle(epoch, window, length)[positions[here] - window * self._window_spans]
-            blocks = _keyed_permutation(first_block + shuffled // self.block, self._whole_blocks,
-                                        (self.seed, epoch))
-            spans[here] = blocks * self.block + shuffled % self.block
-        if not in_blocks.all():
-            rest = ~in_blocks
-            tail = self.total - whole  # the spans no whole block holds: last, shuffled among themselves
-            order = self._window_shuffle(epoch, -1, tail)
-            spans[rest] = whole + order[positions[rest] - whole]
+        first, last = self._window_of(int(positions[0])), self._window_of(int(positions[-1]))
+        if first == last:  # the usual call: the rest of one window
+            return self._window_order(epoch, first)[positions - (first * self._window_spans if first >= 0 else whole)]
+        windows = np.where(positions < whole, positions // self._window_spans, -1)
+        spans = np.empty(len(positions), dtype=np.int64)
+        for window in np.unique(windows).tolist():
+            here = windows == window
+            start = window * self._window_spans if window >= 0 else whole
+            spans[here] = self._window_order(epoch, window)[positions[here] - start]
         return spans
 
     def spans(self, start: int, count: int) -> np.ndarray:
         """Span numbers (positions in the split, shard after shard) of this rank's batches start .. +count-1."""
         epochs, positions = self._positions(np.arange(start, start + count, dtype=np.int64))
+        if count and epochs[0] == epochs[-1]:
+            return self._spans_at(int(epochs[0]), positions)
         spans = np.empty(count, dtype=np.int64)
         for epoch in np.unique(epochs).tolist():
             here = epochs == epoch
@@ -233,8 +257,9 @@ class BatchPlan:
         epoch_end = (k // self.per_rank + 1) * self.per_rank
         if not self.shuffle:
             return min(epoch_end, k + self.window)
-        _, (position,) = self._positions(np.array([k], dtype=np.int64))
-        next_window = (int(position) // self._window_spans + 1) * self._window_spans
+        step, micro = divmod(k, self.grad_accum)
+        position = step % self.steps_per_epoch * self.global_batches + self.rank * self.grad_accum + micro
+        next_window = (position // self._window_spans + 1) * self._window_spans
         step, at = divmod(next_window, self.global_batches)
         mine = self.rank * self.grad_accum
         if at >= mine + self.grad_accum:
@@ -249,12 +274,12 @@ class BatchPlan:
         end = self.window_end(start)
         spans = self.spans(start, end - start)
         reads = self.reads(spans)
-        rows = np.empty(len(spans), dtype=np.int64)
-        rows[np.argsort(spans, kind="stable")] = np.arange(len(spans))
-        return end, spans, reads, rows.tolist()
+        return end, spans, reads, np.searchsorted(reads.layout, spans).tolist()
 
     def reads(self, spans: np.ndarray) -> Reads:
-        """How to read the given spans: one gather per shard of its spans in file order (the layout)."""
+        """How to read the given spans: one gather per shard of its spans, in file order (the layout). One call per
+        shard, not one per run of adjacent spans: each copy lets go of the GIL, and each time the prefetch thread
+        takes it back it may wait for the training loop's switch interval."""
         layout = np.sort(spans)
         shards, _ = self.locations_of(layout)
         cuts = np.flatnonzero(shards[1:] != shards[:-1]) + 1
@@ -266,7 +291,7 @@ class BatchPlan:
 
 @dataclass(slots=True)
 class Reads:
-    takes: list[tuple[int, np.ndarray]]  # (shard, its span numbers to copy, in file order), shard by shard
+    takes: list[tuple[int, np.ndarray]]  # (shard, its spans' numbers within it, in file order), shard by shard
     layout: np.ndarray  # the span read into each row of the buffer
 
 

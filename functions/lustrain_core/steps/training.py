@@ -94,8 +94,17 @@ def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[s
     return {key: json.dumps(value) for key, value in values.items()}
 
 
+#: The job's environment unless the spec sets them. On a stop SageMaker sends SIGTERM and allows 120 s
+#: (StopTrainingJob's API reference); torchrun forwards the signal to its workers and kills them 30 s later, unless
+#: TORCH_ELASTIC_SHUTDOWN_TIMEOUT (read from torch 2.12 on) says otherwise: 110 s leaves the trainer's stop-time
+#: checkpoint the most of SageMaker's grace. (On older torch the 30 s stand: the memory plan says whether the
+#: stop's checkpoint fits them, stop_within_torchrun_default_grace.)
+ENVIRONMENT_DEFAULTS = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110"}
+
+
 def environment(spec: JobSpec) -> dict[str, str]:
-    """The job's environment as the spec gives it; LUSTRAIN_* names are lustrain's own (the run's identity)."""
+    """The job's environment as the spec gives it, over ENVIRONMENT_DEFAULTS; LUSTRAIN_* names are lustrain's own
+    (the run's identity)."""
     reserved = [key for key in spec.code.environment if key.upper().startswith(RESERVED_ENVIRONMENT_PREFIX)]
     if reserved:
         raise SpecInvalid(
@@ -104,7 +113,7 @@ def environment(spec: JobSpec) -> dict[str, str]:
                 for key in reserved
             ]
         )
-    return dict(spec.code.environment)
+    return {**ENVIRONMENT_DEFAULTS, **spec.code.environment}
 
 
 def training_image(spec: JobSpec, region: str) -> str:

@@ -56,7 +56,7 @@ def test_windows_shuffle_blocks_of_adjacent_batches_read_with_one_gather_per_sha
         end = plan.window_end(start)
         spans = plan.spans(start, end - start)
         reads = plan.reads(spans)
-        assert len(reads.takes) == len({shard for shard, _ in reads.takes})  # one copy per shard
+        assert len(reads.takes) == len({shard for shard, _ in reads.takes})  # one gather per shard
         assert sorted(reads.layout.tolist()) == sorted(spans.tolist())
         if end - start == plan.block * plan.window_blocks:
             assert spans.tolist() != sorted(spans.tolist())  # shuffled within the window
@@ -139,7 +139,7 @@ def test_targets_are_the_inputs_shifted_by_one_token(data: Path) -> None:
 
 def test_a_reader_error_reaches_the_training_loop(data: Path) -> None:
     plan, reader = plan_for(data, 0, 1, block=None), ShardReader(read_index(data), "train")
-    reader.rows = None  # type: ignore[assignment,method-assign]
+    reader.rows = reader.read_into = None  # type: ignore[assignment,method-assign]
     prefetch = Prefetcher(plan, reader, start=0, depth=2, pin=False)
     try:
         with pytest.raises(TypeError):
