@@ -429,6 +429,16 @@ def render_plan(name: str, p: Plan) -> str:
         ),
         ("recommend", p.recommendation["why"]),
     ]
+    m = p.memory
+    if m is not None:
+        rows += [
+            ("memory", f"{int(m['parameters']):,} parameters, {m['sharding']} (shard group {m['shard_group']}, "
+                       f"{m['replicas']} replica(s)); peak {m['peak_gib_per_gpu']} of {m['gpu_gib']} GiB a GPU: "
+                       f"fits {m['fits']}"),
+            ("checkpoint", f"{m['checkpoint_gb']} GB ({m['checkpoint_gb_per_host']} GB a host), training blocked "
+                           f"{m['checkpoint_blocking_s']} s, written in {m['checkpoint_write_s']} s; SIGTERM to "
+                           f"saved {m['stop_to_saved_s']} s at worst"),
+        ]
     width = max(len(k) for k, _ in rows)
     lines = [f"plan for {name}"] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
     lines += [f"  warning: {w}" for w in p.warnings]

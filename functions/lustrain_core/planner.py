@@ -15,6 +15,8 @@ from typing import Any
 from lustrain_core.errors import FieldError, SpecInvalid
 from lustrain_core.prices import InstanceType, PriceTable
 from lustrain_core.spec import MAX_STORAGE_GIB, PERSISTENT_THROUGHPUTS, JobSpec
+from lustrain_core.trainer import plan as trainer_plan
+from lustrain_core.trainer import presets as trainer_presets
 
 #: addresses AWS reserves in every subnet (network, router, DNS, future, broadcast)
 AWS_RESERVED_IPS = 5
@@ -143,6 +145,8 @@ class Plan:
     cost: CostPlan
     recommendation: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    #: the trainer's memory plan (lustrain_core.trainer.plan) when the hyperparameters name one of its presets
+    memory: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,6 +173,7 @@ def plan(
             f"unknown to the planner; known: {', '.join(sorted(prices.instance_types))} (add it with --prices)",
         )
 
+    memory = _plan_memory(spec, errors)
     fs = _plan_filesystem(spec, itype, data_gib, extension_bytes, prices, errors, warnings)
     net = _plan_network(spec, itype, fs, errors)
     output = _plan_output(spec, itype, errors)
@@ -201,7 +206,34 @@ def plan(
         "instances_requested": spec.compute.instance_count,
         "quota_name": quota_name(spec.compute.instance_type, spot=spec.compute.spot),
     }
-    return Plan(net, fs, output, quota, cost, recommendation, warnings)
+    return Plan(net, fs, output, quota, cost, recommendation, warnings, memory)
+
+
+def _plan_memory(spec: JobSpec, errors: list[FieldError]) -> dict[str, Any] | None:
+    """The trainer's memory plan for the spec's hyperparameters, when they name one of its presets and the instance
+    type is one the plan knows; a model that cannot fit its instances is refused, naming the smallest count that
+    fits. The same numbers as `train.py --dry_run`."""
+    inputs = trainer_presets.plan_inputs(dict(spec.code.hyperparameters))
+    if inputs is None or spec.compute.instance_type not in trainer_plan.INSTANCES:
+        return None
+    try:
+        layout = trainer_plan.plan_of_run(inputs, spec.compute.instance_type, spec.compute.instance_count)
+    except ValueError as exc:
+        errors.append(FieldError("code.hyperparameters.shard_group", inputs["shard_group"], str(exc)))
+        return None
+    memory = dict(line.split("=", 1) for line in layout.lines())
+    if not layout.fits:
+        enough = trainer_plan.smallest_fitting_count(inputs, spec.compute.instance_type)
+        fix = (f"use at least {enough} instances (the smallest count it fits)" if enough
+               else "no count of this instance type fits it")
+        errors.append(FieldError(
+            "compute.instance_count", spec.compute.instance_count,
+            f"the {inputs['preset']} model ({layout.parameters:,} parameters) needs "
+            f"{layout.peak_bytes / trainer_plan.GIB:.1f} GiB per GPU on {spec.compute.instance_count} x "
+            f"{spec.compute.instance_type} ({memory['sharding']}, shard group {layout.shard}), more than the "
+            f"{trainer_plan.USABLE_GPU_SHARE * layout.gpu_bytes / trainer_plan.GIB:.1f} GiB a GPU can give: {fix}, "
+            "or change code.hyperparameters (a smaller preset, batch_size, activation_checkpointing true)"))
+    return memory
 
 
 def _plan_filesystem(

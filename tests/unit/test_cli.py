@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -37,6 +38,9 @@ def test_plan_prints_a_readable_table(capsys):
     assert main(["plan", "examples/p4d-2x-scratch.yaml"]) == 0
     out = capsys.readouterr().out
     assert "IPs needed" in out and "SCRATCH_2" in out and "$" in out
+    # the trainer's memory plan of its preset (300m on 2 x p4d): a whole replica fits a GPU
+    assert re.search(r"memory +\d[\d,]+ parameters, ddp .*fits yes", out)
+    assert re.search(r"checkpoint +[\d.]+ GB .* SIGTERM to saved [\d.]+ s at worst", out)
 
 
 def test_an_invalid_spec_exits_2_naming_field_value_and_allowed(tmp_path, capsys):

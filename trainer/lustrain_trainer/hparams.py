@@ -18,41 +18,10 @@ from typing import Any
 
 from .model import GPTConfig
 from .plan import Shape
-from .tokenizer import VOCAB_SIZE
+from .presets import PRESET_SOURCES, PRESETS
 
-# Model shapes follow GPT-3 (Brown et al., 2020, table 2.1). With a 257-token vocabulary instead of 50,257
-# the embeddings are tiny, so each preset is named for its own parameter count (a test holds them to it).
-# batch_size is per GPU per micro-step for an A100 40 GB; lr is the paper's for that width.
-PRESETS: dict[str, dict[str, Any]] = {
-    # The local default: learns visibly within a minute on two CPU cores. One thread per process, because
-    # at this size OpenMP threads spend more time waiting on each other (and on a busy machine, on other
-    # processes) than computing: measured 2-10x slower with two threads than with one.
-    "tiny": {"n_layer": 2, "n_head": 4, "n_embd": 64, "seq_len": 64, "batch_size": 16, "lr": 3e-3,
-             "max_steps": 600, "warmup_steps": 20, "log_interval": 10, "eval_interval": 100,
-             "checkpoint_interval": 100, "eval_batches": 8, "cpu_threads": 1},
-    "85m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "seq_len": 1024, "batch_size": 16, "lr": 6e-4},
-    "300m": {"n_layer": 24, "n_head": 16, "n_embd": 1024, "seq_len": 1024, "batch_size": 8, "lr": 3e-4},
-    "680m": {"n_layer": 24, "n_head": 16, "n_embd": 1536, "seq_len": 2048, "batch_size": 4, "lr": 2.5e-4},
-    "1.2b": {"n_layer": 24, "n_head": 32, "n_embd": 2048, "seq_len": 2048, "batch_size": 4, "lr": 2e-4,
-             "activation_checkpointing": True},
-    # From here a replica (16 bytes per parameter with Adam) outgrows an A100: fsdp auto shards it.
-    "2.5b": {"n_layer": 32, "n_head": 32, "n_embd": 2560, "seq_len": 2048, "batch_size": 2, "lr": 1.6e-4,
-             "activation_checkpointing": True},
-    "6.4b": {"n_layer": 32, "n_head": 32, "n_embd": 4096, "seq_len": 2048, "batch_size": 1, "lr": 1.2e-4,
-             "activation_checkpointing": True},
-    # Named for the published model whose depth, width and heads they take (PRESET_SOURCES); with this block
-    # (a 4x GELU MLP, full multi-head attention) and a 257-token vocabulary they hold somewhat fewer parameters
-    # (13b: 12.6 billion, 70b: 64.4 billion). lr and seq_len are Llama 2's (Touvron et al., 2023, table 1).
-    "13b": {"n_layer": 40, "n_head": 40, "n_embd": 5120, "seq_len": 4096, "batch_size": 1, "lr": 3e-4,
-            "activation_checkpointing": True},
-    "70b": {"n_layer": 80, "n_head": 64, "n_embd": 8192, "seq_len": 4096, "batch_size": 1, "lr": 1.5e-4,
-            "activation_checkpointing": True},
-}
-#: the presets that take a published model's shape, and which
-PRESET_SOURCES = {
-    "13b": "Llama 2 13B (Touvron et al., 2023): 40 layers, d_model 5120, 40 heads",
-    "70b": "Llama 2 70B (Touvron et al., 2023): 80 layers, d_model 8192, 64 heads",
-}
+__all__ = ["PRESETS", "PRESET_SOURCES", "HyperparameterError", "Hyperparameters"]
+from .tokenizer import VOCAB_SIZE
 
 CHOICES = {"fsdp": ("auto", "true", "false"), "precision": ("auto", "bf16", "fp32")}
 #: seconds a collective waits for every rank: long enough for a checkpoint's blocking part and a first step

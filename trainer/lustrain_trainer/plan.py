@@ -24,6 +24,7 @@ the write goes on while training does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GIB = 1 << 30
 #: CUDA context (about 0.5 GiB on an A100), NCCL's communicators and buffers (about 1 GiB on 8 GPUs with EFA) and
@@ -254,4 +255,26 @@ def smallest_fitting_world(shape: Shape, *, batch_size: int, activation_checkpoi
                          world_size=world, bf16=bf16, instance_type=instance_type)
         if candidate.fits:
             return hosts
+    return None
+
+
+def plan_of_run(inputs: dict[str, Any], instance_type: str, instance_count: int) -> Plan:
+    """The plan of a run from presets.plan_inputs' values, on instance_count instances of instance_type."""
+    hw = INSTANCES[instance_type]
+    shape = Shape(n_layer=inputs["n_layer"], n_embd=inputs["n_embd"], n_head=inputs["n_head"],
+                  seq_len=inputs["seq_len"], vocab_size=inputs["vocab_size"])
+    fsdp = {"auto": None, "true": True, "false": False}.get(inputs["fsdp"])
+    return plan(shape, batch_size=inputs["batch_size"], activation_checkpointing=inputs["activation_checkpointing"],
+                world_size=instance_count * hw.gpus, bf16=inputs["precision"] != "fp32", fsdp=fsdp,
+                shard=inputs["shard_group"], instance_type=instance_type)
+
+
+def smallest_fitting_count(inputs: dict[str, Any], instance_type: str, max_count: int = 1000) -> int | None:
+    """The fewest instances of instance_type on which the run's model fits (its shard group chosen by the plan)."""
+    for count in range(1, max_count + 1):
+        try:
+            if plan_of_run({**inputs, "shard_group": 0}, instance_type, count).fits:
+                return count
+        except ValueError:
+            continue
     return None

@@ -159,7 +159,7 @@ def test_initialisation_is_the_same_whatever_part_of_a_matrix_a_rank_holds(monke
         for first in (0, cut):
             part = GPT(config)
 
-            def holds(p: torch.Tensor, first: int = first) -> tuple[torch.Tensor, int]:
+            def holds(p: torch.Tensor, first: int = first, cut: int = cut) -> tuple[torch.Tensor, int]:
                 rows = p.data[first:cut] if first == 0 else p.data[cut:]
                 return rows, first
 

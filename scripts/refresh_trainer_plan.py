@@ -1,0 +1,31 @@
+"""Copy the trainer's memory plan and presets into the control plane's package, which the Lambda bundle carries.
+
+    .venv/bin/python scripts/refresh_trainer_plan.py
+
+trainer/lustrain_trainer/{plan,presets}.py are the source (the trainer ships without the control plane, and the
+Lambda bundle without the trainer); functions/lustrain_core/trainer/ holds byte-for-byte copies, which
+tests/unit/test_memory_plan.py keeps equal.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "trainer" / "lustrain_trainer"
+TARGET = ROOT / "functions" / "lustrain_core" / "trainer"
+FILES = ("plan.py", "presets.py")
+
+
+def main() -> int:
+    TARGET.mkdir(exist_ok=True)
+    for name in FILES:
+        shutil.copyfile(SOURCE / name, TARGET / name)
+        print(f"copied {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
