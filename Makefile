@@ -72,6 +72,7 @@ e2e: install
 
 bench: install
 	$(BIN)/python bench/trainer_data.py
+	$(BIN)/python bench/trainer_scale.py --skip-data
 	$(BIN)/python bench/control_plane.py
 	$(BIN)/python bench/fault_matrix.py
 	$(BIN)/python bench/load.py

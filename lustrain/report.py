@@ -2,6 +2,7 @@
 
 - loss by step: the training log's lines (CloudWatch, every attempt and host) read with the training job's own
   MetricDefinitions, as SageMaker reads them (`step`, `train_loss`, `val_loss`);
+- speed by step, from the same lines: tokens/s per GPU and, on GPUs, MFU (model FLOPs over the GPUs' bf16 peak);
 - the states on a time line: the execution's history;
 - cost: the plan's estimate before launch against what the run has cost so far (lustrain.operate);
 - file-system throughput: what the plan provisioned against what the GPUs demand (data.ingest_mb_s_per_gpu).
@@ -97,6 +98,7 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     fs = plan.get("filesystem") or {}
     series: dict[str, dict[str, list[tuple[float, float]]]] = {
         "loss": {k: v for k, v in losses.items() if v},
+        "speed": {k: points[k] for k in ("tokens_per_s_per_gpu", "mfu") if points.get(k)},
         "timeline": states,
         "cost": {"estimated": [(0, estimated)], "so far": [(1, shown.run.cost_so_far_usd)]},
         "throughput": {
@@ -115,6 +117,20 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     if series["loss"]:
         ax.legend()
     figures["loss"] = fig
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    speed = series["speed"]
+    if "tokens_per_s_per_gpu" in speed:
+        xy = speed["tokens_per_s_per_gpu"]
+        ax.plot([x for x, _ in xy], [y for _, y in xy], label="tokens/s per GPU")
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens/s per GPU")
+    if "mfu" in speed:
+        share = ax.twinx()
+        share.plot([x for x, _ in speed["mfu"]], [y for _, y in speed["mfu"]], color="tab:orange", label="MFU")
+        share.set_ylabel("MFU")
+    ax.set_title(f"{job_id}: speed by step" + ("" if "mfu" in speed else " (MFU on GPUs only)"))
+    figures["speed"] = fig
 
     fig, ax = plt.subplots(figsize=(7, max(2.0, 0.35 * len(states) + 1)))
     for row, bars in enumerate(states.values()):

@@ -117,6 +117,7 @@ def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, l
         made = report.build(ours, "by-cli", tmp_path / "reports")
         logged = report.metric_points(operate.logs(ours, "by-cli"), report._definitions(ours, operate.find_run(ours, "by-cli")))
         assert made.series["loss"]["train_loss"] == logged["train_loss"] and len(logged["train_loss"]) >= 2
+        assert made.series["speed"]["tokens_per_s_per_gpu"] == logged["tokens_per_s_per_gpu"]
         drawn = made.figures["loss"].axes[0].lines[0].get_xydata().tolist()
         assert drawn == [list(point) for point in logged["train_loss"]]
         assert set(made.series["timeline"]) >= {"Register the job", "Start the training job"}

@@ -177,3 +177,16 @@ def test_a_model_built_on_meta_holds_no_memory_until_materialised() -> None:
     with torch.device("meta"):
         model = GPT(GPTConfig(n_layer=80, n_head=64, n_embd=8192, seq_len=4096))  # the 70b preset's shape
     assert all(p.is_meta for p in model.parameters()) and model.head.weight is model.wte.weight
+
+
+def test_efa_defaults_fill_only_what_the_launcher_and_the_spec_left_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lustrain_trainer import distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    env = {"SM_CURRENT_INSTANCE_TYPE": "ml.p4d.24xlarge", "FI_PROVIDER": "efa", "NCCL_SOCKET_IFNAME": "eth0"}
+    added = distributed.apply_network_defaults(env)
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and "NCCL_SOCKET_IFNAME" not in added  # SageMaker's (or the spec's)
+    assert added["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "FI_PROVIDER" not in added
+    assert distributed.apply_network_defaults({"SM_CURRENT_INSTANCE_TYPE": "ml.g5.2xlarge"}) == {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert distributed.apply_network_defaults({"SM_CURRENT_INSTANCE_TYPE": "ml.p4d.24xlarge"}) == {}

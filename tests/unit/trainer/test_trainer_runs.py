@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 from lustrain_trainer import faults, generate, trainer
-from lustrain_trainer import prepare as prep
 
 pytestmark = pytest.mark.slow
 
@@ -28,21 +27,6 @@ TRAINER = Path(__file__).resolve().parents[3] / "trainer"
 # a model small enough that process start-up, not training, is most of each run
 MICRO = ["--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--seq_len", "32", "--batch_size", "4",
          "--eval_interval", "0", "--log_interval", "1"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("shards")
-    assert prep.main(["stdlib", str(out), "--glob", "**/*.py", "--max-bytes", "2MiB"]) == 0
-    return out
-
-
-@pytest.fixture
-def sourcedir(tmp_path: Path) -> Path:
-    """trainer/ as SageMaker extracts sourcedir.tar.gz: its contents at the root of the working directory."""
-    target = tmp_path / "code"
-    shutil.copytree(TRAINER, target, ignore=shutil.ignore_patterns("__pycache__"))
-    return target
 
 
 def sagemaker_env(root: Path, data: Path, **extra: str) -> dict[str, str]:
@@ -304,76 +288,3 @@ def test_the_preflight_all_reduces_across_every_rank_and_logs_its_bus_bandwidth(
 ])
 def test_faults_are_told_from_the_codes_errors(error: BaseException, kind: str | None) -> None:
     assert faults.kind_of(error) == kind
-
-
-# ------------------------------------------------------------------ giant scale: plans, sharded resumes, stops
-
-
-def read_trace(directory: Path, ranks: int) -> list[tuple[str, str]]:
-    """Every (shard, offset) the ranks read, rank by rank (LUSTRAIN_DATA_TRACE)."""
-    return [tuple(line.split()[1:]) for rank in range(ranks)  # type: ignore[misc]
-            for line in (directory / f"rank-{rank}.txt").read_text().splitlines()]
-
-
-def test_a_run_resumed_on_another_world_size_reads_what_an_uninterrupted_run_reads(
-        data: Path, sourcedir: Path, tmp_path: Path) -> None:
-    """2 ranks, then 1, then 2 again, from sharded checkpoints: the same steps, the same spans of data (none seen
-    twice, none skipped) and the same tokens as one run on 2 ranks; grad_accum keeps the global batch."""
-    args = [*MICRO, "--checkpoint_interval", "3"]
-    straight = tmp_path / "straight"
-    done = run(sourcedir, sagemaker_env(straight, data, LUSTRAIN_DATA_TRACE=str(straight / "trace")), *args,
-               "--max_steps", "9", torchrun=2)
-    assert done.returncode == 0, done.stderr
-
-    moved = tmp_path / "moved"
-    env = sagemaker_env(moved, data, LUSTRAIN_DATA_TRACE=str(moved / "trace"))
-    for ranks, steps in ((2, "3"), (1, "6"), (2, "9")):
-        done = run(sourcedir, env, *args, "--max_steps", steps, torchrun=ranks)
-        assert done.returncode == 0, done.stderr
-        if ranks == 1:
-            assert "grad_accum 2 on 1 rank(s) keeps it" in done.stdout
-            assert re.search(r"resumed from step-000000003-\w+ at step 3", done.stdout)
-
-    reads = sorted(read_trace(moved / "trace", 2))
-    assert reads == sorted(read_trace(straight / "trace", 2)) and len(set(reads)) == len(reads) == 18
-    summaries = [json.loads((root / "output" / "summary.json").read_text()) for root in (straight, moved)]
-    assert summaries[0]["tokens_seen"] == summaries[1]["tokens_seen"] == 9 * 2 * 4 * 32
-    assert summaries[1]["resumed_from_step"] == 6 and summaries[1]["step"] == 9
-
-
-def test_sigterm_under_torchrun_ends_in_a_committed_sharded_checkpoint(
-        data: Path, sourcedir: Path, tmp_path: Path) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
-         *MICRO, "--max_steps", "100000", "--checkpoint_interval", "4"],
-        cwd=sourcedir, env=sagemaker_env(tmp_path, data), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    list(lines_until(process, r"lustrain: checkpoint saved step-000000004-"))
-    process.send_signal(signal.SIGTERM)  # SageMaker stopping the job: torchrun forwards it to every worker
-    output, _ = process.communicate(timeout=60)
-
-    # the step every rank stopped at is committed (by the stop's own save, or by the interval's at that very step)
-    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
-    saved = re.findall(r"checkpoint saved (step-(\d+)-\w+) at step \d+ \((?:stop requested by SIGTERM|interval)",
-                       output)[-1]
-    assert summary["status"] == "interrupted" and int(saved[1]) == summary["step"], output
-    manifest = json.loads((tmp_path / "checkpoints" / f"step-{saved[1]}.json").read_text())
-    assert manifest["world_size"] == 2 and manifest["layout"] == "sharded"
-    assert sorted(p.name for p in (tmp_path / "checkpoints" / saved[0]).glob("*.distcp")) == [
-        "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own part
-
-
-def test_a_dry_run_plans_a_70b_model_without_building_it(sourcedir: Path, tmp_path: Path) -> None:
-    def plan_of(*args: str, torchrun: int = 0) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "LUSTRAIN_"))}
-        done = run(sourcedir, env, "--preset", "70b", "--dry_run", *args, torchrun=torchrun)
-        assert done.returncode == 0, done.stderr
-        return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-
-    one_host, fleet = plan_of("--world_size", "8"), plan_of("--world_size", "400")
-    assert (one_host["fits"], fleet["fits"]) == ("no", "yes")
-    assert (fleet["sharding"], fleet["shard_group"], fleet["replicas"]) == ("hsdp", "80", "5")
-    assert float(fleet["stop_to_saved_s"]) < 120 and float(fleet["peak_gib_per_gpu"]) < 40
-    # under torchrun the model is built on meta and sharded as the run would: what a rank holds, counted
-    sharded = plan_of("--fsdp", "true", torchrun=2)
-    assert sharded["measured_parameter_gib_per_rank"] == sharded["parameter_gib_per_rank"] == "120.07"
-    assert float(sharded["peak_rss_mb"]) < 2000  # the whole model would be 240 GiB in fp32

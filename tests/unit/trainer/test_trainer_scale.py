@@ -1,0 +1,136 @@
+"""The trainer at giant scale, run for real on CPU ranks: sharded checkpoints resumed on another world size, a stop
+under torchrun, HSDP, version 1 checkpoints, and the memory plan of a model far larger than this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lustrain_trainer import trainer
+from test_trainer_runs import MICRO, lines_until, run, sagemaker_env, train_in_process
+
+pytestmark = pytest.mark.slow
+
+
+
+def read_trace(directory: Path, ranks: int) -> list[tuple[str, str]]:
+    """Every (shard, offset) the ranks read, rank by rank (LUSTRAIN_DATA_TRACE)."""
+    return [tuple(line.split()[1:]) for rank in range(ranks)  # type: ignore[misc]
+            for line in (directory / f"rank-{rank}.txt").read_text().splitlines()]
+
+
+def test_a_run_resumed_on_another_world_size_reads_what_an_uninterrupted_run_reads(
+        data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    """2 ranks, then 1, then 2 again, from sharded checkpoints: the same steps, the same spans of data (none seen
+    twice, none skipped) and the same tokens as one run on 2 ranks; grad_accum keeps the global batch."""
+    args = [*MICRO, "--checkpoint_interval", "3"]
+    straight = tmp_path / "straight"
+    done = run(sourcedir, sagemaker_env(straight, data, LUSTRAIN_DATA_TRACE=str(straight / "trace")), *args,
+               "--max_steps", "9", torchrun=2)
+    assert done.returncode == 0, done.stderr
+
+    moved = tmp_path / "moved"
+    env = sagemaker_env(moved, data, LUSTRAIN_DATA_TRACE=str(moved / "trace"))
+    for ranks, steps in ((2, "3"), (1, "6"), (2, "9")):
+        done = run(sourcedir, env, *args, "--max_steps", steps, torchrun=ranks)
+        assert done.returncode == 0, done.stderr
+        if ranks == 1:
+            assert "grad_accum 2 on 1 rank(s) keeps it" in done.stdout
+            assert re.search(r"resumed from step-000000003-\w+ at step 3", done.stdout)
+
+    reads = sorted(read_trace(moved / "trace", 2))
+    assert reads == sorted(read_trace(straight / "trace", 2)) and len(set(reads)) == len(reads) == 18
+    summaries = [json.loads((root / "output" / "summary.json").read_text()) for root in (straight, moved)]
+    assert summaries[0]["tokens_seen"] == summaries[1]["tokens_seen"] == 9 * 2 * 4 * 32
+    assert summaries[1]["resumed_from_step"] == 6 and summaries[1]["step"] == 9
+
+
+def test_sigterm_under_torchrun_ends_in_a_committed_sharded_checkpoint(
+        data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
+         *MICRO, "--max_steps", "100000", "--checkpoint_interval", "4"],
+        cwd=sourcedir, env=sagemaker_env(tmp_path, data), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    list(lines_until(process, r"lustrain: checkpoint saved step-000000004-"))
+    process.send_signal(signal.SIGTERM)  # SageMaker stopping the job: torchrun forwards it to every worker
+    output, _ = process.communicate(timeout=60)
+
+    # the step every rank stopped at is committed (by the stop's own save, or by the interval's at that very step)
+    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
+    saved = re.findall(r"checkpoint saved (step-(\d+)-\w+) at step \d+ \((?:stop requested by SIGTERM|interval)",
+                       output)[-1]
+    assert summary["status"] == "interrupted" and int(saved[1]) == summary["step"], output
+    manifest = json.loads((tmp_path / "checkpoints" / f"step-{saved[1]}.json").read_text())
+    assert manifest["world_size"] == 2 and manifest["layout"] == "sharded"
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / saved[0]).glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own part
+
+
+def test_a_dry_run_plans_a_70b_model_without_building_it(
+        sourcedir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def plan_of(*args: str, torchrun: int = 0) -> dict[str, str]:
+        if torchrun:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "LUSTRAIN_"))}
+            done = run(sourcedir, env, "--preset", "70b", "--dry_run", *args, torchrun=torchrun)
+            assert done.returncode == 0, done.stderr
+            out = done.stdout
+        else:
+            assert train_in_process(monkeypatch, {}, "--preset", "70b", "--dry_run", *args) == 0
+            out = capsys.readouterr().out
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    one_host, fleet = plan_of("--world_size", "8"), plan_of("--world_size", "400")
+    assert (one_host["fits"], fleet["fits"]) == ("no", "yes")
+    assert (fleet["sharding"], fleet["shard_group"], fleet["replicas"]) == ("hsdp", "80", "5")
+    assert float(fleet["stop_to_saved_s"]) < 120 and float(fleet["peak_gib_per_gpu"]) < 40
+    # under torchrun the model is built on meta and sharded as the run would: what a rank holds, counted
+    sharded = plan_of("--fsdp", "true", torchrun=2)
+    assert sharded["measured_parameter_gib_per_rank"] == sharded["parameter_gib_per_rank"] == "120.07"
+    assert float(sharded["peak_rss_mb"]) < 2000  # the whole model would be 240 GiB in fp32
+
+
+def test_hsdp_shards_within_groups_and_trains_the_same_model_as_ddp(
+        data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    """4 ranks in 2 shard groups of 2 (HSDP: each group one replica): the same weights as DDP after the same steps
+    of the same data, from the same initialisation (each rank drew only its shard's rows)."""
+    models = {}
+    # DDP on 2 ranks with grad_accum 2 trains the same global batch of the same data (the order is the world's)
+    for name, layout, ranks in (("hsdp", ["--shard_group", "2"], 4), ("ddp", ["--fsdp", "false", "--grad_accum", "2"], 2)):
+        root = tmp_path / name
+        done = run(sourcedir, sagemaker_env(root, data), *MICRO, "--max_steps", "3", *layout, torchrun=ranks)
+        assert done.returncode == 0, done.stderr
+        assert ("shard group 2" if name == "hsdp" else "fsdp False") in done.stdout
+        models[name] = torch.load(root / "model" / "model.pt", weights_only=True)
+    assert models["hsdp"].keys() == models["ddp"].keys()
+    for key, tensor in models["hsdp"].items():
+        torch.testing.assert_close(tensor, models["ddp"][key], rtol=1e-5, atol=1e-6)
+
+
+def test_a_version_1_checkpoint_of_an_earlier_trainer_still_resumes(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from lustrain_trainer import checkpoint
+    from lustrain_trainer.hparams import parse
+    from lustrain_trainer.model import GPT
+
+    hp, _, _ = parse(MICRO, {})
+    model = GPT(hp.model_config())
+    optimizer = trainer.make_optimizer(model, hp, torch.device("cpu"))
+    tokens = torch.randint(0, 257, (2, 33))
+    model(tokens[:, :-1], tokens[:, 1:]).backward()
+    optimizer.step()
+    payload = checkpoint.make_payload(3, model.state_dict(), checkpoint.optimizer_state_by_name(model, optimizer),
+                                      hp.model_config().to_dict(), {"tokens_seen": 3 * 4 * 32, "run": None})
+    checkpoint.save_atomic(payload, checkpoint.checkpoint_path(tmp_path / "checkpoints", 3))
+
+    assert train_in_process(monkeypatch, sagemaker_env(tmp_path, data), *MICRO, "--max_steps", "5") == 0
+    assert "resumed from step-000000003.pt at step 3" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
+    assert (summary["resumed_from_step"], summary["step"], summary["tokens_seen"]) == (3, 5, 5 * 4 * 32)
+    assert list((tmp_path / "checkpoints").glob("step-000000005.json"))  # and goes on with sharded checkpoints
