@@ -208,18 +208,16 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------------------
 
-    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The full model and optimizer state (optimizer keyed by parameter name) on CPU, for rank 0 to write the
-        trained model. Under FSDP every rank must call this: the shards are gathered onto rank 0."""
+    def _model_state(self) -> dict[str, Any]:
+        """The whole model's weights on CPU (no optimizer state), for rank 0 to write the trained model. Under FSDP
+        every rank must call this: the shards are gathered onto rank 0, a tensor at a time."""
         if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_state_dict(self.model, self.optimizer, options=options)
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.writes:
-            return {}, {}
-        model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        return model_state, checkpoint.optimizer_state_by_name(self.model, self.optimizer)
+            return {}
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
     def _sharded_state(self) -> dict[str, Any]:
         """Model and optimizer state as this rank holds it (its shards under FSDP), keyed by parameter name: what
@@ -342,7 +340,7 @@ class Trainer:
                 checkpoint.optimizer_state_by_id(self.model, self.optimizer, payload["optimizer"]))
 
     def write_model(self, step: int, metrics: dict[str, float]) -> None:
-        model_state, _ = self._state()
+        model_state = self._model_state()
         if not self.writes:
             return
         self.paths.model.mkdir(parents=True, exist_ok=True)
