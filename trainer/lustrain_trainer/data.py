@@ -1,21 +1,22 @@
 """Reading token shards for training: memory-mapped, disjoint per rank, prefetched in the background.
 
-A batch is one contiguous span of batch_size * seq_len + 1 tokens; spans do not overlap. An epoch is one order
-of every span of the split, the same for every world size:
+A batch is one contiguous span of batch_size * seq_len + 1 tokens; spans do not overlap. An epoch's order is the
+same for every world size with the same global batch:
 
 - the split's spans are cut into blocks of adjacent spans (about a megabyte); the blocks are put in an order
   shuffled per epoch by a keyed permutation computed index by index (a Feistel network, cycle-walked onto the
   number of blocks), so no array grows with the data: the plan holds a few numbers per shard;
-- windows of a few consecutive blocks of that order are shuffled again, span by span, with a draw of the
-  window's own; the spans that do not fill a whole block come last, shuffled among themselves;
-- optimizer step s takes positions s*G .. s*G + G - 1 of that order, G = world_size * grad_accum micro-batches
-  (the global batch); rank r takes grad_accum consecutive ones of them. A run resumed on another world size with
-  the same G (grad_accum absorbing the change) reads, from the saved step on, exactly what the first run would
-  have read: within an epoch no span is seen twice or skipped.
+- that order is cut into G equal streams, G = world_size * grad_accum (the micro-batches of one optimizer step):
+  step s takes the s-th batch of every stream, so a global batch comes from G places far apart in the data, and
+  rank r's micro-batch m reads stream r * grad_accum + m. Within windows of a few blocks a stream's batches are
+  shuffled again. A run resumed on another world size with the same G (grad_accum absorbing the change) reads,
+  from the saved step on, exactly what the first run would have read: within an epoch no span is seen twice or
+  skipped.
 
-A background thread copies a window's spans of this rank with one np.take per shard (a single call without the
-GIL) into one buffer (pinned on a GPU). It works out the next window while the training loop waits and hands a
-window over in one piece; the loop turns it into batches, views of the buffer, while the thread copies the next.
+A background thread copies a window's spans of this rank (a few whole blocks of each of its streams) with one
+np.take per shard (a single call without the GIL) into one buffer (pinned on a GPU). It works out the next window
+while the training loop waits and hands a window over in one piece; the loop turns it into batches, views of the
+buffer, while the thread copies the next.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ KEEP_BUFFERS = 8
 #: shards mapped at once by a reader: a 20 TB data set has tens of thousands, and the kernel allows a process
 #: about 65,000 mappings (vm.max_map_count)
 OPEN_MAPS = 512
-#: windows whose order a plan works out at once, and the groups of them it keeps (the prefetch thread plans one
-#: window ahead of the loop; an evaluation or a resume may look elsewhere)
+#: windows of a stream whose order a plan works out at once, and the groups of them it keeps per stream (the
+#: prefetch thread plans one window ahead of the loop; an evaluation or a resume may look elsewhere)
 PLANNED_WINDOWS = 16
-KEEP_GROUPS = 3
+KEEP_WINDOWS = 2
 FEISTEL_ROUNDS = 4
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -80,6 +81,12 @@ def _keyed_permutation(indices: np.ndarray, n: int, key: tuple[int, ...]) -> np.
         x[todo] = (left << half) | right
         todo[todo] = x[todo] >= np.uint64(n)
     return x.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=4)
+def _tail_order(seed: int, epoch: int, length: int) -> np.ndarray:
+    """The order of the spans no whole block holds (fewer than a block's)."""
+    return np.random.default_rng([seed, epoch, 1 << 20, 3]).permutation(length)
 
 
 class ShardReader:
@@ -131,9 +138,13 @@ class ShardReader:
 class BatchPlan:
     """Where batch number k of this rank lies: a pure function of (seed, epoch, rank, world_size, grad_accum, k).
 
-    Batch k of a rank is micro-batch k % grad_accum of optimizer step k // grad_accum. `block` (spans per block)
-    and `window` (blocks per shuffle window) default to about a megabyte and eight of them. Memory: a few numbers
-    per shard and one window's shuffle, whatever the size of the data.
+    Batch k of a rank is micro-batch m = k % grad_accum of optimizer step s = k // grad_accum, and reads the s-th
+    batch of stream r * grad_accum + m of the G = world_size * grad_accum streams. Stream j is the j-th of G equal
+    runs of the epoch's shuffled blocks, shuffled again within windows of `window` blocks: each step's global batch
+    comes from G places far apart in the data, and a rank reads a few whole blocks per stream and window. The
+    streams depend on G alone, so a run resumed on another world size with the same G reads the same batches.
+    `block` (spans per block) and `window` default to about a megabyte and eight of them. Memory: a few numbers
+    per shard and the windows being read, whatever the size of the data.
     """
 
     def __init__(self, shard_tokens: list[int], batch_size: int, seq_len: int, rank: int, world_size: int,
@@ -150,8 +161,8 @@ class BatchPlan:
         counts = np.array([tokens // self.batch_tokens for tokens in shard_tokens], dtype=np.int64)
         self._firsts = np.cumsum(counts) - counts  # span number of each shard's first span
         self.total = int(counts.sum())
-        self.global_batches = world_size * grad_accum  # micro-batches of the whole world per optimizer step
-        self.steps_per_epoch = self.total // self.global_batches
+        self.global_batches = world_size * grad_accum  # micro-batches of the whole world per optimizer step: streams
+        self.steps_per_epoch = self.total // self.global_batches  # each stream's length
         if self.steps_per_epoch == 0:
             raise DataError(
                 f"the {split} split holds {self.total} batches of batch_size {batch_size} x seq_len {seq_len}, "
@@ -162,10 +173,11 @@ class BatchPlan:
         self.block = block or max(1, BLOCK_BYTES // (self.batch_tokens * TOKEN_BYTES))
         self.window_blocks = window
         self._whole_blocks = self.total // self.block
-        self._window_spans = self.block * window
-        # batches of this rank per window, at most: its buffer's size
-        self.window = (self._window_spans // self.global_batches + 2) * grad_accum
-        self._windows: collections.OrderedDict[tuple[int, int], np.ndarray] = collections.OrderedDict()
+        self._window_steps = self.block * window  # a stream's batches per shuffle window
+        # this rank's batches per window (one window of each of its streams): its buffer's size
+        self.window = self._window_steps * grad_accum
+        self._windows: collections.OrderedDict[tuple[int, int, int], list[np.ndarray]] = collections.OrderedDict()
+        self._keep = KEEP_WINDOWS * grad_accum
         self._lock = threading.Lock()
 
     @property
@@ -174,69 +186,62 @@ class BatchPlan:
 
     # -- the epoch's order -----------------------------------------------------------------------------
 
-    def _positions(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(epoch, position in the epoch's order) of this rank's batches ks."""
-        steps, micro = np.divmod(ks, self.grad_accum)
-        epochs, step_in_epoch = np.divmod(steps, self.steps_per_epoch)
-        return epochs, step_in_epoch * self.global_batches + self.rank * self.grad_accum + micro
-
-    def _window_order(self, epoch: int, window: int) -> np.ndarray:
-        """The span numbers of one window of an epoch's order, in that order (window -1: the spans no whole block
-        holds, shuffled among themselves). Windows are worked out PLANNED_WINDOWS at a time, with one set of numpy
-        calls: the prefetch thread plans a window while the training loop runs, and holds the GIL while it does,
-        so what costs per call is paid once per group."""
-        group = window // PLANNED_WINDOWS if window >= 0 else -1
-        with self._lock:
-            orders = self._windows.get((epoch, group))
-        if orders is None:
-            orders = self._plan_group(epoch, group)
-            with self._lock:
-                self._windows[(epoch, group)] = orders
-                while len(self._windows) > KEEP_GROUPS:
-                    self._windows.popitem(last=False)
-        return orders[window - group * PLANNED_WINDOWS if window >= 0 else 0]
-
-    def _plan_group(self, epoch: int, group: int) -> list[np.ndarray]:
-        rng = np.random.default_rng([self.seed, epoch, group + 1, 2])
+    def _sequence(self, epoch: int, q: np.ndarray) -> np.ndarray:
+        """Span numbers at positions q of the epoch's block order: whole blocks in a keyed permuted order, then the
+        spans no whole block holds, shuffled among themselves."""
         whole = self._whole_blocks * self.block
-        if group < 0:
-            return [whole + rng.permutation(self.total - whole)]
-        first = group * PLANNED_WINDOWS * self.window_blocks
-        numbers = np.arange(first, min(first + PLANNED_WINDOWS * self.window_blocks, self._whole_blocks))
-        blocks = _keyed_permutation(numbers, self._whole_blocks, (self.seed, epoch))
-        spans = (blocks[:, None] * self.block + np.arange(self.block)).ravel()
-        size = self._window_spans
-        return [part[rng.permutation(len(part))] for part in (spans[a : a + size] for a in range(0, len(spans), size))]
-
-    def _window_of(self, position: int) -> int:
-        whole = self._whole_blocks * self.block
-        return position // self._window_spans if position < whole else -1
-
-    def _spans_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """Span numbers at these positions (ascending) of one epoch's order."""
-        if not self.shuffle:
-            return positions.copy()
-        whole = self._whole_blocks * self.block
-        first, last = self._window_of(int(positions[0])), self._window_of(int(positions[-1]))
-        if first == last:  # the usual call: the rest of one window
-            return self._window_order(epoch, first)[positions - (first * self._window_spans if first >= 0 else whole)]
-        windows = np.where(positions < whole, positions // self._window_spans, -1)
-        spans = np.empty(len(positions), dtype=np.int64)
-        for window in np.unique(windows).tolist():
-            here = windows == window
-            start = window * self._window_spans if window >= 0 else whole
-            spans[here] = self._window_order(epoch, window)[positions[here] - start]
+        spans = np.empty(len(q), dtype=np.int64)
+        inside = q < whole
+        blocks = _keyed_permutation(q[inside] // self.block, self._whole_blocks, (self.seed, epoch))
+        spans[inside] = blocks * self.block + q[inside] % self.block
+        if not inside.all():
+            tail = _tail_order(self.seed, epoch, self.total - whole)
+            spans[~inside] = whole + tail[q[~inside] - whole]
         return spans
+
+    def _window_order(self, epoch: int, stream: int, window: int) -> np.ndarray:
+        """The span numbers of one shuffle window of one stream, in their shuffled order. Windows are worked out
+        PLANNED_WINDOWS at a time with one set of numpy calls: the prefetch thread plans a window while the training
+        loop runs, and holds the GIL while it does, so what costs per call is paid once per group."""
+        group, index = divmod(window, PLANNED_WINDOWS)
+        key = (epoch, stream, group)
+        with self._lock:
+            orders = self._windows.get(key)
+        if orders is None:
+            first = group * PLANNED_WINDOWS * self._window_steps
+            length = min(PLANNED_WINDOWS * self._window_steps, self.steps_per_epoch - first)
+            order = self._sequence(epoch, stream * self.steps_per_epoch + first + np.arange(length))
+            parts = [order[a : a + self._window_steps] for a in range(0, length, self._window_steps)]
+            if self.shuffle:
+                rng = np.random.default_rng([self.seed, epoch, stream, group, 3])
+                parts = [part[rng.permutation(len(part))] for part in parts]
+            orders = parts
+            with self._lock:
+                self._windows[key] = orders
+                while len(self._windows) > self._keep:
+                    self._windows.popitem(last=False)
+        return orders[index]
 
     def spans(self, start: int, count: int) -> np.ndarray:
         """Span numbers (positions in the split, shard after shard) of this rank's batches start .. +count-1."""
-        epochs, positions = self._positions(np.arange(start, start + count, dtype=np.int64))
-        if count and epochs[0] == epochs[-1]:
-            return self._spans_at(int(epochs[0]), positions)
+        ks = np.arange(start, start + count, dtype=np.int64)
+        steps, micro = np.divmod(ks, self.grad_accum)
+        epochs, at = np.divmod(steps, self.steps_per_epoch)
+        streams = self.rank * self.grad_accum + micro
+        if not self.shuffle:  # the streams in plain order: stream j's i-th batch is span j * length + i
+            return streams * self.steps_per_epoch + at
+        windows, within = np.divmod(at, self._window_steps)
+        first, last = int(steps[0]), int(steps[-1])
+        if (self.grad_accum == 1 and first // self.steps_per_epoch == last // self.steps_per_epoch
+                and int(windows[0]) == int(windows[-1])):  # the usual call: the rest of one window
+            return self._window_order(int(epochs[0]), int(streams[0]), int(windows[0]))[within]
         spans = np.empty(count, dtype=np.int64)
-        for epoch in np.unique(epochs).tolist():
-            here = epochs == epoch
-            spans[here] = self._spans_at(epoch, positions[here])
+        keys = (epochs * self.global_batches + streams) * (self.steps_per_epoch // self._window_steps + 1) + windows
+        for key in np.unique(keys).tolist():
+            here = keys == key
+            at_first = int(np.argmax(here))
+            order = self._window_order(int(epochs[at_first]), int(streams[at_first]), int(windows[at_first]))
+            spans[here] = order[within[here]]
         return spans
 
     def locations(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -253,20 +258,11 @@ class BatchPlan:
         return int(shards[0]), int(offsets[0])
 
     def window_end(self, k: int) -> int:
-        """The first batch number after k that lies in another shuffle window of the order (or another epoch)."""
-        epoch_end = (k // self.per_rank + 1) * self.per_rank
-        if not self.shuffle:
-            return min(epoch_end, k + self.window)
-        step, micro = divmod(k, self.grad_accum)
-        position = step % self.steps_per_epoch * self.global_batches + self.rank * self.grad_accum + micro
-        next_window = (position // self._window_spans + 1) * self._window_spans
-        step, at = divmod(next_window, self.global_batches)
-        mine = self.rank * self.grad_accum
-        if at >= mine + self.grad_accum:
-            step, at = step + 1, mine
-        micro = max(0, at - mine)
-        epoch_start = epoch_end - self.per_rank
-        return min(epoch_end, epoch_start + step * self.grad_accum + micro)
+        """The first batch number after k in another shuffle window of this rank's streams (or another epoch)."""
+        step = k // self.grad_accum
+        epoch, at = divmod(step, self.steps_per_epoch)
+        end = min(self.steps_per_epoch, (at // self._window_steps + 1) * self._window_steps)
+        return (epoch * self.steps_per_epoch + end) * self.grad_accum
 
     def window_reads(self, start: int) -> tuple[int, np.ndarray, Reads, list[int]]:
         """(end, spans, reads, rows) of the batches from `start` to the end of its window: rows[i] is the row of
@@ -321,6 +317,8 @@ class Prefetcher:
 
     def __init__(self, plan: BatchPlan, reader: ShardReader, start: int, depth: int, pin: bool) -> None:
         self.plan, self.reader = plan, reader
+        # a window holds grad_accum streams' worth: fewer of them are kept for reuse
+        reader.buffers.keep = max(2, KEEP_BUFFERS // plan.grad_accum)
         windows = max(2, math.ceil(depth / plan.window))
         self._queue: queue.Queue[_Window | BaseException] = queue.Queue(maxsize=windows)
         self._pin, self._capacity = pin, plan.window * (plan.span + 1)
