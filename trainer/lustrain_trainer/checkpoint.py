@@ -17,6 +17,7 @@ Version 1 checkpoints (step-<step>.pt, the whole state in one file, written by e
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -279,6 +280,9 @@ class Checkpointer:
         # they need a group of their own, and a CPU one (DCP's async save needs gloo even where training uses NCCL).
         self.group = dist.new_group(backend="gloo") if world_size > 1 and dist.is_initialized() else None
         self._pending: tuple[Any, int, dict[str, Any], float] | None = None
+        # this rank's committed saves: where each host has a checkpoint directory of its own (SageMaker's local
+        # /opt/ml/checkpoints), only rank 0's holds the manifests, so every other rank prunes its own shards
+        self._committed: collections.deque[str] = collections.deque()
         self.last_blocking_s = 0.0
         self.committed_step = -1
 
@@ -313,12 +317,17 @@ class Checkpointer:
         future, step, manifest, started = self._pending
         self._pending = None
         future.result()  # every rank's shards and DCP's metadata are written once any rank's future is done
+        self._committed.append(str(manifest["directory"]))
         if self.rank == 0:
             save_manifest(manifest_path(self.directory, step), manifest)
             _fsync_dir(self.directory)
             prune(self.directory, self.keep)
             self.log(f"checkpoint saved {manifest['directory']} at step {step} ({manifest['reason']}, "
                      f"{time.monotonic() - started:.2f}s, training blocked {self.last_blocking_s:.2f}s)")
+        while len(self._committed) > self.keep:
+            old = self._committed.popleft()
+            if self.rank:  # (rank 0's prune has removed it where the directory is shared)
+                shutil.rmtree(self.directory / old, ignore_errors=True)
         self.committed_step = step
 
     @property

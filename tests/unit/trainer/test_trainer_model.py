@@ -190,3 +190,15 @@ def test_efa_defaults_fill_only_what_the_launcher_and_the_spec_left_unset(monkey
     assert distributed.apply_network_defaults({"SM_CURRENT_INSTANCE_TYPE": "ml.g5.2xlarge"}) == {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert distributed.apply_network_defaults({"SM_CURRENT_INSTANCE_TYPE": "ml.p4d.24xlarge"}) == {}
+
+
+def test_a_rank_whose_host_has_a_checkpoint_directory_of_its_own_prunes_its_own_shards(tmp_path: Path) -> None:
+    """On SageMaker each host writes /opt/ml/checkpoints locally and only rank 0's holds the manifests: every other
+    rank removes its own shards of the checkpoints no longer kept, and writes no manifest."""
+    model = GPT(SMALL)
+    saver = checkpoint.Checkpointer(tmp_path, rank=1, world_size=1, keep=1, log=lambda _: None)
+    for step in (1, 2, 3):
+        saver.save(step, {"model": model.state_dict()}, {"run": None, "model_config": {}}, "ab", "test")
+        saver.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000003-ab"]
+    assert saver.committed_step == 3
