@@ -9,6 +9,7 @@ runs on the torch the machine has (2.11 with CUDA or later), under 5 minutes in 
   mid-training, the seconds to the stop's checkpoint.
 
     python bench/gpu_check.py [--steps 10]
+    python bench/gpu_check.py --smoke      (on a CPU, the tiny preset: every step of the check, in seconds)
 
 It prints key=value lines and the device. Record them, with the card's name, in the README.
 """
@@ -42,6 +43,15 @@ def say(key: str, value: Any) -> None:
     print(f"{key}={value}", flush=True)
 
 
+#: the presets the check trains: the 1.2b on a GPU; the tiny one in a smoke run on a CPU
+PRESET = {"gpu": "1.2b", "smoke": "tiny"}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def largest_fitting_preset(gpu_bytes: int, name: str) -> str:
     hardware = plan.Hardware(gpus=1, gpu_bytes=gpu_bytes, gpu=name, bf16_tflops=0.0, host_bytes=0, write_gbps=1.0,
                              stage_gbps=1.0)
@@ -58,13 +68,13 @@ def largest_fitting_preset(gpu_bytes: int, name: str) -> str:
 def throughput(preset: str, info: Dist, steps: int, peak: float) -> tuple[float, float, Any, Any]:
     """(tokens/s, MFU) of bf16 training steps of `preset` on this GPU, and the model and optimizer."""
     hp, _, _ = parse(["--preset", preset, "--fsdp", "false"], {})
-    model = build_model(hp, info, False, 1, True)
+    model = build_model(hp, info, False, 1, info.device.type == "cuda")
     optimizer = make_optimizer(model, hp, info.device)
     tokens = torch.randint(0, hp.model_config().vocab_size, (hp.batch_size, hp.seq_len + 1), device=info.device)
     x, y = tokens[:, :-1], tokens[:, 1:]
 
     def step() -> None:
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=info.device.type == "cuda"):
             loss = model(x, y)
         loss.backward()
         optimizer.step()
@@ -72,11 +82,11 @@ def throughput(preset: str, info: Dist, steps: int, peak: float) -> tuple[float,
 
     for _ in range(3):  # warm-up: kernels chosen, allocator and optimizer state in place
         step()
-    torch.cuda.synchronize()
+    sync(info.device)
     started = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    sync(info.device)
     rate = hp.batch_size * hp.seq_len * steps / (time.perf_counter() - started)
     return rate, rate * hp.plan_shape().flops_per_token() / (peak * 1e12), model, optimizer
 
@@ -87,7 +97,8 @@ def checkpoint_rates(model: Any, optimizer: Any, directory: Path) -> dict[str, f
 
     saver = checkpoint.Checkpointer(directory, 0, 1, keep=1, log=lambda _: None)
     model_state, optim_state = get_state_dict(model, optimizer)
-    torch.cuda.synchronize()
+    device = next(model.parameters()).device
+    sync(device)
     started = time.monotonic()
     blocked = saver.save(1, {"model": model_state, "optimizer": optim_state}, {"run": None, "model_config": {}},
                          "gpu", "gpu-check")
@@ -97,17 +108,17 @@ def checkpoint_rates(model: Any, optimizer: Any, directory: Path) -> dict[str, f
     found = checkpoint.load_latest(directory, lambda _: None)
     assert found is not None and found.sharded
     state = {"model": model_state, "optimizer": optim_state}
-    torch.cuda.synchronize()
+    sync(device)
     started = time.monotonic()
     dcp.load(state, checkpoint_id=str(found.path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    torch.cuda.synchronize()
+    sync(device)
     loaded = time.monotonic() - started
     return {"ckpt_gb": round(size / 1e9, 2), "ckpt_blocking_s": round(blocked, 3),
             "ckpt_save_gbps": round(size / 1e9 / written, 2), "ckpt_load_gbps": round(size / 1e9 / loaded, 2)}
 
 
-def sigterm_to_saved(root: Path, timeout: float) -> dict[str, Any]:
+def sigterm_to_saved(root: Path, timeout: float, preset: str) -> dict[str, Any]:
     from lustrain_trainer.prepare import prepare, stdlib_source_dir
 
     data = root / "data"
@@ -115,7 +126,7 @@ def sigterm_to_saved(root: Path, timeout: float) -> dict[str, Any]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SM_TRAINING_ENV": "{}", "SM_CHANNEL_TRAINING": str(data),
            "SM_MODEL_DIR": str(root / "model"), "SM_OUTPUT_DATA_DIR": str(root / "output"),
            "SM_CHECKPOINT_DIR": str(root / "checkpoints")}
-    args = ["--preset", "1.2b", "--max_steps", "100000", "--checkpoint_interval", "100000", "--log_interval", "1",
+    args = ["--preset", preset, "--max_steps", "100000", "--checkpoint_interval", "100000", "--log_interval", "1",
             "--eval_interval", "0"]
     process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                                 "1", "train.py", *args], cwd=TRAINER, env=env, text=True, stdout=subprocess.PIPE,
@@ -139,37 +150,44 @@ def sigterm_to_saved(root: Path, timeout: float) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--smoke", action="store_true", help="on a CPU with the tiny preset: the check's own test")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("error: no CUDA device", file=sys.stderr)
+    kind = "smoke" if args.smoke else "gpu"
+    if not args.smoke and not torch.cuda.is_available():
+        print("error: no CUDA device (--smoke runs the check on a CPU)", file=sys.stderr)
         return 2
     started = time.monotonic()
-    device = torch.device("cuda", 0)
-    props = torch.cuda.get_device_properties(device)
-    peak = plan.peak_tflops(props.name) or 989.0
-    say("device", props.name.replace(" ", "_"))
+    if args.smoke:
+        device, name, memory, peak = torch.device("cpu"), "cpu", 0, 1.0
+    else:
+        device = torch.device("cuda", 0)
+        props = torch.cuda.get_device_properties(device)
+        name, memory, peak = props.name, props.total_memory, plan.peak_tflops(props.name) or 989.0
+    say("device", name.replace(" ", "_"))
     say("torch", torch.__version__)
-    say("gpu_gib", round(props.total_memory / 2**30, 1))
+    say("gpu_gib", round(memory / 2**30, 1))
     say("bf16_peak_tflops", peak)
     info = Dist(rank=0, local_rank=0, world_size=1, device=device)
-    rate, mfu, model, optimizer = throughput("1.2b", info, args.steps, peak)
-    say("tokens_per_s_1.2b", round(rate))
-    say("mfu_1.2b", round(mfu, 3))
+    preset = PRESET[kind]
+    rate, mfu, model, optimizer = throughput(preset, info, args.steps, peak)
+    say(f"tokens_per_s_{preset}", round(rate))
+    say(f"mfu_{preset}", round(mfu, 3))
     with tempfile.TemporaryDirectory() as tmp:
         for key, value in checkpoint_rates(model, optimizer, Path(tmp) / "ckpt").items():
             say(key, value)
         del model, optimizer
-        torch.cuda.empty_cache()
-        largest = largest_fitting_preset(props.total_memory, props.name)
-        say("largest_preset_one_gpu", largest)
-        if largest != "1.2b":
-            rate, mfu, model, optimizer = throughput(largest, info, max(3, args.steps // 2), peak)
-            say(f"tokens_per_s_{largest}", round(rate))
-            say(f"mfu_{largest}", round(mfu, 3))
-            del model, optimizer
+        if not args.smoke:
             torch.cuda.empty_cache()
+            largest = largest_fitting_preset(memory, name)
+            say("largest_preset_one_gpu", largest)
+            if largest != preset:
+                rate, mfu, model, optimizer = throughput(largest, info, max(3, args.steps // 2), peak)
+                say(f"tokens_per_s_{largest}", round(rate))
+                say(f"mfu_{largest}", round(mfu, 3))
+                del model, optimizer
+                torch.cuda.empty_cache()
         shutil.rmtree(Path(tmp) / "ckpt", ignore_errors=True)
-        for key, value in sigterm_to_saved(Path(tmp) / "stop", timeout=90).items():
+        for key, value in sigterm_to_saved(Path(tmp) / "stop", timeout=90, preset=preset).items():
             say(key, value)
     say("elapsed_s", round(time.monotonic() - started))
     return 0

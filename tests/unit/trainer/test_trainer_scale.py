@@ -134,3 +134,14 @@ def test_a_version_1_checkpoint_of_an_earlier_trainer_still_resumes(
     summary = json.loads((tmp_path / "output" / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["step"], summary["tokens_seen"]) == (3, 5, 5 * 4 * 32)
     assert list((tmp_path / "checkpoints").glob("step-000000005.json"))  # and goes on with sharded checkpoints
+
+
+def test_the_gpu_check_runs_every_step_on_a_cpu_so_it_works_the_day_a_gpu_is_lent() -> None:
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, str(root / "bench" / "gpu_check.py"), "--smoke", "--steps", "2"],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr
+    figures = dict(line.split("=", 1) for line in done.stdout.splitlines() if re.fullmatch(r"[a-z_0-9.]+=\S+", line))
+    assert figures["sigterm_status"] == "interrupted" and float(figures["sigterm_to_saved_s"]) >= 0
+    assert float(figures["tokens_per_s_tiny"]) > 0 and float(figures["ckpt_save_gbps"]) > 0
+    assert float(figures["ckpt_load_gbps"]) > 0 and float(figures["ckpt_blocking_s"]) >= 0
