@@ -52,9 +52,8 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def largest_fitting_preset(gpu_bytes: int, name: str) -> str:
-    hardware = plan.Hardware(gpus=1, gpu_bytes=gpu_bytes, gpu=name, bf16_tflops=0.0, host_bytes=0, write_gbps=1.0,
-                             stage_gbps=1.0)
+def largest_fitting_preset(gpu_bytes: int) -> str:
+    hardware = plan.Hardware(gpus=1, gpu_bytes=gpu_bytes, host_bytes=0, write_gbps=1.0, stage_gbps=1.0)
     best = "tiny"
     for preset in PRESETS:
         hp, _, _ = parse(["--preset", preset], {})
@@ -178,7 +177,7 @@ def main() -> int:
         del model, optimizer
         if not args.smoke:
             torch.cuda.empty_cache()
-            largest = largest_fitting_preset(memory, name)
+            largest = largest_fitting_preset(memory)
             say("largest_preset_one_gpu", largest)
             if largest != preset:
                 rate, mfu, model, optimizer = throughput(largest, info, max(3, args.steps // 2), peak)

@@ -60,6 +60,14 @@ def test_hyperparameters_as_sagemaker_passes_them_are_read_and_overrides_count()
         plan(spec_with({"preset": "6.4b", "batch_size": "16", "activation_checkpointing": "false"}, 1))
 
 
+def test_a_shard_group_that_does_not_divide_the_fleet_is_refused_at_its_field() -> None:
+    with pytest.raises(SpecInvalid) as info:
+        plan(spec_with({"preset": "70b", "shard_group": "24"}, 8))
+    (error,) = info.value.errors
+    assert error.path == "code.hyperparameters.shard_group"
+    assert "shard group 24 does not divide the world size 64" in error.message
+
+
 def test_no_preset_or_an_unknown_instance_type_plans_no_memory() -> None:
     assert plan(spec_with({"n_layer": "4"}, 1)).memory is None
     assert plan(spec_with({"preset": "70b"}, 1, "ml.g5.48xlarge")).memory is None

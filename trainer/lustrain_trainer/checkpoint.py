@@ -330,10 +330,6 @@ class Checkpointer:
                 shutil.rmtree(self.directory / old, ignore_errors=True)
         self.committed_step = step
 
-    @property
-    def pending_step(self) -> int | None:
-        return self._pending[1] if self._pending else None
-
 
 def foreign(payload: dict[str, Any], run: str | None, resume_from: str | None) -> str | None:
     """Why this run may not continue a checkpoint another run wrote, or None. A run lustrain started knows its id

@@ -121,10 +121,6 @@ class ShardReader:
                 self._maps.move_to_end(shard)
             return tokens
 
-    def read_into(self, out: np.ndarray, shard: int, offset: int) -> None:
-        """Fill `out` with the tokens from `offset` of shard `shard`: one straight copy, without the GIL."""
-        out[:] = self._map(shard)[offset : offset + len(out)]
-
     def rows(self, shard: int, row_tokens: int) -> np.ndarray:
         """Shard `shard` as rows of `row_tokens` (its whole spans), without copying."""
         tokens = self._map(shard)

@@ -84,11 +84,9 @@ def shard(model: nn.Module, info: Dist, bf16: bool, shard_group: int) -> None:
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def wrap(model: nn.Module, info: Dist, fsdp: bool, bf16: bool) -> nn.Module:
-    """The module to call in the training loop (DDP's wrapper; a sharded model is called as it is); `model` itself
-    stays the one whose state is saved."""
-    if fsdp:
-        return model
+def wrap(model: nn.Module, info: Dist) -> nn.Module:
+    """The module DDP calls in the training loop (a sharded model is called as it is); `model` itself stays the
+    one whose state is saved."""
     if info.active:
         return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
     return model
@@ -108,11 +106,6 @@ def broadcast_int(value: int, info: Dist) -> int:
     box = torch.tensor([value], dtype=torch.int64, device=info.device)
     dist.broadcast(box, src=0)
     return int(box.item())
-
-
-def barrier(info: Dist) -> None:
-    if info.active:
-        dist.barrier()
 
 
 def broadcast_object(value: Any, info: Dist) -> Any:

@@ -141,9 +141,9 @@ def layout(hp: Hyperparameters, info: Dist, bf16: bool) -> tuple[bool, int]:
     if info.device.type != "cuda":
         return (True, info.world_size) if hp.fsdp == "true" else (False, 1)
     props = torch.cuda.get_device_properties(info.device)
-    hardware = plan.Hardware(gpus=distributed.gpus_per_host(info), gpu_bytes=props.total_memory, gpu=props.name,
-                             bf16_tflops=plan.peak_tflops(props.name) or 0.0, host_bytes=0, write_gbps=1.0,
-                             stage_gbps=1.0)
+    # the plan of this very GPU; its checkpoint times (from the rates) are not what is asked here
+    hardware = plan.Hardware(gpus=distributed.gpus_per_host(info), gpu_bytes=props.total_memory, host_bytes=0,
+                             write_gbps=1.0, stage_gbps=1.0)
     shard = plan.choose_shard(hp.plan_shape(), batch_size=hp.batch_size,
                               activation_checkpointing=hp.activation_checkpointing, world_size=info.world_size,
                               bf16=bf16, hardware=hardware, allow_ddp=hp.fsdp == "auto")
@@ -416,7 +416,7 @@ class Trainer:
             return Outcome("completed", start, resumed_from, {}, tokens_seen)
         # DDP is wrapped after the restore so its first broadcast carries the restored weights.
         if info.active and not self.fsdp:
-            self.step_module = distributed.wrap(self.model, info, False, self.bf16)
+            self.step_module = distributed.wrap(self.model, info)
         tokens_per_step = hp.batch_size * hp.seq_len * self.global_micro_batches
         flops_per_token = hp.plan_shape().flops_per_token()
         # this rank's micro-batches are numbered step * grad_accum + micro: the plan maps them to the data
@@ -515,6 +515,9 @@ def dry_run(hp: Hyperparameters, world_size: int | None, instance_type: str | No
     if instance_type not in plan.INSTANCES:
         print(f"error: --instance_type {instance_type!r} is not one the plan knows (use "
               f"{' | '.join(plan.INSTANCES)})", file=sys.stderr)
+        return 2
+    if world_size is not None and world_size < 1:
+        print(f"error: --world_size {world_size} is not allowed (use a number of ranks, 1 or more)", file=sys.stderr)
         return 2
     launched = int(env.get("WORLD_SIZE", "1"))
     world = world_size or launched

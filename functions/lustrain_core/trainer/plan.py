@@ -38,13 +38,10 @@ USABLE_GPU_SHARE = 0.92
 
 @dataclass(frozen=True)
 class Hardware:
-    """An instance type as the plan needs it. Sources: AWS's instance type pages (GPUs, their memory, host memory)
-    and NVIDIA's datasheets (dense bf16 peak: A100 SXM 312 TFLOP/s, H100/H200 SXM 989 TFLOP/s)."""
+    """An instance type as the plan needs it. Source: AWS's instance type pages (GPUs, their memory, host memory)."""
 
     gpus: int
     gpu_bytes: int
-    gpu: str
-    bf16_tflops: float
     host_bytes: int
     #: GB/s one host writes a checkpoint to its checkpoint directory (see WRITE_RATE_SOURCE)
     write_gbps: float
@@ -64,14 +61,15 @@ SAGEMAKER_STOP_GRACE_S = 120
 TORCHRUN_DEFAULT_GRACE_S = 30
 
 INSTANCES: dict[str, Hardware] = {
-    "ml.p4d.24xlarge": Hardware(8, 40 * GIB, "A100-SXM4-40GB", 312.0, 1152 * GIB, 8.0, 10.0),
-    "ml.p4de.24xlarge": Hardware(8, 80 * GIB, "A100-SXM4-80GB", 312.0, 1152 * GIB, 8.0, 10.0),
-    "ml.p5.48xlarge": Hardware(8, 80 * GIB, "H100-SXM5-80GB", 989.0, 2048 * GIB, 8.0, 20.0),
-    "ml.p5e.48xlarge": Hardware(8, 141 * GIB, "H200-SXM-141GB", 989.0, 2048 * GIB, 8.0, 20.0),
+    "ml.p4d.24xlarge": Hardware(8, 40 * GIB, 1152 * GIB, 8.0, 10.0),
+    "ml.p4de.24xlarge": Hardware(8, 80 * GIB, 1152 * GIB, 8.0, 10.0),
+    "ml.p5.48xlarge": Hardware(8, 80 * GIB, 2048 * GIB, 8.0, 20.0),
+    "ml.p5e.48xlarge": Hardware(8, 141 * GIB, 2048 * GIB, 8.0, 20.0),
 }
 DEFAULT_INSTANCE = "ml.p4d.24xlarge"
 
 #: dense bf16 peak by the name torch.cuda.get_device_name() gives, first match wins: what MFU is measured against
+#: (NVIDIA's datasheets: A100 SXM 312 TFLOP/s; H100 and H200 SXM 989, half the 1,979 quoted with sparsity)
 PEAK_TFLOPS_BY_GPU_NAME = (("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("A10G", 125.0), ("L4", 121.0))
 
 
@@ -113,6 +111,7 @@ class Plan:
     instance_type: str
     world_size: int
     gpus_per_host: int
+    host_memory_bytes: int
     shard: int
     fsdp: bool
     parameters: int
@@ -173,6 +172,7 @@ class Plan:
             f"gpu_gib={self.gpu_bytes / gib:.2f}",
             f"fits={'yes' if self.fits else 'no'}",
             f"host_checkpoint_staging_gib={self.host_bytes / gib:.2f}",
+            f"host_gib={self.host_memory_bytes / gib:.0f}",
             f"checkpoint_gb={self.checkpoint_bytes / 1e9:.1f}",
             f"checkpoint_gb_per_host={self.host_checkpoint_bytes / 1e9:.2f}",
             f"checkpoint_blocking_s={self.checkpoint_blocking_s:.1f}",
@@ -211,7 +211,8 @@ def plan(shape: Shape, *, batch_size: int, activation_checkpointing: bool, world
     checkpoint = 12 * p
     stage = 12 * p // shard
     return Plan(
-        instance_type=instance_type, world_size=world_size, gpus_per_host=min(hw.gpus, world_size), shard=shard,
+        instance_type=instance_type, world_size=world_size, gpus_per_host=min(hw.gpus, world_size),
+        host_memory_bytes=hw.host_bytes, shard=shard,
         fsdp=bool(fsdp), parameters=p, parameter_bytes=4 * p // shard, gradient_bytes=4 * p // shard,
         optimizer_bytes=8 * p // shard, working_bytes=working, activation_bytes=activations,
         overhead_bytes=GPU_OVERHEAD_BYTES, gpu_bytes=hw.gpu_bytes, checkpoint_bytes=checkpoint,
@@ -243,19 +244,6 @@ def choose_shard(shape: Shape, *, batch_size: int, activation_checkpointing: boo
         if candidate.fits:
             return size
     return candidates[-1] if candidates else 1
-
-
-def smallest_fitting_world(shape: Shape, *, batch_size: int, activation_checkpointing: bool, bf16: bool = True,
-                           instance_type: str = DEFAULT_INSTANCE, max_hosts: int = 1000) -> int | None:
-    """The fewest instances on which the model trains (its shard group fits), or None within max_hosts."""
-    hw = INSTANCES[instance_type]
-    for hosts in range(1, max_hosts + 1):
-        world = hosts * hw.gpus
-        candidate = plan(shape, batch_size=batch_size, activation_checkpointing=activation_checkpointing,
-                         world_size=world, bf16=bf16, instance_type=instance_type)
-        if candidate.fits:
-            return hosts
-    return None
 
 
 def plan_of_run(inputs: dict[str, Any], instance_type: str, instance_count: int) -> Plan:

@@ -139,7 +139,7 @@ def test_targets_are_the_inputs_shifted_by_one_token(data: Path) -> None:
 
 def test_a_reader_error_reaches_the_training_loop(data: Path) -> None:
     plan, reader = plan_for(data, 0, 1, block=None), ShardReader(read_index(data), "train")
-    reader.rows = reader.read_into = None  # type: ignore[assignment,method-assign]
+    reader.rows = None  # type: ignore[assignment,method-assign]
     prefetch = Prefetcher(plan, reader, start=0, depth=2, pin=False)
     try:
         with pytest.raises(TypeError):

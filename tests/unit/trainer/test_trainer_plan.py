@@ -39,9 +39,9 @@ def test_the_shard_group_is_the_smallest_that_fits() -> None:
 
 @pytest.mark.parametrize("preset", [name for name in PRESETS if name != "tiny"])
 def test_every_preset_fits_some_p4d_fleet_and_stops_within_sagemakers_grace(preset: str) -> None:
-    hp, _, _ = parse(["--preset", preset], {})
-    hosts = plan.smallest_fitting_world(hp.plan_shape(), batch_size=hp.batch_size,
-                                        activation_checkpointing=hp.activation_checkpointing)
+    from lustrain_trainer import presets
+
+    hosts = plan.smallest_fitting_count(presets.plan_inputs({"preset": preset}) or {}, "ml.p4d.24xlarge")
     assert hosts is not None
     fitting = plan_of(preset, hosts * 8)
     assert fitting.fits and (hosts == 1 or not plan_of(preset, (hosts - 1) * 8).fits)
@@ -59,6 +59,18 @@ def test_activation_checkpointing_keeps_one_layer_in_full() -> None:
 def test_a_shard_group_that_does_not_divide_the_world_is_refused() -> None:
     with pytest.raises(ValueError, match="shard group 3 does not divide the world size 8"):
         plan_of("6.4b", 8, fsdp=True, shard=3)
+
+
+def test_a_dry_run_refuses_a_world_of_no_ranks_and_an_instance_type_it_does_not_know(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from lustrain_trainer.trainer import main
+
+    assert main(["--preset", "70b", "--dry_run", "--world_size", "0"]) == 2
+    assert "--world_size 0 is not allowed (use a number of ranks, 1 or more)" in capsys.readouterr().err
+    assert main(["--preset", "70b", "--dry_run", "--instance_type", "ml.g5.48xlarge"]) == 2
+    assert "'ml.g5.48xlarge' is not one the plan knows (use ml.p4d.24xlarge" in capsys.readouterr().err
+    assert main(["--preset", "70b", "--dry_run", "--world_size", "16", "--shard_group", "3"]) == 2
+    assert "hyperparameter shard_group: shard group 3 does not divide the world size 16" in capsys.readouterr().err
 
 
 def test_mfu_is_measured_against_the_gpus_bf16_peak() -> None:
