@@ -34,15 +34,16 @@ retried as Lambda retries them: up to the function's MaximumRetryAttempts (its E
 is 2), after ASYNC_RETRY_DELAYS_S, the twin's seconds for AWS's one and two minutes. The caller's thread waits
 for the retries; what it gets is the last attempt's answer.
 
-The process has one environment, so invocations are serialised by a lock while the function's Environment
-Variables (plus AWS_REGION, AWS_DEFAULT_REGION, AWS_LAMBDA_FUNCTION_NAME, ...) are applied; they are restored
-afterwards. An invocation made from inside a handler in this process (mock_aws: the nested call runs in the
-handler's own thread) re-enters without the lock. Other threads go on meanwhile (the state machine engine, the
-training simulator, EventBridge deliveries), and some read the whole environment: botocore looks up proxies in
-it each time a client is created, iterating the variables one by one, so a variable the runner removes halfway
-through is a KeyError in a thread that has nothing to do with the invocation (the fault matrix met it: a run
-failed "Exception: 'LUSTRAIN_KMS_KEY_ID'"). The runner's changes and those reads therefore hold
-ENVIRONMENT_LOCK (`environment_copy()` is the twin's own way to read it all). In moto's server mode a nested
+The process has one environment, and on AWS each function has its own: the function's Environment Variables
+(plus its role's credentials, AWS_REGION, AWS_LAMBDA_FUNCTION_NAME, ...) are therefore an overlay of os.environ
+that only the invocation's thread (and the threads that copy its context) sees (`_ContextualEnviron`). Every
+other thread goes on reading the process's own: the operator's credentials stay the operator's while a function
+runs. (When the runner wrote them into os.environ, a `lustrain status` made by a test beside a running teardown
+signed as the teardown's role, and a boto3 default session first used then kept that role for the rest of the
+process.) Invocations are still serialised by a lock; one made from inside a handler in this process (mock_aws:
+the nested call runs in the handler's own thread) re-enters without it. Threads that read the whole
+environment (botocore looks up proxies in it each time a client is created) hold ENVIRONMENT_LOCK, as do the
+twin's own changes (`environment_copy()` and `restore_environment()`). In moto's server mode a nested
 *synchronous* invoke arrives
 on another server thread and would wait for the lock forever; it fails after LOCK_WAIT_S instead. In server
 mode the handler's boto3 calls go to the server: AWS_ENDPOINT_URL is set to http://localhost:$MOTO_PORT unless
@@ -223,20 +224,66 @@ def restore_environment(saved: dict[str, str]) -> None:
                 os.environ[key] = value
 
 
-@contextmanager
-def _applied(env: dict[str, str]) -> Iterator[None]:
-    with ENVIRONMENT_LOCK:
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-    try:
-        yield
-    finally:
-        with ENVIRONMENT_LOCK:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+#: The environment of the invocation whose thread reads os.environ: its variables, and None for one it removed.
+_overlay: contextvars.ContextVar[dict[str, str | None] | None] = contextvars.ContextVar(
+    "lustrain_twin_environment", default=None
+)
+
+
+class _ContextualEnviron(os._Environ):  # type: ignore[type-arg]
+    """os.environ as each thread's Lambda function sees it: the process's variables under its invocation's own
+    (`_overlay`), which it may also change; a thread outside any invocation sees the process's alone."""
+
+    def __getitem__(self, key: str) -> str:
+        overlay = _overlay.get()
+        if overlay is not None and key in overlay:
+            value = overlay[key]
+            if value is None:
+                raise KeyError(key)
+            return value
+        return str(super().__getitem__(key))
+
+    def __setitem__(self, key: str, value: str) -> None:
+        overlay = _overlay.get()
+        if overlay is None:
+            super().__setitem__(key, value)
+        else:
+            overlay[key] = str(value)
+
+    def __delitem__(self, key: str) -> None:
+        overlay = _overlay.get()
+        if overlay is None:
+            super().__delitem__(key)
+        elif key in self:
+            overlay[key] = None
+        else:
+            raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        overlay = _overlay.get()
+        if overlay is None:
+            yield from super().__iter__()
+            return
+        seen = set(overlay)
+        yield from (key for key, value in overlay.items() if value is not None)
+        yield from (key for key in list(super().__iter__()) if key not in seen)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def copy(self) -> dict[str, str]:
+        return dict(self)
+
+
+def _install_contextual_environ() -> None:
+    if isinstance(os.environ, _ContextualEnviron):
+        return
+    # the same variables (the process's own, which putenv keeps for subprocesses), read through the overlay
+    base: Any = os.environ
+    contextual = _ContextualEnviron(
+        base._data, base.encodekey, base.decodekey, base.encodevalue, base.decodevalue
+    )
+    os.environ = contextual  # noqa: B003 - replaces the mapping, sharing its variables
 
 
 def _invocation_session() -> boto3.session.Session:
@@ -310,6 +357,7 @@ def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
     def invocation() -> None:
         _inside_invocation.set(True)
         _default_session.set([])
+        _overlay.set({**(_overlay.get() or {}), **environment})
         with faults.running_step(step, event):
             timed_out = faults.consume(step, "lambda-timeout")
             loaded = _load_handler(handler, request_id)
@@ -319,8 +367,12 @@ def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
     try:
         environment = _environment(fn)
     except enforce.NotAssumable as exc:
-        return _error("InvalidParameterValueException", f"The role defined for the function cannot be assumed by Lambda. ({exc})", request_id)
-    with _serialised(fn.function_name), _applied(environment):
+        return _error(
+            "InvalidParameterValueException",
+            f"The role defined for the function cannot be assumed by Lambda. ({exc})",
+            request_id,
+        )
+    with _serialised(fn.function_name):
         worker = threading.Thread(
             target=contextvars.copy_context().run,
             args=(invocation,),
@@ -368,6 +420,7 @@ def install() -> None:
     if getattr(LambdaFunction._invoke_lambda, _PATCHED, False):
         return
     setattr(invoke_in_process, _PATCHED, True)
+    _install_contextual_environ()
     LambdaFunction._invoke_lambda = invoke_in_process  # type: ignore[method-assign]
     # every client creation, in any thread, reads the whole environment here (proxy variables)
     botocore.endpoint.get_environ_proxies = _reading_whole_environment(botocore.endpoint.get_environ_proxies)

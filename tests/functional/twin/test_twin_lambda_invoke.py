@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 
 import boto3
 import pytest
 from twinhelpers import REGION, client, history, lambda_task, make_function, make_state_machine, run_execution
+
+from lustrain.twin.iam import enforce
 
 pytestmark = pytest.mark.usefixtures("moto_twin")
 
@@ -76,11 +79,20 @@ def test_a_handlers_default_boto3_session_is_its_own_as_in_a_lambda_process() ->
     iam = client("iam")
     trust = {
         "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}
+        ],
     }
-    role = iam.create_role(RoleName="lists-buckets-only", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
-    only_list = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:ListAllMyBuckets", "Resource": "*"}]}
-    iam.put_role_policy(RoleName="lists-buckets-only", PolicyName="list", PolicyDocument=json.dumps(only_list))
+    role = iam.create_role(RoleName="lists-buckets-only", AssumeRolePolicyDocument=json.dumps(trust))["Role"][
+        "Arn"
+    ]
+    only_list = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": "s3:ListAllMyBuckets", "Resource": "*"}],
+    }
+    iam.put_role_policy(
+        RoleName="lists-buckets-only", PolicyName="list", PolicyDocument=json.dumps(only_list)
+    )
     client("lambda").create_function(
         FunctionName="lister",
         Runtime="python3.12",
@@ -95,6 +107,30 @@ def test_a_handlers_default_boto3_session_is_its_own_as_in_a_lambda_process() ->
     # the caller's own boto3.client() still signs as the caller, not as the function's role
     boto3.client("s3", region_name=REGION).create_bucket(Bucket="made-by-the-caller")
     assert invoke("lister", {})["Payload"] == {"buckets": 1}
+
+
+def test_while_a_function_runs_the_callers_own_credentials_and_environment_stay_the_callers() -> None:
+    from twinfakes import handlers
+
+    make_function("holder", "twinfakes.handlers.holds", env={"GREETING": "hello"})
+    handlers.holding.clear()
+    handlers.release.clear()
+    answers: list[dict[str, object]] = []
+    running = threading.Thread(target=lambda: answers.append(invoke("holder", {})))
+    running.start()
+    try:
+        assert handlers.holding.wait(30)
+        # a caller in another thread (a test's `lustrain status`, the twin making a stack) resolves its credentials
+        # from the process's environment meanwhile: they are its own, not the function's role session's
+        assert "GREETING" not in os.environ and os.environ.get("AWS_LAMBDA_FUNCTION_NAME") is None
+        own = os.environ["AWS_ACCESS_KEY_ID"]
+        assert boto3.session.Session().get_credentials().access_key == own
+        assert enforce.principal_of(own) is None  # not a role session of the twin's
+    finally:
+        handlers.release.set()
+        running.join(30)
+    # and the function saw its own
+    assert answers and answers[0]["Payload"] == "holder"
 
 
 def test_handler_past_its_timeout_fails_with_sandbox_timedout() -> None:
@@ -207,7 +243,9 @@ def test_lambda_timeout_reaches_step_functions_as_sandbox_timedout() -> None:
 
 
 @pytest.mark.parametrize(("retries", "attempts"), [(None, 2), (0, 1)])
-def test_a_failed_asynchronous_invocation_is_retried_as_the_function_allows(monkeypatch, retries, attempts) -> None:
+def test_a_failed_asynchronous_invocation_is_retried_as_the_function_allows(
+    monkeypatch, retries, attempts
+) -> None:
     from twinfakes import handlers
 
     from lustrain.twin.patches import lambda_invoke

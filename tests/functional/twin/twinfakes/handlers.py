@@ -68,3 +68,14 @@ def record(event: Any, context: Any) -> str:
 
 def unmarshallable(event: Any, context: Any) -> dict[str, Any]:
     return {"not json": object()}
+
+
+#: `holds` says it runs, then waits for the test to let it end.
+holding = threading.Event()
+release = threading.Event()
+
+
+def holds(event: Any, context: Any) -> str:
+    holding.set()
+    release.wait(30)
+    return os.environ["AWS_LAMBDA_FUNCTION_NAME"]
