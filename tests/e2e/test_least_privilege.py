@@ -80,6 +80,8 @@ def without_action(template: dict[str, Any], function: str, sid: str, action: st
     [
         ("RegisterJobFunction", "ReadDroppedSpecs", "s3:GetObjectVersion"),
         ("CheckFilesystemFunction", "LinkTaggedAssociations", "fsx:CreateDataRepositoryAssociation"),
+        # a forward call: FSx reads the subnet with the function's permissions (aws:CalledVia fsx.amazonaws.com)
+        ("CreateFilesystemFunction", "FsxReadsTheNetwork", "ec2:DescribeSubnets"),
     ],
 )
 def test_a_run_on_a_template_without_a_needed_grant_fails_with_access_denied_naming_it(function, sid, action):

@@ -185,11 +185,11 @@ def test_a_good_existing_network_is_checked_and_nothing_is_created(aws):
 
 
 def test_an_existing_group_missing_the_lustre_ports_is_named_with_each_missing_rule(aws):
-    # without EFA (ml.m5) the group needs only Lustre's ports, and this one opens everything else but those
+    # one instance without EFA (ml.m5) needs only Lustre's ports, and this group opens everything else but those
     given = existing(lustre_ports=False, efa=False)
     document = register(
         spec(
-            compute={"instance_type": "ml.m5.xlarge"},
+            compute={"instance_type": "ml.m5.xlarge", "instance_count": 1},
             network={"subnet_id": given["subnet_id"], "security_group_ids": given["security_group_ids"]},
         )
     )
@@ -197,6 +197,72 @@ def test_an_existing_group_missing_the_lustre_ports_is_named_with_each_missing_r
         "network.security_group_ids: no rule allows inbound TCP 988 from the group itself (Lustre)",
         "network.security_group_ids: no rule allows inbound TCP 1018-1023 from the group itself (Lustre)",
     ]
+
+
+def test_ranks_of_a_multi_instance_job_without_efa_must_reach_each_other(aws):
+    # two ml.m5 instances: torchrun's rendezvous and NCCL's sockets need all traffic among them; the group's open
+    # egress (0.0.0.0/0) lets it out, but nothing lets it in
+    given = existing(efa=False)
+    document = register(
+        spec(
+            compute={"instance_type": "ml.m5.xlarge", "instance_count": 2},
+            network={"subnet_id": given["subnet_id"], "security_group_ids": given["security_group_ids"]},
+        )
+    )
+    assert network_problems(document) == [
+        "network.security_group_ids: no rule allows inbound all traffic from the group itself (the ranks of a job "
+        "of several instances)"
+    ]
+
+
+def test_with_inter_container_encryption_ipsec_must_pass_among_the_instances(aws, monkeypatch):
+    monkeypatch.setenv("LUSTRAIN_INTER_CONTAINER_ENCRYPTION", "true")
+    given = existing(efa=False)
+    document = register(
+        spec(
+            compute={"instance_type": "ml.m5.xlarge", "instance_count": 2},
+            network={"subnet_id": given["subnet_id"], "security_group_ids": given["security_group_ids"]},
+        )
+    )
+    rule = "network.security_group_ids: no rule allows"
+    assert network_problems(document) == [
+        f"{rule} inbound all traffic from the group itself (the ranks of a job of several instances)",
+        f"{rule} inbound UDP 500 from the group itself (inter-container traffic encryption)",
+        f"{rule} inbound ESP (IP protocol 50) from the group itself (inter-container traffic encryption)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "count", "encrypted"),
+    [
+        ("ml.p4d.24xlarge", 2, True),
+        ("ml.m5.xlarge", 4, True),
+        ("ml.m5.xlarge", 1, False),
+        ("ml.g5.12xlarge", 2, False),
+    ],
+)
+def test_the_network_a_run_creates_has_every_rule_the_check_of_a_reused_one_requires(
+    aws, monkeypatch, instance_type, count, encrypted
+):
+    from lustrain_core.steps import network
+
+    monkeypatch.setenv("LUSTRAIN_INTER_CONTAINER_ENCRYPTION", str(encrypted).lower())
+    document = register(spec(compute={"instance_type": instance_type, "instance_count": count}))
+    net = invoke("create_network", document)
+    groups = ec2().describe_security_groups(GroupIds=net["security_group_ids"])["SecurityGroups"]
+    subnet = ec2().describe_subnets(SubnetIds=[net["subnet_id"]])["Subnets"][0]
+
+    rules = network.required_rules(instance_type, count, encrypted=encrypted)
+    assert network.missing_rules(groups, rules, subnet["CidrBlock"]) == []
+    # and the check of a reused network passes on it
+    again = register(
+        spec(
+            compute={"instance_type": instance_type, "instance_count": count},
+            network={"subnet_id": net["subnet_id"], "security_group_ids": net["security_group_ids"]},
+        ),
+        execution="reuse",
+    )
+    assert invoke("create_network", again)["created"] is False
 
 
 def test_an_existing_group_without_efa_rules_and_a_subnet_without_s3_are_all_reported(aws):

@@ -149,6 +149,8 @@ def test_scratch_with_the_data_at_the_root_uses_import_path_and_the_mount_name_a
     )
     assert document["filesystem"]["directory_path"] == "/" + described["LustreConfiguration"]["MountName"]
     assert twin_fsx.linked_paths(fs_id) == {"/": "s3://lustrain-test-data/tokens/"}
+    # asked for: left out, FSx makes a SCRATCH_2 a Lustre 2.10
+    assert described["FileSystemTypeVersion"] == "2.15"
 
 
 def test_output_on_the_file_system_is_linked_for_export_and_noted_for_teardown(aws):
@@ -274,7 +276,10 @@ def test_a_reused_persistent_file_system_runs_and_its_output_link_is_recorded_ev
     document = prepared()
     fs_id = team_file_system(document)
     again = register(
-        spec(filesystem={"file_system_id": fs_id, "deployment_type": "persistent"}, output={"to_filesystem": True}),
+        spec(
+            filesystem={"file_system_id": fs_id, "deployment_type": "persistent"},
+            output={"to_filesystem": True},
+        ),
         execution="reuse-persistent",
     )
     reuse = {**again, "network": document["network"], "poll": POLL}

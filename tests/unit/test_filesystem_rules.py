@@ -101,7 +101,13 @@ def test_output_on_the_file_system_with_data_at_the_root_is_refused_at_mount_pat
 
 
 def test_a_mount_path_inside_the_output_area_is_refused():
-    spec = validate_spec({**SPEC, "filesystem": {"mount_path": "/lustrain-output/x"}, "output": {**SPEC["output"], "to_filesystem": True}})
+    spec = validate_spec(
+        {
+            **SPEC,
+            "filesystem": {"mount_path": "/lustrain-output/x"},
+            "output": {**SPEC["output"], "to_filesystem": True},
+        }
+    )
     with pytest.raises(SpecInvalid) as exc:
         fs.link_for(spec, "j")
     path, message = only_error(exc)
@@ -147,7 +153,8 @@ def test_the_scratch_import_path_request_imports_the_prefix_and_keeps_it_current
         "ImportPath": "s3://datasets/pile-tokens/",
         "AutoImportPolicy": "NEW_CHANGED_DELETED",
     }
-    assert "FileSystemTypeVersion" not in request
+    # left out, FSx would make this SCRATCH_2 a Lustre 2.10 (the API reference's default)
+    assert request["FileSystemTypeVersion"] == "2.15"
 
 
 def test_the_persistent_request_carries_the_planned_throughput():

@@ -118,3 +118,65 @@ def test_rules_across_several_given_groups_count_when_they_name_any_of_them():
 def test_tcp_is_recognised_by_name_or_number(protocol):
     sg = group("sg-1", ingress=[from_group("sg-1", protocol, (988, 1023))])
     assert network.missing_rules([sg], network.LUSTRE_RULES, SUBNET) == []
+
+
+def test_a_multi_instance_job_without_efa_needs_all_traffic_among_its_ranks():
+    rules = network.required_rules("ml.g5.12xlarge", 2)
+    assert described(list(rules))[:2] == [
+        "inbound all traffic from the group itself (the ranks of a job of several instances)",
+        "outbound all traffic to the group itself (the ranks of a job of several instances)",
+    ]
+    only_lustre = group(
+        "sg-1", ingress=[from_group("sg-1", "tcp", (988, 988)), from_group("sg-1", "tcp", (1018, 1023))]
+    )
+    assert network.missing_rules([only_lustre], rules, SUBNET) == list(rules[:2])
+    # unlike EFA's, the ranks' TCP is matched by a CIDR range covering the subnet (the open egress, for one)
+    cidr = group(
+        "sg-1",
+        ingress=[from_cidr("10.1.0.0/16", protocol="-1", ports=None), from_group("sg-1", "tcp", (988, 1023))],
+        egress=[OPEN_EGRESS],
+    )
+    assert network.missing_rules([cidr], rules, SUBNET) == []
+
+
+def test_inter_container_encryption_needs_ike_and_esp_both_ways_among_several_instances():
+    rules = network.required_rules("ml.m5.xlarge", 2, encrypted=True)
+    assert [r.describe() for r in rules if r.why == "inter-container traffic encryption"] == [
+        "inbound UDP 500 from the group itself (inter-container traffic encryption)",
+        "inbound ESP (IP protocol 50) from the group itself (inter-container traffic encryption)",
+        "outbound UDP 500 to the group itself (inter-container traffic encryption)",
+        "outbound ESP (IP protocol 50) to the group itself (inter-container traffic encryption)",
+    ]
+    # one instance sends nothing to another: neither the ranks' rules nor IPsec's
+    assert network.required_rules("ml.m5.xlarge", 1, encrypted=True) == network.LUSTRE_RULES
+
+
+@pytest.mark.parametrize("esp", ["50", "esp"])
+def test_ipsec_rules_are_recognised_by_protocol_name_or_number(esp):
+    ipsec = tuple(
+        r for r in network.required_rules("ml.m5.xlarge", 2, encrypted=True) if r.why.startswith("inter")
+    )
+    sg = group(
+        "sg-1",
+        ingress=[from_group("sg-1", "udp", (500, 500)), from_group("sg-1", esp, (-1, -1))],
+        egress=[from_group("sg-1", "17", (500, 500)), from_group("sg-1", esp)],
+    )
+    assert network.missing_rules([sg], ipsec, SUBNET) == []
+    tcp_only = group("sg-1", ingress=[from_group("sg-1", "tcp", (0, 65535))])
+    assert len(network.missing_rules([tcp_only], ipsec, SUBNET)) == 4
+
+
+def test_the_all_traffic_self_rules_lustrain_creates_hold_every_requirement():
+    sg = group(
+        "sg-1",
+        ingress=[
+            from_group("sg-1"),
+            from_group("sg-1", "tcp", (988, 988)),
+            from_group("sg-1", "tcp", (1018, 1023)),
+        ],
+        egress=[from_group("sg-1")],
+    )
+    for instance_type in ("ml.p4d.24xlarge", "ml.g5.12xlarge", "ml.m5.xlarge"):
+        for count in (1, 2):
+            rules = network.required_rules(instance_type, count, encrypted=True)
+            assert network.missing_rules([sg], rules, SUBNET) == []

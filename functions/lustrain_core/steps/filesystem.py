@@ -7,10 +7,17 @@ reads it at DirectoryPath = "/<MountName><mount_path>" (`directory_path`). Two w
 
 - a data repository association (DRA): FileSystemPath = mount_path <-> DataRepositoryPath = data.s3_uri. The
   prefix appears exactly at mount_path. DRAs need Lustre 2.12 or later and work on PERSISTENT_2 and SCRATCH_2
-  alike (every deployment type but SCRATCH_1), so lustrain creates its file systems as Lustre 2.15.
+  alike (every deployment type but SCRATCH_1).
 - ImportPath (the file system's own, older link, SCRATCH_2 and PERSISTENT_1 only): the prefix appears at the
   file system's root, "/". Importing a parent prefix to push the data down to mount_path would also import
   every sibling prefix in that bucket, and ExportPath must share ImportPath's bucket.
+
+Every file system is created as Lustre 2.15 (LUSTRE_VERSION), stated in the request: CreateFileSystem's
+FileSystemTypeVersion defaults to 2.10 on SCRATCH_2 (2.12 on PERSISTENT_2), so a request that leaves it out gets
+the oldest version, with no DRAs. 2.15 is the newest version FSx offers, supported on every deployment type and
+recommended by FSx for new file systems (the FileSystemTypeVersion field of the API reference). The training image
+needs no Lustre client of its own: SageMaker mounts the file system on its training hosts and hands the job the
+directory (FileSystemDataSource).
 
 So: a SCRATCH_2 file system whose mount_path is "/" and which exports nothing is linked with ImportPath =
 data.s3_uri (AutoImportPolicy NEW_CHANGED_DELETED, ImportedFileChunkSize left at its default): the prefix is at
@@ -62,6 +69,7 @@ from lustrain_core.steps import (
 
 #: Where a job's output lives on a file system when output.to_filesystem is true (one directory per job).
 OUTPUT_ROOT = "/lustrain-output"
+#: FileSystemTypeVersion of every file system lustrain creates (left out, FSx makes SCRATCH_2 a Lustre 2.10)
 LUSTRE_VERSION = "2.15"
 FAILED_LIFECYCLES = frozenset({"FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"})
 ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
@@ -173,6 +181,7 @@ def create_request(job: Job, network: Network, settings: Settings) -> dict[str, 
         "FileSystemType": "LUSTRE",
         "StorageCapacity": int(planned.storage_gib or 0),
         "StorageType": "SSD",
+        "FileSystemTypeVersion": LUSTRE_VERSION,
         "SubnetIds": [network.subnet_id],
         "SecurityGroupIds": list(network.security_group_ids),
         "Tags": tags,
@@ -185,8 +194,6 @@ def create_request(job: Job, network: Network, settings: Settings) -> dict[str, 
     if links.method == "import_path":
         lustre["ImportPath"] = job.spec.data.s3_uri
         lustre["AutoImportPolicy"] = "NEW_CHANGED_DELETED"
-    else:
-        request["FileSystemTypeVersion"] = LUSTRE_VERSION
     return request
 
 
@@ -379,7 +386,13 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
             _note_export(ddb, settings, job, fs["FileSystemId"], links.output_path)
         ready = links.output_path is None
         return _result(
-            job, fs, created=False, polls=0, wait_seconds=0 if ready else next_wait(1, poll), links=[], ready=ready
+            job,
+            fs,
+            created=False,
+            polls=0,
+            wait_seconds=0 if ready else next_wait(1, poll),
+            links=[],
+            ready=ready,
         )
 
     existing = find_by_tag(fsx, job.job_id, settings.stack_name)

@@ -13,8 +13,19 @@ security group that the instances and the file system share:
 Each piece is tagged with the job id, found by that tag before it is created (a retried step reuses what it
 made), and appended to the job record for teardown.
 
-With network.subnet_id given nothing is created: the subnet, its route to S3 and the given security groups (EFA,
-Lustre, and HTTPS out to S3) are checked, and NetworkInvalid names everything missing.
+With network.subnet_id given nothing is created: the subnet, its route to S3 and the given security groups are
+checked, and NetworkInvalid names everything missing. What the groups must allow between their members
+(`required_rules`):
+- Lustre's ports in, always;
+- all traffic in and out, naming the group itself, for an instance type with EFA (CIDR rules do not match EFA's
+  OS-bypass traffic);
+- all traffic in and out among the instances of any job of more than one instance (torchrun's rendezvous and
+  NCCL's sockets use ports chosen at run time): the group itself or a CIDR range covering the subnet;
+- UDP 500 and ESP (IP protocol 50) in and out among the instances when the stack encrypts inter-container traffic
+  (InterContainerTrafficEncryption: SageMaker's EnableInterContainerTrafficEncryption runs IPsec between the
+  instances; SageMaker Developer Guide, "Protect Communications Between ML Compute Instances in a Distributed
+  Training Job"); a job of one instance sends none.
+The group create_network makes allows all traffic in from and out to itself, which holds every one of these.
 """
 
 from __future__ import annotations
@@ -27,9 +38,21 @@ from lustrain_core.config import Settings
 from lustrain_core.errors import NetworkInvalid, SpecInvalid
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, Network, Resource, Run, records
+from lustrain_core.steps.training import inter_container_encryption
 
 LUSTRE_PORT_RANGES = ((988, 988), (1018, 1023))
 HTTPS = 443
+#: IPsec between the instances of an encrypted job: IKE on UDP 500, the traffic itself as ESP (IP protocol 50)
+IKE_PORT = 500
+ESP = "50"
+
+#: IpProtocol as EC2 gives it (a name or a number) -> its number; "-1" is every protocol
+_PROTOCOL_NUMBERS = {"tcp": "6", "udp": "17", "icmp": "1", "esp": "50"}
+
+
+def _protocol(value: Any) -> str:
+    text = str(value).lower()
+    return _PROTOCOL_NUMBERS.get(text, text)
 
 
 @dataclass(frozen=True)
@@ -37,42 +60,66 @@ class Rule:
     """A rule a run needs in its security groups, between members of those groups."""
 
     direction: str  # "ingress" | "egress"
-    protocol: str  # "-1" (all) | "tcp"
+    protocol: str  # "-1" (all) | "tcp" | "udp" | an IP protocol number ("50": ESP)
     from_port: int | None
     to_port: int | None
     why: str
+    #: whether a CIDR range covering the subnet stands in for the group itself (not for EFA's traffic)
+    cidr_counts: bool = True
 
     def describe(self) -> str:
-        what = (
-            "all traffic"
-            if self.protocol == "-1"
-            else f"TCP {self.from_port}" + (f"-{self.to_port}" if self.to_port != self.from_port else "")
-        )
+        if self.protocol == "-1":
+            what = "all traffic"
+        elif _protocol(self.protocol) in {"6", "17"}:
+            what = f"{self.protocol.upper()} {self.from_port}" + (
+                f"-{self.to_port}" if self.to_port != self.from_port else ""
+            )
+        else:
+            what = (
+                "ESP (IP protocol 50)" if _protocol(self.protocol) == ESP else f"IP protocol {self.protocol}"
+            )
         way = "inbound" if self.direction == "ingress" else "outbound"
         towards = "from" if self.direction == "ingress" else "to"
         return f"{way} {what} {towards} the group itself ({self.why})"
 
 
 EFA_RULES = (
-    Rule("ingress", "-1", None, None, "EFA"),
-    Rule("egress", "-1", None, None, "EFA"),
+    Rule("ingress", "-1", None, None, "EFA", cidr_counts=False),
+    Rule("egress", "-1", None, None, "EFA", cidr_counts=False),
+)
+RANK_RULES = tuple(
+    Rule(direction, "-1", None, None, "the ranks of a job of several instances")
+    for direction in ("ingress", "egress")
+)
+ENCRYPTION_RULES = tuple(
+    Rule(direction, protocol, port, port, "inter-container traffic encryption")
+    for direction in ("ingress", "egress")
+    for protocol, port in (("udp", IKE_PORT), (ESP, None))
 )
 LUSTRE_RULES = tuple(Rule("ingress", "tcp", lo, hi, "Lustre") for lo, hi in LUSTRE_PORT_RANGES)
 
 
-def required_rules(instance_type: str) -> tuple[Rule, ...]:
-    """Lustre's ports always; EFA's all-traffic rules when the instance type talks EFA (unknown types: assume so)."""
+def required_rules(
+    instance_type: str, instance_count: int = 1, *, encrypted: bool = False
+) -> tuple[Rule, ...]:
+    """What a job's security groups must allow among their members: Lustre's ports always; all traffic both ways
+    for an EFA instance type (unknown types: assume EFA) or a job of several instances; IPsec's UDP 500 and ESP both
+    ways when the traffic between several instances is encrypted."""
     known = INSTANCE_TYPES.get(instance_type)
     efa = known.efa if known is not None else True
-    return (EFA_RULES if efa else ()) + LUSTRE_RULES
+    between: tuple[Rule, ...] = EFA_RULES if efa else RANK_RULES if instance_count > 1 else ()
+    ipsec = ENCRYPTION_RULES if encrypted and instance_count > 1 else ()
+    return between + ipsec + LUSTRE_RULES
 
 
 def _covers(permission: dict[str, Any], rule: Rule) -> bool:
-    protocol = str(permission.get("IpProtocol"))
+    protocol = _protocol(permission.get("IpProtocol"))
     if protocol == "-1":
         return True
-    if rule.protocol == "-1" or protocol not in {"tcp", "6"}:
+    if rule.protocol == "-1" or protocol != _protocol(rule.protocol):
         return False
+    if protocol not in {"6", "17"}:
+        return True  # a protocol without ports (ESP): EC2 ignores any port range given
     lo, hi = permission.get("FromPort"), permission.get("ToPort")
     return lo is not None and hi is not None and lo <= (rule.from_port or 0) and (rule.to_port or 0) <= hi
 
@@ -82,7 +129,7 @@ def _from_members(
 ) -> bool:
     if any(pair.get("GroupId") in group_ids for pair in permission.get("UserIdGroupPairs", [])):
         return True
-    if rule.protocol == "-1" or subnet_cidr is None:
+    if not rule.cidr_counts or subnet_cidr is None:
         return False  # EFA's rules must name the group: CIDR ranges do not match its traffic
     subnet = ipaddress.ip_network(subnet_cidr)
     return any(
@@ -250,9 +297,9 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
     if vpcs:
         vpc_id = vpcs[0]["VpcId"]
     else:
-        vpc_id = ec2.create_vpc(
-            CidrBlock=str(net.vpc_cidr), TagSpecifications=tag_spec(job, "vpc", "vpc")
-        )["Vpc"]["VpcId"]
+        vpc_id = ec2.create_vpc(CidrBlock=str(net.vpc_cidr), TagSpecifications=tag_spec(job, "vpc", "vpc"))[
+            "Vpc"
+        ]["VpcId"]
     remember("vpc", vpc_id)
 
     subnets = ec2.describe_subnets(Filters=filters)["Subnets"]
@@ -379,9 +426,12 @@ def check_existing_network(ec2: Any, job: Job, settings: Settings) -> Network:
             f"({subnet['VpcId']})"
         )
     if groups:
-        for rule in missing_rules(
-            groups, required_rules(job.spec.compute.instance_type), subnet.get("CidrBlock")
-        ):
+        rules = required_rules(
+            job.spec.compute.instance_type,
+            job.spec.compute.instance_count,
+            encrypted=inter_container_encryption(settings),
+        )
+        for rule in missing_rules(groups, rules, subnet.get("CidrBlock")):
             problems.append(f"network.security_group_ids: no rule allows {rule.describe()}")
 
     if groups and not allows_https_to_s3(groups, s3_prefix_list(ec2, settings.region)):

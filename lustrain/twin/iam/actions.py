@@ -14,6 +14,18 @@ CopyObject, multipart uploads, tags on create (EC2's ec2:CreateTags with ec2:Cre
 SageMaker's sagemaker:AddTags), iam:PassRole for the role handed to SageMaker, and the S3 and service-linked-role
 permissions of linking FSx for Lustre to S3.
 
+Some services go on to call other services with their caller's own permissions while serving a request (forward
+access sessions, FAS: IAM User Guide, "Forward access sessions"); each such call is authorized against the caller's
+policies too, with `aws:CalledVia` (and aws:CalledViaFirst / aws:CalledViaLast, aws:ViaAWSService) naming the
+service in the request context: a grant scoped with `aws:CalledVia` allows the forward call, and not the same call
+made directly.
+`forward_calls()` holds the ones of the calls lustrain makes: FSx's CreateFileSystem reads the subnet, its VPC, the
+security groups and the VPC's route tables (AWS's AmazonFSxFullAccess grants exactly ec2:DescribeSubnets,
+DescribeVpcs, DescribeSecurityGroups, GetSecurityGroupsForVpc and DescribeRouteTables under
+`aws:CalledVia` fsx.amazonaws.com for it: statement DescribeEC2VpcResources). FSx reaches S3 for ImportPath and
+CreateDataRepositoryAssociation through its service-linked role, which the caller only creates and configures (the
+iam:* needs below), and SageMaker acts with the job's execution role: neither is a forward call.
+
 A call the twin cannot map raises UnmappedCall: enforcing IAM means every call of a principal is authorized,
 and a call that slipped through unmapped would be allowed by omission.
 """
@@ -118,6 +130,8 @@ class Need:
     action: str
     resource: str
     context: Mapping[str, ContextValue] = field(default_factory=dict)
+    #: the services a forward call went through, first to last (its aws:CalledVia); empty for the caller's own
+    via: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -518,6 +532,9 @@ class ResourceFinder:
     def route_table_association(self, region: str, association_id: str) -> tuple[str | None, str | None]:
         return None, None
 
+    def subnet_vpc(self, region: str, subnet_id: str) -> str | None:
+        return None
+
     def association_file_system(self, region: str, association_id: str) -> str | None:
         return None
 
@@ -580,9 +597,51 @@ def _require(action: str) -> ActionInfo:
     return info
 
 
+def _forwarded(service: str, caller: Call, operation: str, params: Mapping[str, Any]) -> list[Need]:
+    """The authorizations of one forward call: `service` calling `operation` with the caller's credentials."""
+    target = operation.split(":", 1)
+    call = Call(target[0], target[1], params, caller.region, caller.account, caller.partition)
+    return [
+        Need(need.action, need.resource, need.context, via=(service, *need.via))
+        for need in needs_of(call, None)
+    ]
+
+
+def _fsx_reads_the_network(finder: ResourceFinder) -> Callable[[Call], list[Need]]:
+    # FSx checks the subnet, its VPC, the security groups (their rules: Lustre's ports) and the VPC's route tables
+    # with its caller's permissions (AmazonFSxFullAccess, statement DescribeEC2VpcResources, aws:CalledVia
+    # fsx.amazonaws.com).
+    def needs(call: Call) -> list[Need]:
+        subnets = [str(s) for s in call.params.get("SubnetIds") or []]
+        groups = [str(g) for g in call.params.get("SecurityGroupIds") or []]
+        vpc = next((v for v in (finder.subnet_vpc(call.region, s) for s in subnets) if v), None)
+        by_vpc = {"Filters": [{"Name": "vpc-id", "Values": [vpc]}]} if vpc else {}
+        found = _forwarded(FSX_SERVICE, call, "ec2:DescribeSubnets", {"SubnetIds": subnets})
+        found += _forwarded(FSX_SERVICE, call, "ec2:DescribeVpcs", {"VpcIds": [vpc]} if vpc else {})
+        found += _forwarded(FSX_SERVICE, call, "ec2:DescribeSecurityGroups", {"GroupIds": groups})
+        found += _forwarded(FSX_SERVICE, call, "ec2:GetSecurityGroupsForVpc", {"VpcId": vpc or "*"})
+        found += _forwarded(FSX_SERVICE, call, "ec2:DescribeRouteTables", by_vpc)
+        return found
+
+    return needs
+
+
+def forward_calls(finder: ResourceFinder) -> dict[tuple[str, str], Callable[[Call], list[Need]]]:
+    """(botocore service, operation) -> the forward calls the service makes with its caller's permissions."""
+    return {("fsx", "CreateFileSystem"): _fsx_reads_the_network(finder)}
+
+
 def needs_of(call: Call, finder: ResourceFinder | None = None) -> list[Need]:
-    """Every authorization `call` needs, in the order AWS would check them."""
-    special = special_cases(finder or ResourceFinder()).get((call.service, call.operation))
+    """Every authorization `call` needs, in the order AWS would check them: the caller's own, then those of the
+    forward calls the service makes with the caller's permissions."""
+    finder = finder or ResourceFinder()
+    forward = forward_calls(finder).get((call.service, call.operation))
+    own = _own_needs(call, finder)
+    return own + forward(call) if forward is not None else own
+
+
+def _own_needs(call: Call, finder: ResourceFinder) -> list[Need]:
+    special = special_cases(finder).get((call.service, call.operation))
     if special is not None:
         return special(call)
     info = sar_action(f"{call.prefix}:{call.operation}")

@@ -10,6 +10,11 @@ own policy (an S3 bucket policy): an explicit Deny wins, else an Allow allows, e
 error code the service uses and AWS's message. Calls signed with anything else (the person running the twin, the
 tests' own set-up, moto's internals) are the account administrator's and pass.
 
+A call to a service that goes on with its caller's permissions (forward access sessions: FSx's CreateFileSystem
+reads the network with them) is authorized for those forward calls too, against the same policies, with
+aws:CalledVia naming the service; a refused one fails the caller's call with the service's access denied error,
+naming the forward call's action (actions.forward_calls says which calls do this).
+
 Every decision is logged (`log()`): `make iam-report` reads which actions each function used and which grants
 no run used.
 """
@@ -192,6 +197,13 @@ def _context(principal: Principal, region: str, need: Need) -> dict[str, Context
     }
     if principal.role_arn:
         context["aws:PrincipalArn"] = principal.role_arn
+    if need.via:
+        # a forward call: a service calling on with its caller's credentials (IAM User Guide, "AWS global
+        # condition context keys": aws:CalledVia, aws:CalledViaFirst, aws:CalledViaLast, aws:ViaAWSService)
+        context["aws:CalledVia"] = list(need.via)
+        context["aws:CalledViaFirst"] = need.via[0]
+        context["aws:CalledViaLast"] = need.via[-1]
+        context["aws:ViaAWSService"] = True
     parts = need.resource.split(":", 5)
     if len(parts) == 6:
         if parts[4]:

@@ -61,7 +61,9 @@ def role_policies(role_arn: str) -> list[Policy]:
     role = find_role(role_arn)
     if role is None:
         return []
-    found = [Policy.parse(f"{role.name}/{name}", document) for name, document in sorted(role.policies.items())]
+    found = [
+        Policy.parse(f"{role.name}/{name}", document) for name, document in sorted(role.policies.items())
+    ]
     found += [
         Policy.parse(arn, _default_document(policy)) for arn, policy in sorted(role.managed_policies.items())
     ]
@@ -99,6 +101,14 @@ class MotoState(ResourceFinder):
             if target is not None:
                 return table.id, target
         return None, None
+
+    def subnet_vpc(self, region: str, subnet_id: str) -> str | None:
+        from moto.ec2.models import ec2_backends
+
+        for by_zone in ec2_backends[self.account][region].subnets.values():
+            if subnet_id in by_zone:
+                return str(by_zone[subnet_id].vpc_id)
+        return None
 
     def association_file_system(self, region: str, association_id: str) -> str | None:
         from lustrain.twin.patches.fsx import association_file_system

@@ -16,7 +16,11 @@ moto 5.2.5's FSx stores what CreateFileSystem was given and nothing more. For LU
 - implements Create/Describe/DeleteDataRepositoryAssociation (CREATING -> AVAILABLE, DELETING -> gone) and
   Create/DescribeDataRepositoryTasks (PENDING -> EXECUTING -> SUCCEEDED, advanced by DescribeDataRepositoryTasks),
   and refuses DeleteFileSystem with BadRequest while a task is PENDING or EXECUTING, as AWS documents;
-- makes CreateFileSystem idempotent on ClientRequestToken (same token, same parameters -> the same file system).
+- makes CreateFileSystem idempotent on ClientRequestToken (same token, same parameters -> the same file system);
+- keeps the Lustre version (FileSystemTypeVersion) as AWS sets it: the one asked for (2.10, 2.12 or 2.15; 2.10 not
+  on PERSISTENT_2), else the API reference's default, 2.10, or 2.12 on PERSISTENT_2 (2.15 with a
+  MetadataConfiguration); DescribeFileSystems shows it, and a DRA on a 2.10 file system is refused (DRAs need
+  Lustre 2.12 or later: "Linking your file system to an S3 bucket", FSx for Lustre User Guide).
 Other file system types keep moto's behaviour. `linked_paths(file_system_id)` tells the training simulator which
 S3 prefix is linked at which path of a file system, so it can fill the local stand-in for the mount.
 """
@@ -46,6 +50,7 @@ _STATE = "lustrain_fsx_state"
 
 LUSTRE_PORTS = (988, *range(1018, 1024))
 PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)
+LUSTRE_VERSIONS = ("2.10", "2.12", "2.15")
 TASK_TYPES = ("EXPORT_TO_REPOSITORY", "IMPORT_METADATA_FROM_REPOSITORY")
 _GONE = "GONE"
 
@@ -113,7 +118,9 @@ def configure(
         if timing is _link_timing and p is None and s is None:
             p, s = polls, seconds
         if p is None and s is None:
-            raise ValueError("configure needs polls or seconds: with neither, nothing would ever become AVAILABLE")
+            raise ValueError(
+                "configure needs polls or seconds: with neither, nothing would ever become AVAILABLE"
+            )
         if p is not None and p < 0:
             raise ValueError(f"polls must be >= 0 (got {p})")
         if s is not None and s < 0:
@@ -411,6 +418,23 @@ def _validate_lustre_options(deployment_type: str, lustre: dict[str, Any], kms_k
             )
 
 
+def _lustre_version(deployment_type: str, lustre: dict[str, Any], asked: str | None) -> str:
+    """The Lustre version FSx gives a new file system (CreateFileSystem's FileSystemTypeVersion, API reference)."""
+    if asked is None:
+        if deployment_type == "PERSISTENT_2":
+            return "2.15" if lustre.get("MetadataConfiguration") else "2.12"
+        return "2.10"
+    if asked not in LUSTRE_VERSIONS:
+        raise bad_request(
+            f"FileSystemTypeVersion {asked} is not supported: one of {', '.join(LUSTRE_VERSIONS)}"
+        )
+    if asked == "2.10" and deployment_type == "PERSISTENT_2":
+        raise bad_request(
+            "FileSystemTypeVersion 2.10 is supported only on SCRATCH_1, SCRATCH_2 and PERSISTENT_1"
+        )
+    return asked
+
+
 def _lustre_traffic_allowed(groups: list[Any], subnet_cidr: str) -> bool:
     group_ids = {group.id for group in groups}
     subnet = ip_network(subnet_cidr)
@@ -533,6 +557,7 @@ def create_file_system(
     _validate_capacity(deployment_type, storage_capacity)
     _validate_throughput(deployment_type, lustre.get("PerUnitStorageThroughput"))
     _validate_lustre_options(deployment_type, lustre, kms_key_id)
+    type_version = _lustre_version(deployment_type, lustre, file_system_type_version)
     vpc_id = _network(self, subnet_ids or [], security_group_ids or [])
     if lustre.get("ImportPath") and not lustre.get("ExportPath"):
         bucket = lustre["ImportPath"][len("s3://") :].split("/", 1)[0]
@@ -553,7 +578,7 @@ def create_file_system(
         deployment_type=deployment_type,
         lustre=lustre,
         kms_key_id=kms_key_id,
-        type_version=file_system_type_version or "2.15",
+        type_version=type_version,
         failure=failure,
     )
     if deployment_type == "SCRATCH_1":
@@ -633,6 +658,10 @@ def create_data_repository_association(
     file_system = _lustre(self, file_system_id)
     if file_system.deployment_type == "SCRATCH_1":
         raise FsxError("UnsupportedOperation", "Data repository associations are not supported on SCRATCH_1")
+    if file_system.type_version == "2.10":
+        raise bad_request(
+            f"File system {file_system_id} runs Lustre 2.10: data repository associations need Lustre 2.12 or later"
+        )
     if file_system.import_path:
         raise bad_request(
             f"File system {file_system_id} was created with ImportPath {file_system.import_path}; data repository "

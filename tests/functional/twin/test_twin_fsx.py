@@ -339,3 +339,44 @@ def test_tags_are_kept_and_can_be_added(network: dict[str, str]) -> None:
 
     tags = {t["Key"]: t["Value"] for t in api.list_tags_for_resource(ResourceARN=arn)["Tags"]}
     assert tags == {"lustrain:job": "gpt-small", "owner": "ml-team"}
+
+
+@pytest.mark.parametrize(
+    ("deployment", "asked", "version"),
+    [
+        ({"DeploymentType": "SCRATCH_2"}, None, "2.10"),
+        ({"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 125}, None, "2.12"),
+        ({"DeploymentType": "SCRATCH_2"}, "2.15", "2.15"),
+    ],
+    ids=["scratch-default", "persistent-default", "asked"],
+)
+def test_the_lustre_version_is_the_one_asked_for_else_fsxs_default(
+    network: dict[str, str], deployment: dict[str, Any], asked: str | None, version: str
+) -> None:
+    # CreateFileSystem's FileSystemTypeVersion (API reference): 2.10 unless PERSISTENT_2 (2.12)
+    extra = {"FileSystemTypeVersion": asked} if asked else {}
+    file_system_id = create(network, LustreConfiguration=deployment, **extra)["FileSystemId"]
+
+    described = client("fsx").describe_file_systems(FileSystemIds=[file_system_id])["FileSystems"][0]
+    assert described["FileSystemTypeVersion"] == version
+
+
+def test_a_lustre_210_file_system_takes_no_data_repository_association(network: dict[str, str]) -> None:
+    file_system_id = create(network, LustreConfiguration={"DeploymentType": "SCRATCH_2"})["FileSystemId"]
+    assert [lifecycle(file_system_id) for _ in range(2)][-1] == "AVAILABLE"
+
+    with pytest.raises(ClientError) as raised:
+        client("fsx").create_data_repository_association(
+            FileSystemId=file_system_id, FileSystemPath="/data", DataRepositoryPath="s3://datasets/imagenet/"
+        )
+
+    assert error_of(raised)[0] == "BadRequest"
+    assert "Lustre 2.12 or later" in error_of(raised)[1]
+
+
+def test_lustre_210_is_refused_on_persistent_2(network: dict[str, str]) -> None:
+    with pytest.raises(ClientError) as raised:
+        create(network, FileSystemTypeVersion="2.10")
+
+    assert error_of(raised)[0] == "BadRequest"
+    assert "FileSystemTypeVersion 2.10" in error_of(raised)[1]
