@@ -181,6 +181,11 @@ class Code(_Section):
             )
         return v
 
+    @property
+    def secret_services(self) -> list[str]:
+        """The services code.secrets reads from (secretsmanager, ssm): the job's network needs an endpoint of each."""
+        return sorted({arn.split(":")[2] for arn in self.secrets.values()})
+
     @field_validator("entry_point")
     @classmethod
     def _relative(cls, v: str) -> str:
