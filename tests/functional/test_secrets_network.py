@@ -138,6 +138,7 @@ def reused(given: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_reused_vpc_without_an_endpoint_for_the_secrets_is_refused_naming_the_subnet(aws, allowed):
     given = existing()
+    ec2().modify_vpc_attribute(VpcId=given["vpc_id"], EnableDnsHostnames={"Value": True})
     ec2().create_vpc_endpoint(
         VpcId=given["vpc_id"],
         ServiceName=f"com.amazonaws.{REGION}.secretsmanager",
@@ -158,6 +159,7 @@ def test_a_reused_vpc_without_an_endpoint_for_the_secrets_is_refused_naming_the_
 
 def test_a_reused_vpc_with_endpoints_for_the_secrets_is_used_and_nothing_is_created(aws, allowed):
     given = existing()
+    ec2().modify_vpc_attribute(VpcId=given["vpc_id"], EnableDnsHostnames={"Value": True})
     for service in ("secretsmanager", "ssm"):
         ec2().create_vpc_endpoint(
             VpcId=given["vpc_id"],

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 import test_twin_sagemaker
 import test_twin_training_access
+from botocore.exceptions import ClientError
 from lustrain_core import secrets_launcher
 from test_twin_sagemaker import ACCOUNT, BUCKET, REGION, Twin, tar_gz, untar
 from test_twin_training_access import PULL, VPC_MODE, ended, role
@@ -127,3 +129,39 @@ def test_a_job_whose_role_may_not_read_the_secret_fails_with_iams_refusal(twin: 
     assert f"code.secrets.HF_TOKEN ({SECRET_ARN}) could not be read: ClientError" in reason, reason
     assert "AccessDeniedException" in reason and "secretsmanager:GetSecretValue" in reason
     assert VALUE not in reason
+
+
+def interface_endpoint(vpc: str, subnet: str, **extra: Any) -> dict[str, Any]:
+    found: dict[str, Any] = boto3.client("ec2", region_name=REGION).create_vpc_endpoint(
+        VpcId=vpc,
+        ServiceName=f"com.amazonaws.{REGION}.ssm",
+        VpcEndpointType="Interface",
+        SubnetIds=[subnet],
+        PrivateDnsEnabled=True,
+        **extra,
+    )["VpcEndpoint"]
+    return found
+
+
+def test_private_dns_without_the_vpcs_dns_hostnames_is_refused_as_ec2_refuses_it(world: Twin) -> None:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.create_vpc(CidrBlock="10.91.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.91.1.0/24")["Subnet"]["SubnetId"]
+    with pytest.raises(ClientError) as refused:
+        interface_endpoint(vpc, subnet)
+    assert refused.value.response["Error"]["Code"] == "InvalidParameter"
+    assert "enableDnsHostnames" in refused.value.response["Error"]["Message"]
+    ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
+    assert interface_endpoint(vpc, subnet)["PrivateDnsEnabled"] is True
+
+
+def test_a_create_retried_with_its_client_token_returns_the_endpoint_it_made(world: Twin) -> None:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.create_vpc(CidrBlock="10.92.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.92.1.0/24")["Subnet"]["SubnetId"]
+    ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
+    first = interface_endpoint(vpc, subnet, ClientToken="run-1-ssm")
+    again = interface_endpoint(vpc, subnet, ClientToken="run-1-ssm")
+    assert again["VpcEndpointId"] == first["VpcEndpointId"]
+    in_vpc = ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["VpcEndpoints"]
+    assert len(in_vpc) == 1
