@@ -47,8 +47,13 @@ def spec_file(tmp_path: Path, secrets: dict[str, str]) -> Path:
     (code / "train.py").write_text(ENTRY_POINT)
     doc = yaml.safe_load(QUICK.read_text())
     doc["name"] = "secrets"
-    doc["compute"]["instance_count"] = 1
-    doc["code"] = {"source": str(code), "entry_point": "train.py", "distribution": "none", "secrets": secrets}
+    # two instances under torchrun: the launcher runs in each worker and hands it over to the entry point
+    doc["code"] = {
+        "source": str(code),
+        "entry_point": "train.py",
+        "distribution": "torchrun",
+        "secrets": secrets,
+    }
     path = tmp_path / "secrets.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -124,7 +129,8 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
     # the entry point, started by the launcher, had both values in its environment
     assert f"secrets seen {json.dumps(SEEN, sort_keys=True)}" in run.training_log_tail
     assert json.dumps(SEEN) in traces["archive"]
-    # and no trace of the run holds either value
+    # and no trace of the run holds either value (the traces are read: the spec's ARNs are in them)
+    assert secret_arn in traces["history"] and parameter_arn in traces["tables"]
     for where, text in traces.items():
         for value in (TOKEN, PASSWORD):
             assert value not in text, f"{where} holds a secret's value"
