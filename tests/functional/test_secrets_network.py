@@ -7,16 +7,20 @@ from typing import Any
 
 import boto3
 import pytest
+import test_sweep
 from botocore.exceptions import ReadTimeoutError
 from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register, spec
 from lustrain_core.config import Settings
 from lustrain_core.errors import NetworkInvalid, SpecForbidden, SpecInvalid
 from lustrain_core.steps import network
 from test_create_network import existing
+from test_sweep import run, sweep
 
 ACCOUNT = "123456789012"
 SECRET = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:lustrain-test/hf-token-AbCdEf"
 PARAMETER = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/lustrain-test/wandb"
+# the sweeper tests' state machine, whose executions stay RUNNING until stopped
+machine = test_sweep.machine
 SERVICES = {f"com.amazonaws.{REGION}.secretsmanager", f"com.amazonaws.{REGION}.ssm"}
 
 
@@ -188,3 +192,20 @@ def test_a_secret_of_another_region_is_refused_at_registration(aws):
         register(spec(code={"secrets": {"WANDB_API_KEY": elsewhere}}))
     assert [e.path for e in refused.value.errors] == ["code.secrets.WANDB_API_KEY"]
     assert "eu-west-1" in refused.value.errors[0].message
+
+
+def test_the_sweeper_finds_the_endpoints_of_an_orphan_run_and_deletes_them_with_its_network(
+    machine, aws, allowed
+):
+    document = run(machine, with_secrets())
+    job_id = document["job"]["job_id"]
+    boto3.client("dynamodb", region_name=REGION).delete_item(
+        TableName=aws.jobs_table, Key={"job_id": {"S": job_id}}
+    )
+    assert len(interface_endpoints(job_id)) == 2
+
+    result = sweep()
+
+    assert interface_endpoints(job_id) == [] and set(count_of_job(job_id).values()) == {0}
+    swept = [s for s in result["swept"] if s.get("type") == "vpc_endpoint"]
+    assert len(swept) == 3, result["swept"]
