@@ -49,7 +49,7 @@ HIDDEN_VALUES = ("code.environment",)
 def _hidden(path: str) -> bool:
     """Whether a value at `path` is, or holds, a hidden field's value."""
     return any(
-        path in ("", field) or path.startswith(field + ".") or field.startswith(path + ".")
+        path == field or path.startswith(field + ".") or field.startswith(path + ".")
         for field in HIDDEN_VALUES
     )
 
