@@ -29,7 +29,9 @@ class FieldError:
 
     def __str__(self) -> str:
         shown = repr(self.value)
-        if len(shown) > 80:
+        if _hidden(self.path):
+            shown = "a value not shown"
+        elif len(shown) > 80:
             shown = shown[:77] + "..."
         where = self.path or "(spec)"
         return (
@@ -37,6 +39,19 @@ class FieldError:
             if self.value is not _MISSING
             else f"{where}: {self.message}"
         )
+
+
+#: Fields whose values no message repeats: an environment value may be a token, and messages reach the run's
+#: cause, its notice and the execution history.
+HIDDEN_VALUES = ("code.environment",)
+
+
+def _hidden(path: str) -> bool:
+    """Whether a value at `path` is, or holds, a hidden field's value."""
+    return any(
+        path == field or path.startswith(field + ".") or field.startswith(path + ".")
+        for field in HIDDEN_VALUES
+    )
 
 
 _MISSING: Any = object()

@@ -198,6 +198,7 @@ def compile_launch(
     encoded.pop("sagemaker_submit_directory", None)
     env = _collect(errors, lambda: training.environment(spec)) or {}
     links = _collect(errors, lambda: filesystem.link_for(spec, job_id))
+    errors += secrets_elsewhere(spec, settings.region)
     if errors or image is None or links is None:
         raise SpecInvalid(errors)
     compute = spec.compute
@@ -227,6 +228,21 @@ def compile_launch(
     )
     _check_requests(spec, launch, plan, settings)
     return launch
+
+
+def secrets_elsewhere(spec: JobSpec, region: str) -> list[FieldError]:
+    """code.secrets of another region than the run's: the job reads them through an interface endpoint in its own
+    region, which serves that region's secrets only."""
+    return [
+        FieldError(
+            f"code.secrets.{name}",
+            arn,
+            f"a secret in {arn.split(':')[3]}, and the run's job, in {region}, reaches only {region}'s: replicate it "
+            f"to {region} (Secrets Manager) or store it there",
+        )
+        for name, arn in spec.code.secrets.items()
+        if arn.split(":")[3] != region
+    ]
 
 
 def provisional_job_id(spec: JobSpec) -> str:
@@ -372,7 +388,9 @@ def _as_field_error(spec: JobSpec, service: str, problem: limits.Problem, reques
         reserved = len(request[path]) - len(given)
         limit = problem.limit or 0
         return FieldError(
-            field, len(given), f"at most {limit - reserved} ({service} takes {limit}; lustrain sets {reserved})"
+            field,
+            len(given),
+            f"at most {limit - reserved} ({service} takes {limit}; lustrain sets {reserved})",
         )
     mapping = re.fullmatch(r"(HyperParameters|Environment)\{(.*)\}(\.value)?", path, flags=re.DOTALL)
     if mapping:

@@ -134,6 +134,8 @@ class CostPlan:
     hourly_usd: float
     prices_as_of: str
     assumptions: list[str]
+    #: code.secrets' interface endpoints, made with the run's network and gone with it
+    network_usd: float = 0.0
 
 
 @dataclass
@@ -512,16 +514,39 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
     ]
     if c.spot:
         assumptions.append(f"managed spot at {prices.spot_price_fraction:.0%} of on-demand (varies)")
-    total = compute + filesystem + control
+    network, network_hourly = _endpoints_cost(spec, hours, prices, assumptions)
+    total = compute + filesystem + control + network
     return CostPlan(
         compute_usd=round(compute, 2),
         filesystem_usd=round(filesystem, 2),
         control_plane_usd=round(control, 4),
         total_usd=round(total, 2),
-        hourly_usd=round(c.instance_count * itype.hourly_usd * fraction + filesystem / (hours + 1), 2),
+        hourly_usd=round(
+            c.instance_count * itype.hourly_usd * fraction + filesystem / (hours + 1) + network_hourly, 2
+        ),
         prices_as_of=prices.as_of,
         assumptions=assumptions,
+        network_usd=round(network, 2),
     )
+
+
+def _endpoints_cost(
+    spec: JobSpec, hours: float, prices: PriceTable, assumptions: list[str]
+) -> tuple[float, float]:
+    """(the run's, the hour's) cost of code.secrets' interface endpoints: one per service, in the run's one zone,
+    billed by the started hour for as long as the network lives (the run, plus about an hour to build and tear
+    down); an existing network's endpoints are not the run's. The GBs they carry are a few KB per job start."""
+    services = [] if spec.network.subnet_id else spec.code.secret_services
+    if not services:
+        return 0.0, 0.0
+    hourly = len(services) * prices.interface_endpoint_az_hour_usd
+    billed_hours = math.ceil(hours + 1)
+    assumptions.append(
+        f"{len(services)} interface endpoint(s) for code.secrets ({', '.join(services)}) at "
+        f"${prices.interface_endpoint_az_hour_usd}/AZ-hour (${hourly:g}/h) for {billed_hours} h, plus "
+        f"${prices.interface_endpoint_gb_usd}/GB carried"
+    )
+    return hourly * billed_hours, hourly
 
 
 def _recommend(spec: JobSpec, fs: FilesystemPlan) -> dict[str, Any]:

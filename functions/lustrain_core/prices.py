@@ -61,12 +61,22 @@ class PriceTable:
     spot_price_fraction: float = 0.35
     sfn_per_transition_usd: float = 0.025 / 1000
     lambda_per_request_usd: float = 0.20 / 1_000_000
+    #: an interface VPC endpoint (AWS PrivateLink; code.secrets' Secrets Manager and SSM): each endpoint in each
+    #: availability zone, each hour or part of one, and each GB it carries
+    interface_endpoint_az_hour_usd: float = 0.01
+    interface_endpoint_gb_usd: float = 0.01
     hours_per_month: float = 730.0
 
     def with_overrides(self, overrides: dict[str, Any]) -> PriceTable:
         """Apply a user's JSON overrides: {"instance_hourly_usd": {type: $}, "fsx_gb_month_usd": {"PERSISTENT_2/250": $},
-        "spot_price_fraction": f, "as_of": "date"}."""
-        known = {"instance_hourly_usd", "fsx_gb_month_usd", "spot_price_fraction", "as_of"}
+        "spot_price_fraction": f, "interface_endpoint_az_hour_usd": $, "as_of": "date"}."""
+        known = {
+            "instance_hourly_usd",
+            "fsx_gb_month_usd",
+            "spot_price_fraction",
+            "as_of",
+            "interface_endpoint_az_hour_usd",
+        }
         unknown = set(overrides) - known
         if unknown:
             raise ValueError(f"unknown price keys {sorted(unknown)}; allowed: {sorted(known)}")
@@ -84,6 +94,9 @@ class PriceTable:
             instance_types=types,
             fsx_gb_month_usd=fsx,
             spot_price_fraction=float(overrides.get("spot_price_fraction", self.spot_price_fraction)),
+            interface_endpoint_az_hour_usd=float(
+                overrides.get("interface_endpoint_az_hour_usd", self.interface_endpoint_az_hour_usd)
+            ),
         )
 
     def billed_compute_usd(self, instance_type: str, instance_count: float, billable_seconds: float) -> float | None:

@@ -76,7 +76,7 @@ KINDS: tuple[Kind, ...] = (
 )  # fmt: skip
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
 #: The network's pieces in the order AWS lets them be deleted (each depends on the ones after it).
-NETWORK_ORDER: tuple[str, ...] = ("security_group", "vpc_endpoint", "route_table", "subnet", "vpc")
+NETWORK_ORDER: tuple[str, ...] = ("vpc_endpoint", "security_group", "route_table", "subnet", "vpc")
 assert set(NETWORK_ORDER) == {kind.name for kind in KINDS if kind.family == "network"}
 
 

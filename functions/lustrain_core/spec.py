@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from lustrain_core import recovery
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
@@ -32,6 +40,9 @@ S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](?:/.*)?$"
 ECR_URI_PATTERN = (
     r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(?:\.cn)?/[a-z0-9._/-]+(?::[\w.-]+|@sha256:[0-9a-f]{64})$"
 )
+
+#: Tag keys a spec may not set, in any case: AWS's own, and the ones the stack's IAM policies trust (steps.TAG_*).
+RESERVED_TAG_PREFIXES = ("aws:", "lustrain:")
 
 S3Uri = Annotated[str, Field(pattern=S3_URI_PATTERN, description="s3://bucket/prefix/")]
 PERSISTENT_THROUGHPUTS = (125, 250, 500, 1000)
@@ -96,12 +107,84 @@ class Image(_Section):
         return self
 
 
+#: SageMaker's rule for Environment keys (CreateTrainingJob), which the secrets' names become in the job
+ENVIRONMENT_NAME_PATTERN = r"[a-zA-Z_][a-zA-Z0-9_]*"
+#: a Secrets Manager secret's ARN (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-6RANDOM, or without the
+#: random suffix) or an SSM parameter's (arn:aws:ssm:REGION:ACCOUNT:parameter/NAME)
+ARN_OF_SECRET = (
+    r"^arn:aws(?:-cn|-us-gov)?:(?:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+"  # noqa: S105
+    r"|ssm:[a-z0-9-]+:\d{12}:parameter/[A-Za-z0-9/_.-]+)$"
+)
+MAX_SECRETS = 50
+#: environment names whose values are credentials, by their words (HF_TOKEN, WANDB_API_KEY, DB_PASSWORD)
+_CREDENTIAL_WORDS = re.compile(
+    r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|APIKEY|(?:API|ACCESS|PRIVATE|AUTH)_KEY)(?:_|$)",
+    re.IGNORECASE,
+)
+#: values that are credentials whatever their name: the well-known formats of keys and tokens
+_CREDENTIAL_VALUES = re.compile(
+    r"(?:A3T[A-Z0-9]|AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}"  # AWS access key ids
+    r"|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_\w{22,}"  # GitHub
+    r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
+    r"|sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"  # OpenAI, Anthropic
+    r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+    r"|eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+"  # a signed JWT
+    r"|://[^/\s:@]+:[^/\s@]+@"  # a URL with a password
+)
+
+
+def looks_like_credential(name: str, value: str) -> bool:
+    """Whether an environment variable carries a credential: a name that says so (with a value), or a value in a
+    known key or token format."""
+    return bool(value and _CREDENTIAL_WORDS.search(name)) or bool(_CREDENTIAL_VALUES.search(value))
+
+
 class Code(_Section):
     source: str = "trainer/"
     entry_point: str = Field("train.py", pattern=r"^[\w./-]+\.py$")
     hyperparameters: dict[str, str | int | float | bool] = Field(default_factory=dict)
     distribution: Literal["torchrun", "none"] = "torchrun"
     environment: dict[str, str] = Field(default_factory=dict)
+    #: NAME: the ARN of a Secrets Manager secret or an SSM SecureString parameter, read by the job at run time
+    #: (lustrain_core.secrets_launcher) and never written into the job's request, the run's records or its events
+    secrets: dict[str, Annotated[str, Field(pattern=ARN_OF_SECRET, max_length=2048)]] = Field(
+        default_factory=dict, max_length=MAX_SECRETS
+    )
+
+    @field_validator("environment")
+    @classmethod
+    def _no_credentials(cls, v: dict[str, str]) -> dict[str, str]:
+        # the environment is stored in the jobs table, the execution history and the archived DescribeTrainingJob
+        names = [name for name, value in v.items() if looks_like_credential(name, value)]
+        if names:
+            raise ValueError(
+                f"{', '.join(names)}: {'looks' if len(names) == 1 else 'look'} like a credential, and the environment "
+                "is stored in the clear (the run's records, its history, SageMaker's description of the job): put "
+                "the value in Secrets Manager or an SSM SecureString and give its ARN in code.secrets"
+            )
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        for name in v:
+            if not re.fullmatch(ENVIRONMENT_NAME_PATTERN, name) or name.upper().startswith("LUSTRAIN_"):
+                raise ValueError(
+                    f"{name!r}: an environment variable's name ([A-Za-z_][A-Za-z0-9_]*), not LUSTRAIN_* (lustrain's own)"
+                )
+        both = sorted(set(v) & set(info.data.get("environment") or {}))
+        if both:
+            raise ValueError(
+                f"{', '.join(both)}: in both code.environment and code.secrets; give each name once"
+            )
+        return v
+
+    @property
+    def secret_services(self) -> list[str]:
+        """The services code.secrets reads from (secretsmanager, ssm): the job's network needs an endpoint of each."""
+        return sorted({arn.split(":")[2] for arn in self.secrets.values()})
 
     @field_validator("entry_point")
     @classmethod
@@ -237,10 +320,14 @@ class JobSpec(_Section):
 
     @field_validator("tags")
     @classmethod
-    def _no_aws_tags(cls, v: dict[str, str]) -> dict[str, str]:
+    def _no_reserved_tags(cls, v: dict[str, str]) -> dict[str, str]:
+        # AWS stores tag keys case-sensitively, but IAM matches condition key names (aws:ResourceTag/<key>,
+        # aws:RequestTag/<key>) in any case: a Lustrain:created-by tag would be the stack's own to its policies
         for key in v:
-            if key.lower().startswith("aws:") or key.startswith("lustrain:"):
-                raise ValueError(f"tag key {key!r}: the aws: and lustrain: prefixes are reserved")
+            if key.lower().startswith(RESERVED_TAG_PREFIXES):
+                raise ValueError(
+                    f"tag key {key!r}: the prefixes {' and '.join(RESERVED_TAG_PREFIXES)} are reserved, in any case"
+                )
         return v
 
 
@@ -260,6 +347,69 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+class _DuplicateJsonKey(ValueError):
+    pass
+
+
+def _refuse_duplicate_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _DuplicateJsonKey
+    return dict(pairs)
+
+
+def _duplicate(path: str, line: int) -> FieldError:
+    where = f"line {line}: " if line else ""
+    return FieldError(
+        path,
+        MISSING,
+        f"{where}this key is given more than once (a later one would silently replace the first)",
+    )
+
+
+def _yaml_duplicates(text: str) -> list[FieldError]:
+    """Every key given twice in one mapping, at any depth, by its path and the line of its second appearance."""
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+    except (yaml.YAMLError, RecursionError):
+        return []
+    finally:
+        loader.dispose()
+    found: list[FieldError] = []
+    seen: set[int] = set()
+
+    def walk(node: Any, path: list[str]) -> None:
+        if id(node) in seen:  # an alias: its node was walked where it was anchored
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                if isinstance(key_node, yaml.ScalarNode) and key != "<<":
+                    if key in keys:
+                        found.append(_duplicate(".".join([*path, key]), key_node.start_mark.line + 1))
+                    keys.add(key)
+                walk(value_node, [*path, key])
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, [*path, str(i)])
+
+    if root is not None:
+        walk(root, [])
+    return found
+
+
+def _load_yaml(text: str) -> Any:
+    """SafeLoader's document, refused with every duplicate key named: YAML's loaders keep the last one silently,
+    so a second `output:` would send the results elsewhere unseen."""
+    duplicates = _yaml_duplicates(text)
+    if duplicates:
+        raise SpecInvalid(duplicates)
+    return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_document(text: str | bytes, source: str = "spec") -> dict[str, Any]:
     """YAML or JSON text -> a mapping, refusing what is too big or not a mapping."""
     size = len(text.encode() if isinstance(text, str) else text)
@@ -272,9 +422,12 @@ def parse_document(text: str | bytes, source: str = "spec") -> dict[str, Any]:
             raise SpecInvalid.one("", MISSING, f"{source} is not UTF-8 text") from None
     try:
         if text.lstrip().startswith("{"):
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_refuse_duplicate_json_keys)
         else:
-            doc = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+            doc = _load_yaml(text)
+    except _DuplicateJsonKey:
+        # json names no line: YAML reads the document again to find where (JSON is YAML's flow style)
+        raise SpecInvalid(_yaml_duplicates(text) or [_duplicate("(a JSON object)", 0)]) from None
     except (yaml.YAMLError, json.JSONDecodeError, RecursionError) as exc:
         raise SpecInvalid.one("", MISSING, f"{source} is not valid YAML or JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -339,7 +492,9 @@ def _field_error(err: Any) -> FieldError:
         return FieldError(path, MISSING, "required field is missing")
     message = err["msg"].removeprefix("Value error, ")
     if kind == "string_pattern_mismatch":
-        message = _PATTERN_HELP.get(loc[-1] if loc else "", message)
+        message = _PATTERN_HELP.get(
+            "secrets" if loc[:2] == ["code", "secrets"] else loc[-1] if loc else "", message
+        )
     return FieldError(path, value, message)
 
 
@@ -354,6 +509,8 @@ _PATTERN_HELP = {
     "mount_path": "an absolute path inside the file system, like /data",
     "availability_zone": "auto, or an availability zone like us-east-1a",
     "entry_point": "a .py file inside code.source, like train.py",
+    "secrets": "the ARN of a Secrets Manager secret (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME) or of an SSM "
+    "SecureString parameter (arn:aws:ssm:REGION:ACCOUNT:parameter/NAME)",
 }
 
 

@@ -147,11 +147,12 @@ def test_the_network_goes_in_dependency_order_rules_and_associations_first():
     resources = the_network(ec2)
     step = work(ec2, clock())
     assert step.delete_network(resources) == []
+    # the endpoints first: an interface endpoint's network interfaces (code.secrets) hold the group and the subnet
     assert ec2.calls == [
+        ("DeleteVpcEndpoints", "vpce-1"),
         ("RevokeSecurityGroupIngress", "sg-1"),
         ("RevokeSecurityGroupEgress", "sg-1"),
         ("DeleteSecurityGroup", "sg-1"),
-        ("DeleteVpcEndpoints", "vpce-1"),
         ("DisassociateRouteTable", "rtbassoc-1"),
         ("DeleteRouteTable", "rtb-1"),
         ("DeleteSubnet", "subnet-1"),

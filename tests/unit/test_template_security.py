@@ -515,3 +515,54 @@ def test_existing_resources_a_spec_may_name_reach_register_job_and_default_to_no
     assert resolver.resolve(wired) == env
     pattern = re.compile(PARAMETERS["AllowedExistingResources"]["AllowedPattern"])
     assert all(pattern.fullmatch(v) for v in env.split(",") if v)
+
+
+@pytest.mark.parametrize(
+    ("given", "allowed"),
+    [
+        # the default: this stack's own secrets (<stack>/...) and parameters (/<stack>/...), in its account and region
+        (
+            None,
+            [
+                "arn:aws:secretsmanager:us-east-1:123456789012:secret:lustrain-test/*",
+                "arn:aws:ssm:us-east-1:123456789012:parameter/lustrain-test/*",
+            ],
+        ),
+        (
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:team/*",
+            ["arn:aws:secretsmanager:us-east-1:123456789012:secret:team/*"],
+        ),
+    ],
+)
+def test_the_training_role_reads_only_the_secrets_register_job_allows(given, allowed):
+    from lustrain.twin.stack import _Resolver
+
+    params: dict[str, Any] = {
+        name: ",".join(p["Default"]) if isinstance(p.get("Default"), list) else str(p.get("Default", ""))
+        for name, p in PARAMETERS.items()
+    }
+    if given is not None:
+        params["AllowedSecrets"] = given
+    for name, p in PARAMETERS.items():
+        if p["Type"] == "CommaDelimitedList":
+            params[name] = params[name].split(",")
+    resolver = _Resolver(TEMPLATE, "lustrain-test", "us-east-1", params)
+    resolver.pseudo["AWS::AccountId"] = "123456789012"
+    wired = resolver.resolve(function_env("RegisterJobFunction")["LUSTRAIN_ALLOWED_SECRETS"])
+    assert wired.split(",") == allowed
+    readers = [
+        s
+        for lid, s in ALL_STATEMENTS
+        if {"secretsmanager:GetSecretValue", "ssm:GetParameter"} & set(listed(s["Action"]))
+    ]
+    assert [(s["Sid"], s["Action"]) for s in readers] == [
+        ("ReadAllowedSecrets", ["secretsmanager:GetSecretValue", "ssm:GetParameter"])
+    ]
+    assert resolver.resolve(readers[0]["Resource"]) == allowed
+    pattern = re.compile(PARAMETERS["AllowedSecrets"]["AllowedPattern"])
+    assert all(pattern.fullmatch(v) for v in allowed)
+    decrypt = next(s for _, s in ALL_STATEMENTS if s.get("Sid") == "DecryptSecretsThroughTheirService")
+    assert set(resolver.resolve(decrypt["Condition"]["StringEquals"]["kms:ViaService"])) == {
+        "secretsmanager.us-east-1.amazonaws.com",
+        "ssm.us-east-1.amazonaws.com",
+    }

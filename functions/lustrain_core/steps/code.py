@@ -8,6 +8,9 @@ uploaded again when that key exists: a retry, or a rerun of unchanged code, cost
 
 A metric_definitions.json at the bundle's root ([{"Name", "Regex"}], the trainer ships one) is validated against
 SageMaker's limits and returned for start_training's AlgorithmSpecification.MetricDefinitions.
+
+With code.secrets the bundle also holds lustrain's secrets launcher and the list of what it reads (names and ARNs,
+never a value): lustrain_core/secrets_launcher.py says why and how.
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ import json
 import re
 import tarfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import secrets_launcher
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
+from lustrain_core.spec import JobSpec
 from lustrain_core.steps import Code, MetricDefinition, Run
 from lustrain_core.steps.job import split_s3_uri
 
@@ -112,6 +118,25 @@ def check_entry_point(names: list[str], entry_point: str, source: str) -> None:
     )
 
 
+def secrets_launcher_files(spec: JobSpec, names: list[str]) -> list[tuple[str, bytes]]:
+    """With code.secrets, the launcher that reads them in the job and then runs the entry point, and what it reads:
+    the names, the ARNs and the entry point (no value). start_training names the launcher as the program."""
+    if not spec.code.secrets:
+        return []
+    ours = [name for name in (secrets_launcher.LAUNCHER_FILE, secrets_launcher.SECRETS_FILE) if name in names]
+    if ours:
+        raise SpecInvalid.one(
+            "code.source",
+            spec.code.source,
+            f"holds {', '.join(ours)}, the name lustrain gives its secrets launcher (code.secrets): rename it",
+        )
+    config = {"entry_point": spec.code.entry_point, "secrets": dict(sorted(spec.code.secrets.items()))}
+    return [
+        (secrets_launcher.LAUNCHER_FILE, Path(secrets_launcher.__file__).read_bytes()),
+        (secrets_launcher.SECRETS_FILE, json.dumps(config, indent=2).encode()),
+    ]
+
+
 def parse_metric_definitions(body: bytes) -> list[dict[str, str]]:
     """metric_definitions.json, checked against SageMaker's limits; every problem named in one SpecInvalid."""
     where = METRIC_DEFINITIONS_FILE
@@ -181,6 +206,7 @@ def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> Cod
     files = read_source(s3, spec.code.source)
     names = [name for name, _ in files]
     check_entry_point(names, spec.code.entry_point, spec.code.source)
+    files += secrets_launcher_files(spec, names)
     metrics_body = dict(files).get(METRIC_DEFINITIONS_FILE)
     metric_definitions = parse_metric_definitions(metrics_body) if metrics_body is not None else []
 

@@ -13,8 +13,13 @@ security group that the instances and the file system share:
 Each piece is tagged with the job id, found by that tag before it is created (a retried step reuses what it
 made), and appended to the job record for teardown.
 
+A run with code.secrets also gets an interface endpoint of each service its secrets live in (Secrets Manager,
+SSM) in its subnet, with private DNS: the job, which has no internet, reads its secrets through it
+(lustrain_core.secrets_launcher). It is the run's like the rest, and teardown deletes it before the subnet.
+
 With network.subnet_id given nothing is created: the subnet, its route to S3 and the given security groups are
-checked, and NetworkInvalid names everything missing. What the groups must allow between their members
+checked, and, for code.secrets, an interface endpoint of each service in its VPC; NetworkInvalid names
+everything missing. What the groups must allow between their members
 (`required_rules`):
 - Lustre's ports in, always;
 - all traffic in and out, naming the group itself, for an instance type with EFA (CIDR rules do not match EFA's
@@ -326,7 +331,8 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
     if not any(a.get("SubnetId") == subnet["SubnetId"] for a in table.get("Associations", [])):
         ec2.associate_route_table(RouteTableId=table["RouteTableId"], SubnetId=subnet["SubnetId"])
 
-    endpoints = _live(ec2.describe_vpc_endpoints(Filters=filters)["VpcEndpoints"])
+    s3_service = {"Name": "service-name", "Values": [f"com.amazonaws.{settings.region}.s3"]}
+    endpoints = _live(ec2.describe_vpc_endpoints(Filters=[*filters, s3_service])["VpcEndpoints"])
     if endpoints:
         endpoint_id = endpoints[0]["VpcEndpointId"]
     else:
@@ -347,6 +353,8 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
         group_id = ec2.create_security_group(**security_group_request(job, vpc_id))["GroupId"]
     remember("security_group", group_id)
     _ensure_rules(ec2, group_id, s3_prefix_list(ec2, settings.region))
+    for service in job.spec.code.secret_services:
+        remember("vpc_endpoint", ensure_secrets_endpoint(ec2, job, settings, service, subnet, group_id))
 
     return Network(
         vpc_id=vpc_id,
@@ -358,6 +366,68 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
         created=True,
         resources=[Resource(**r) for r in created],
     )
+
+
+def secrets_endpoint_service(region: str, service: str) -> str:
+    """The interface endpoint service a job reads code.secrets through (secretsmanager or ssm)."""
+    return f"com.amazonaws.{region}.{service}"
+
+
+def secrets_endpoint_request(
+    job: Job, settings: Settings, service: str, subnet: dict[str, Any], group_id: str
+) -> dict[str, Any]:
+    """CreateVpcEndpoint of the interface endpoint that lets the job, in a subnet with no internet, read its secrets:
+    in the run's subnet, with the run's security group (whose all-traffic self rules let the job reach it on 443),
+    its private DNS answering for the service's own name so the SDK in the job needs no endpoint URL. A lost answer
+    is retried with the same ClientToken: EC2 returns the endpoint it made, not a second one."""
+    return {
+        "VpcEndpointType": "Interface",
+        "VpcId": subnet["VpcId"],
+        "ServiceName": secrets_endpoint_service(settings.region, service),
+        "SubnetIds": [subnet["SubnetId"]],
+        "SecurityGroupIds": [group_id],
+        "PrivateDnsEnabled": True,
+        "ClientToken": f"{job.job_id}-{service}",
+        "TagSpecifications": tag_spec(job, "endpoint", "vpc-endpoint"),
+    }
+
+
+def ensure_secrets_endpoint(
+    ec2: Any, job: Job, settings: Settings, service: str, subnet: dict[str, Any], group_id: str
+) -> str:
+    """The run's interface endpoint for `service`, found by its tags or created (with the VPC's DNS hostnames on,
+    which private DNS needs: a new VPC has them off)."""
+    found = _live(
+        ec2.describe_vpc_endpoints(
+            Filters=[
+                *_tag_filters(job.job_id, settings.stack_name),
+                {"Name": "service-name", "Values": [secrets_endpoint_service(settings.region, service)]},
+            ]
+        )["VpcEndpoints"]
+    )
+    if found:
+        return str(found[0]["VpcEndpointId"])
+    ec2.modify_vpc_attribute(VpcId=subnet["VpcId"], EnableDnsHostnames={"Value": True})
+    request = secrets_endpoint_request(job, settings, service, subnet, group_id)
+    return str(ec2.create_vpc_endpoint(**request)["VpcEndpoint"]["VpcEndpointId"])
+
+
+def secrets_endpoint_in(ec2: Any, vpc_id: str, region: str, service: str) -> str | None:
+    """An available interface endpoint of `service` with private DNS in an existing VPC: the job's SDK reaches the
+    service's own name through it."""
+    for endpoint in _live(
+        ec2.describe_vpc_endpoints(
+            Filters=[
+                {"Name": "vpc-id", "Values": [vpc_id]},
+                {"Name": "service-name", "Values": [secrets_endpoint_service(region, service)]},
+            ]
+        )["VpcEndpoints"]
+    ):
+        if str(endpoint.get("VpcEndpointType", "")).lower() == "interface" and endpoint.get(
+            "PrivateDnsEnabled"
+        ):
+            return str(endpoint["VpcEndpointId"])
+    return None
 
 
 def _route_table_of(ec2: Any, subnet: dict[str, Any]) -> dict[str, Any] | None:
@@ -450,6 +520,13 @@ def check_existing_network(ec2: Any, job: Job, settings: Settings) -> Network:
             "SageMaker could not reach S3 (add a gateway endpoint for com.amazonaws."
             f"{settings.region}.s3 to that route table)"
         )
+    for service in job.spec.code.secret_services:
+        if secrets_endpoint_in(ec2, subnet["VpcId"], settings.region, service) is None:
+            problems.append(
+                f"network.subnet_id: the VPC of {subnet_id} ({subnet['VpcId']}) has no interface endpoint for "
+                f"{secrets_endpoint_service(settings.region, service)} with private DNS: the job could not read "
+                "code.secrets (add one there, or leave network.subnet_id out and the run makes its own)"
+            )
     if problems:
         raise NetworkInvalid(
             "the existing network cannot carry this run:\n" + "\n".join(f"  - {p}" for p in problems),

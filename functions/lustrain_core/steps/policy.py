@@ -14,6 +14,10 @@ Each rule comes from one environment variable of the stack (comma-separated; uns
     LUSTRAIN_ALLOWED_EXISTING_RESOURCES  network.subnet_id, network.security_group_ids and
                                        filesystem.file_system_id: existing resources a run may use, by id
                                        ("none" matches no id: every run builds its own network and file system)
+    LUSTRAIN_ALLOWED_SECRETS           code.secrets: the ARNs a job may read (`*` matches any characters, as in
+                                       an IAM policy's Resource); the stack sets it to the same list its SageMaker
+                                       role may read, by default the secrets named <stack>/... and the parameters
+                                       under /<stack>/
 
 A prefix matches at a path boundary: "s3://data/team" allows s3://data/team/x/ but not s3://data/team-b/.
 The registry rule applies to custom images (image.uri); framework_version images are SageMaker's own Deep
@@ -25,6 +29,7 @@ A spec outside a rule raises SpecForbidden naming the rule, its variable and the
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +45,7 @@ INSTANCE_TYPES = "LUSTRAIN_ALLOWED_INSTANCE_TYPES"
 MAX_INSTANCES = "LUSTRAIN_MAX_INSTANCES_PER_RUN"
 MAX_BUDGET = "LUSTRAIN_MAX_BUDGET_USD"
 EXISTING_RESOURCES = "LUSTRAIN_ALLOWED_EXISTING_RESOURCES"
+SECRETS = "LUSTRAIN_ALLOWED_SECRETS"
 
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -74,6 +80,7 @@ class Policy:
     max_instances: float | None = None
     max_budget_usd: float | None = None
     existing_resources: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Policy:
@@ -90,6 +97,7 @@ class Policy:
             max_instances=_number(env, MAX_INSTANCES, int),
             max_budget_usd=_number(env, MAX_BUDGET, float),
             existing_resources=_list(env, EXISTING_RESOURCES),
+            secrets=_list(env, SECRETS),
         )
 
     def check_spec(self, spec: JobSpec) -> None:
@@ -146,6 +154,17 @@ class Policy:
                             rule=EXISTING_RESOURCES,
                             field=field,
                         )
+
+        if self.secrets:
+            for name, arn in spec.code.secrets.items():
+                # fnmatchcase's * crosses "/" as IAM's does; ARNs hold no [ ] for it to read as a class
+                if not any(fnmatch.fnmatchcase(arn, allowed) for allowed in self.secrets):
+                    raise SpecForbidden(
+                        f"code.secrets.{name} {arn} is not a secret this stack's training jobs may read ({SECRETS}): "
+                        f"allowed: {', '.join(self.secrets)}",
+                        rule=SECRETS,
+                        field=f"code.secrets.{name}",
+                    )
 
     def check_plan(self, plan: dict[str, Any]) -> None:
         """The rules that need the plan (its cost estimate); run before the job is recorded."""

@@ -1,5 +1,6 @@
-"""Teardown's network family: the security group (its self-referencing rules revoked first), the S3 endpoint, the
-route table (disassociated first), the subnet, the VPC, in the registry's NETWORK_ORDER; DependencyViolation
+"""Teardown's network family: the VPC endpoints (the S3 gateway, and code.secrets' interface endpoints, whose network
+interfaces hold the security group and the subnet), the security group (its self-referencing rules revoked first),
+the route table (disassociated first), the subnet, the VPC, in the registry's NETWORK_ORDER; DependencyViolation
 (interfaces still draining) is retried until the step's time runs out."""
 
 from __future__ import annotations

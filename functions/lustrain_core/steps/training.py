@@ -23,7 +23,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lustrain_core import images, recovery
+from lustrain_core import images, recovery, secrets_launcher
 from lustrain_core.aws_errors import CONDITION_FAILED, QUOTA_REFUSED, error_code, training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, BudgetExceeded, FieldError, QuotaExceeded, SpecInvalid
@@ -84,7 +84,8 @@ def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[s
     """Script mode's hyperparameters: every value JSON-encoded, as the SageMaker SDK sends them. Their limits
     (count, key and value lengths) are CreateTrainingJob's, checked by the launch compiler against its model."""
     values: dict[str, Any] = {
-        "sagemaker_program": spec.code.entry_point,
+        # with code.secrets SageMaker starts the launcher upload_code adds, which reads them and runs the entry point
+        "sagemaker_program": secrets_launcher.LAUNCHER_FILE if spec.code.secrets else spec.code.entry_point,
         "sagemaker_submit_directory": submit_directory,
         "sagemaker_region": region,
     }

@@ -106,14 +106,16 @@ def sar_action(action: str) -> ActionInfo | None:
     entry = _service_actions(prefix).get(name.lower())
     if entry is None:
         return None
-    types = _service_resource_types(prefix)
+    # the reference names some resource types in another case in the action than in its table (Secrets Manager's
+    # GetSecretValue names "Secret", the table "secret")
+    types = {key.lower(): value for key, value in _service_resource_types(prefix).items()}
     return ActionInfo(
         prefix,
         entry["name"],
         tuple(
-            ResourceType(r["name"], bool(r["required"]), types[r["name"]]["arn"])
+            ResourceType(r["name"], bool(r["required"]), types[r["name"].lower()]["arn"])
             for r in entry["resourceTypes"]
-            if r["name"] in types
+            if r["name"].lower() in types
         ),
         tuple(entry.get("conditionKeys", [])),
     )
@@ -207,6 +209,12 @@ VARIABLES: dict[str, Callable[[Mapping[str, Any]], list[str] | None]] = {
     "LogStreamName": lambda p: _one(p.get("logStreamName")),
     "FunctionName": lambda p: _one(
         str(p["FunctionName"]).rsplit(":function:", 1)[-1].split(":")[0] if p.get("FunctionName") else None
+    ),
+    # GetSecretValue and GetParameter name their resource by its name or its ARN
+    "SecretId": lambda p: _arn_part(p.get("SecretId"), 5, r"secret:(.+)") or _one(p.get("SecretId")),
+    "ParameterNameWithoutLeadingSlash": lambda p: (
+        _arn_part(p.get("Name"), 5, r"parameter/(.+)")
+        or _one(str(p["Name"]).lstrip("/") if p.get("Name") else None)
     ),
     "RoleNameWithPath": lambda p: _arn_part(p.get("RoleArn") or p.get("RoleName"), 5, r"role/(.+)"),
 }

@@ -1,4 +1,8 @@
 """EC2 refuses a security group's name and description outside the rules AWS documents; moto 5.2.5 takes any.
+And CreateVpcEndpoint keeps two promises moto does not: an interface endpoint with private DNS needs the VPC's
+enableDnsSupport and enableDnsHostnames (CreateVpcEndpoint's PrivateDnsEnabled, EC2 API Reference: "To use a private
+hosted zone, you must set the following VPC attributes to true"), and a ClientToken seen before returns the endpoint
+it made, not a second one ("Ensuring idempotency", EC2 API Reference).
 
 https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSecurityGroup.html: GroupName and Description,
 up to 255 characters of a-z, A-Z, 0-9, spaces and ._-:/()#,@[]+=&;{}!$* in a VPC, and a name may not start with
@@ -15,6 +19,7 @@ import regex
 from lustrain_core.limits import DOCUMENTED
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.security_groups import SecurityGroupBackend
+from moto.ec2.models.vpcs import VPCBackend
 
 _PATCHED = "_lustrain_twin_group_rules"
 _NAME, _ = DOCUMENTED[("ec2", "CreateSecurityGroup", "GroupName")]
@@ -23,6 +28,38 @@ ALLOWED = "a-zA-Z0-9. _-:/()#,@[]+=&;{}!$*"
 
 
 def install() -> None:
+    _install_group_rules()
+    _install_endpoint_rules()
+
+
+def _install_endpoint_rules() -> None:
+    original = VPCBackend.create_vpc_endpoint
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def create_vpc_endpoint(self: Any, vpc_id: str, *args: Any, **kwargs: Any) -> Any:
+        token = kwargs.get("client_token")
+        if token:
+            for endpoint in self.vpc_end_points.values():
+                if endpoint.client_token == token and endpoint.vpc_id == vpc_id:
+                    return endpoint
+        endpoint_type = kwargs.get("endpoint_type") or (args[1] if len(args) > 1 else None)
+        if kwargs.get("private_dns_enabled") and str(endpoint_type).lower() == "interface":
+            vpc = self.get_vpc(vpc_id)
+            if not (vpc.enable_dns_support and vpc.enable_dns_hostnames):
+                raise EC2ClientError(
+                    "InvalidParameter",
+                    "Enabling private DNS requires both enableDnsSupport and enableDnsHostnames VPC attributes set "
+                    f"to true for {vpc_id}",
+                )
+        return original(self, vpc_id, *args, **kwargs)
+
+    setattr(create_vpc_endpoint, _PATCHED, True)
+    VPCBackend.create_vpc_endpoint = create_vpc_endpoint  # type: ignore[method-assign]
+
+
+def _install_group_rules() -> None:
     original = SecurityGroupBackend.create_security_group
     if getattr(original, _PATCHED, False):
         return

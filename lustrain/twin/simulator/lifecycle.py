@@ -37,6 +37,7 @@ from lustrain.twin import faults
 from lustrain.twin.simulator import container, events, mounts, network
 from lustrain.twin.simulator.container import Layout
 from lustrain.twin.simulator.job import JobFailure, JobView, SimulatedJob, max_runtime_s, now
+from lustrain.twin.simulator.secrets import SecretsEndpoints
 from lustrain.twin.simulator.storage import (
     InvalidUri,
     JobStorage,
@@ -226,6 +227,8 @@ class _JobRun:
         self.logs = events.LogStream(job, self._authorize)
         #: the `hardware-failure` fault took the trainer's instance away
         self.hardware_failed = False
+        #: Secrets Manager and SSM as the job's process reaches them, while it runs
+        self.secrets: SecretsEndpoints | None = None
 
     def _authorize(self, service: str, operation: str, params: dict[str, Any]) -> None:
         self.parts.authorize(self.job, service, operation, params, self.gates if service == "s3" else [])
@@ -292,6 +295,8 @@ class _JobRun:
             log.exception("simulated training job %s broke", job.name)
             self._finish("Failed", "Failed", f"InternalServerError: the twin's simulator failed: {error!r}")
         finally:
+            if self.secrets is not None:
+                self.secrets.close()
             self.logs.flush()
             job._done.set()
 
@@ -450,6 +455,7 @@ class _JobRun:
         job = self.job
         hps = container.decoded_hyperparameters(job.request.get("HyperParameters") or {})
         env = container.training_env(job, layout, channels, hps, self.parts.environment())
+        env.update(self._secrets_endpoints())
         command = container.command(job, code_dir, hps, self.settings.max_processes)
         container.write_configs(job, layout, hps)
         launched = command
@@ -499,6 +505,18 @@ class _JobRun:
         with job._lock:
             job._process = None
         return rc, list(stderr_tail), command
+
+    def _secrets_endpoints(self) -> dict[str, str]:
+        """Secrets Manager and SSM for the job's process, through its network and as its role (secrets.py)."""
+        vpc_config = self.job.request.get("VpcConfig")
+        self.secrets = SecretsEndpoints(
+            self.job.account,
+            self.job.region,
+            self._authorize,
+            lambda service: self.network.interface_endpoint_problem(vpc_config, service),
+        )
+        self.secrets.start()
+        return self.secrets.environment()
 
     def _pump(
         self,

@@ -16,6 +16,10 @@ moto's EC2 records, what the real network would do.
   (EFA's OS-bypass traffic matches no CIDR rule: "Prepare an EFA-enabled security group", EC2 User Guide).
   Else the distributed job hangs in its first collective and fails, as NCCL reports it.
 
+- Secrets Manager and SSM (code.secrets, read by lustrain's launcher inside the job): the subnet has no internet,
+  so an available interface endpoint of the service with private DNS must be in the job's VPC, its security
+  groups letting HTTPS in from the job's and the job's letting it out (secrets.py serves the calls).
+
 A job without a VpcConfig runs in SageMaker's own network, which reaches S3 and has no endpoint policy.
 """
 
@@ -232,6 +236,59 @@ class NetworkView:
             if not self._covers_s3(entry.cidr_block):
                 continue
             return str(entry.rule_action).lower() == "allow"
+        return False
+
+    def interface_endpoint_problem(self, vpc_config: dict[str, Any] | None, service: str) -> str | None:
+        """Why the job cannot reach `service` (secretsmanager, ssm) by its own name, or None when it can: an
+        available interface endpoint of the service in the job's VPC, with private DNS (and the VPC's DNS hostnames
+        on, which private DNS needs), whose security groups let HTTPS in from the job's and the job's let it out."""
+        if not vpc_config:
+            return None
+        name = f"com.amazonaws.{self.region}.{service}"
+        subnets = [self.subnet(s) for s in vpc_config.get("Subnets") or []]
+        subnet = next((s for s in subnets if s is not None), None)
+        if subnet is None:
+            return "the job's subnet does not exist"
+        vpc = self.backend.vpcs.get(subnet.vpc_id)
+        endpoints = [
+            e
+            for e in self.backend.vpc_end_points.values()
+            if e.vpc_id == subnet.vpc_id
+            and e.service_name == name
+            and str(e.vpc_endpoint_type).lower() == "interface"
+            and e.state == "available"
+        ]
+        if not endpoints:
+            return f"no interface endpoint for {name} in {subnet.vpc_id}, and the subnet has no internet"
+        private = [
+            e for e in endpoints if e.private_dns_enabled and getattr(vpc, "enable_dns_hostnames", False)
+        ]
+        if not private:
+            return f"the endpoint for {name} has no private DNS in {subnet.vpc_id}: {service}'s own name is not it"
+        job_groups = set(vpc_config.get("SecurityGroupIds") or [])
+        cidrs = [ipaddress.ip_network(s.cidr_block) for s in subnets if s is not None]
+        for endpoint in private:
+            groups = set(endpoint.security_group_ids or [])
+            out = any(self._https_between(g.egress_rules, groups, None) for g in self.groups(job_groups))
+            into = any(self._https_between(g.ingress_rules, job_groups, cidrs) for g in self.groups(groups))
+            if out and into:
+                return None
+        return f"the security groups of the job and of the endpoint for {name} do not let HTTPS from one to the other"
+
+    def _https_between(self, rules: list[Any], peers: set[str], cidrs: list[Any] | None) -> bool:
+        """Whether one of `rules` lets HTTPS go to (or come from) one of `peers`' groups, or CIDRs holding the job's
+        subnets (`cidrs`, for an ingress rule; an egress rule to 0.0.0.0/0 reaches the endpoint too)."""
+        for rule in _rules(rules):
+            if not rule.covers_port(HTTPS):
+                continue
+            if rule.group in peers:
+                return True
+            if rule.cidr:
+                network = ipaddress.ip_network(rule.cidr, strict=False)
+                if cidrs is None and network.prefixlen == 0:
+                    return True
+                if cidrs and all(c.subnet_of(network) for c in cidrs):
+                    return True
         return False
 
     def instances_reach_each_other(self, vpc_config: dict[str, Any] | None, instance_type: str) -> bool:
