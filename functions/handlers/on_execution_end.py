@@ -1,5 +1,6 @@
 """on_execution_end: an execution of the state machine ended ABORTED, TIMED_OUT or FAILED (EventBridge's "Step
-Functions Execution Status Change"): tear its run down now, since no Catch ran (steps/execution_end.py).
+Functions Execution Status Change"): once DescribeExecution confirms the end, for the stack's own state machine,
+tear its run down now, since no Catch ran (steps/execution_end.py).
 
 Returns and logs what was done; raises TeardownIncomplete while resources still drain (Lambda retries the event,
 the sweeper is the backstop).
@@ -23,6 +24,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     settings = Settings.from_env()
     result = execution_end.on_execution_end(
         event,
+        sfn=clients.client("stepfunctions"),
         ec2=clients.client("ec2"),
         fsx=clients.client("fsx"),
         sagemaker=clients.client("sagemaker"),

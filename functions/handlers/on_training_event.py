@@ -1,6 +1,7 @@
 """on_training_event: EventBridge's "SageMaker Training Job State Change" -> heartbeat, or archive and call back.
 
-Events of jobs this stack did not start are ignored; repeated events archive once and call back once.
+Events of jobs this stack did not start are ignored; repeated events archive once and call back once. What is done
+follows DescribeTrainingJob, for the run's current attempt only: a forged or replayed event changes nothing.
 """
 
 from __future__ import annotations

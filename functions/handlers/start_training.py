@@ -2,7 +2,8 @@
 
 Invoked by `lambda:invoke.waitForTaskToken` with the state document plus "task_token"; returns at once with
 {training_job_name, attempt} while the state machine waits for the job's end. Raises QuotaExceeded when SageMaker
-answers ResourceLimitExceeded.
+answers ResourceLimitExceeded, and TrainingJobStillRunning rather than start a job beside a live one of the run; a
+retried invocation adopts its attempt's job (steps/training.py).
 """
 
 from __future__ import annotations

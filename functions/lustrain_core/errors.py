@@ -142,6 +142,17 @@ class TrainingStopped(LustrainError):
     """The training job was stopped: by hand, or when it reached its maximum runtime."""
 
 
+class TrainingJobStillRunning(LustrainError):
+    """Another training job of the run is still InProgress or Stopping: no second one starts beside it (a run never
+    pays for two fleets at once). start_training raises it; the run ends and its teardown stops the live job."""
+
+
+class TrainingJobCompleted(LustrainError):
+    """A retried start_training found its attempt's job Completed and its end already answered to the token of the
+    task's earlier try, which no longer waits: its message is the training task's output ($.training), which the
+    state machine takes as the task's result."""
+
+
 class BudgetExceeded(LustrainError):
     """The run's budget is spent: its training job reached the MaxRuntimeInSeconds the budget left it (what it
     wrote is archived), or the budget left a next attempt too little time to start one."""
@@ -196,6 +207,8 @@ ALL_ERRORS: dict[str, type[LustrainError]] = {
         SpotInterrupted,
         TrainingFailed,
         TrainingStopped,
+        TrainingJobStillRunning,
+        TrainingJobCompleted,
         BudgetExceeded,
         TrainingTimedOut,
         StepFunctionsError,

@@ -212,7 +212,9 @@ def _next_attempt(event: dict[str, Any]) -> dict[str, Any]:
         error=failure["Error"],
     )
     attempts = [*(Attempt.model_validate(a) for a in done), attempt]
-    return dumped(Recovery(attempts=attempts, retry=len(attempts) <= SCENARIO.retries, wait_seconds=0, reason="stub"))
+    return dumped(
+        Recovery(attempts=attempts, retry=len(attempts) <= SCENARIO.retries, wait_seconds=0, reason="stub")
+    )
 
 
 def _install_stubs() -> None:
@@ -230,7 +232,9 @@ def _install_stubs() -> None:
         ),
         "create_filesystem": lambda event: _filesystem(event, 0),
         "check_filesystem": lambda event: _filesystem(event, event["filesystem"]["polls"] + 1),
-        "upload_code": lambda event: dumped(Code(submit_directory="s3://lustrain-artifacts/code/x/sourcedir.tar.gz")),
+        "upload_code": lambda event: dumped(
+            Code(submit_directory="s3://lustrain-artifacts/code/x/sourcedir.tar.gz")
+        ),
         "start_training": _start_training,
         "next_attempt": _next_attempt,
         "teardown": lambda event: {"deleted": ["fs-0123456789abcdef0", "vpc-1"], "kept": []},
@@ -413,7 +417,9 @@ def test_a_run_whose_queue_time_runs_out_ends_quota_exceeded_having_created_noth
 
 
 def test_a_later_attempt_goes_back_through_the_queue_and_starts_on_the_same_network(machine: Machine) -> None:
-    SCENARIO.trainings = [("failure", "QuotaExceeded", "ResourceLimitExceeded: another workload took the quota")]
+    SCENARIO.trainings = [
+        ("failure", "QuotaExceeded", "ResourceLimitExceeded: another workload took the quota")
+    ]
     SCENARIO.training = ("success", TRAINING_OUTPUT)
     SCENARIO.retries = 1
 
@@ -516,7 +522,9 @@ def test_a_training_failure_reported_by_callback_is_torn_down(machine: Machine) 
 def test_a_retried_attempt_starts_training_again_and_the_run_succeeds_listing_the_failed_one(
     machine: Machine,
 ) -> None:
-    SCENARIO.trainings = [("failure", "InfrastructureError", "InternalServerError: We encountered an internal error.")]
+    SCENARIO.trainings = [
+        ("failure", "InfrastructureError", "InternalServerError: We encountered an internal error.")
+    ]
     SCENARIO.training = ("success", TRAINING_OUTPUT)
     SCENARIO.retries = 1
 
@@ -533,8 +541,34 @@ def test_a_retried_attempt_starts_training_again_and_the_run_succeeds_listing_th
     assert "error" not in teardown
 
 
+def test_a_retried_start_that_finds_its_job_completed_ends_the_run_with_that_jobs_output(
+    machine: Machine,
+) -> None:
+    """start_training's retry found the attempt's job Completed and its end answered to the earlier try's token:
+    it raises TrainingJobCompleted with the training output, which the state machine takes as $.training (no
+    second job, no next_attempt)."""
+    from lustrain_core.errors import TrainingJobCompleted
+
+    SCENARIO.raise_at["start_training"] = TrainingJobCompleted(json.dumps(TRAINING_OUTPUT))
+
+    run = machine.run(S3_EVENT)
+
+    assert run["status"] == "SUCCEEDED", run.get("cause")
+    summary = json.loads(run["output"])
+    assert summary["training_job_name"] == TRAINING_OUTPUT["training_job_name"]
+    assert summary["archive_s3_uri"] == TRAINING_OUTPUT["archive_s3_uri"]
+    assert summary["training_billable_seconds"] == 5400
+    assert len(SCENARIO.called("start_training")) == 1 and SCENARIO.called("next_attempt") == []
+    (teardown,) = SCENARIO.called("teardown")
+    assert "error" not in teardown and teardown["training"] == TRAINING_OUTPUT
+
+
 def test_no_more_attempts_ends_the_run_with_the_last_attempts_error(machine: Machine) -> None:
-    SCENARIO.training = ("failure", "CapacityError", "CapacityError: Unable to provision requested ML compute capacity.")
+    SCENARIO.training = (
+        "failure",
+        "CapacityError",
+        "CapacityError: Unable to provision requested ML compute capacity.",
+    )
     SCENARIO.retries = 2
 
     run = machine.run(S3_EVENT)

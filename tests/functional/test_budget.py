@@ -63,6 +63,13 @@ def test_the_budget_left_after_an_attempt_shortens_the_next_and_ends_the_run_whe
     ended(first["training_job_name"], "Failed", "Failed", 7200, "InternalServerError: We encountered an internal error.")
     spent = PriceTable().billed_compute_usd("ml.p4d.24xlarge", 2, 7200)
     assert spent is not None
+    # the state machine's order: next_attempt judges the attempt before the next start_training
+    retried = invoke("next_attempt", {
+        **{k: v for k, v in document.items() if k != "task_token"},
+        "failure": {"Error": "InfrastructureError", "Cause": "InternalServerError: We encountered an internal error."},
+        "recovery": {"attempts": []},
+    })
+    assert retried["retry"] is True
 
     second = invoke("start_training", document)
     fs_hourly = cost["filesystem_usd"] / 2  # priced for 1 h of runtime + 1 h of creation and teardown

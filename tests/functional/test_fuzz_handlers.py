@@ -72,6 +72,8 @@ ENV = {
     "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/fuzz-sagemaker",
     "STACK_NAME": "fuzz",
     "LUSTRAIN_TEARDOWN_POLL_SECONDS": "0.05",
+    # the stack's state machine, whose executions' ends on_execution_end verifies (none exists here)
+    "LUSTRAIN_STATE_MACHINE_ARN": f"arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:TrainingJobStateMachine-7Zk2Ld9QpX4r",
     "POWERTOOLS_LOG_LEVEL": "ERROR",
 }
 SPEC: dict[str, Any] = {

@@ -38,7 +38,10 @@ def ended_in_failure(tokens_table: str, name: str, reason: str) -> None:
 
 def failed(event: dict, error: str) -> dict:
     document = {k: v for k, v in event.items() if k != "task_token"}
-    return {**document, "failure": {"Error": error, "Cause": "InternalServerError: We encountered an internal error."}}
+    return {
+        **document,
+        "failure": {"Error": error, "Cause": "InternalServerError: We encountered an internal error."},
+    }
 
 
 def test_an_infrastructure_fault_starts_another_attempt_and_the_attempt_is_recorded(started):
@@ -50,11 +53,38 @@ def test_an_infrastructure_fault_starts_another_attempt_and_the_attempt_is_recor
 
     assert decided["retry"] is True and decided["wait_seconds"] == 15
     (attempt,) = decided["attempts"]
-    assert (attempt["attempt"], attempt["training_job_name"], attempt["failure_class"]) == (1, name, "infrastructure")
+    assert (attempt["attempt"], attempt["training_job_name"], attempt["failure_class"]) == (
+        1,
+        name,
+        "infrastructure",
+    )
     assert attempt["outcome"] == "Failed"
     # the next start_training is attempt 2, with a name of its own
+    assert job_record(started.jobs_table, event["job"]["job_id"])["judged_attempt"] == 1
     assert invoke("start_training", event)["training_job_name"].endswith("-2")
     assert job_record(started.jobs_table, event["job"]["job_id"])["training_attempts"] == 2
+
+
+def test_no_attempt_starts_beside_a_live_job_the_run_ends_clearly(started):
+    """A CapacityError reached next_attempt (a forged callback, or one from before events were verified) while
+    SageMaker says the job is InProgress: no retry, the reason names the live job, and the run's teardown stops
+    it."""
+    from lustrain_core import clients
+
+    event = training_input()
+    name = invoke("start_training", event)["training_job_name"]
+
+    decided = invoke("next_attempt", failed(event, "CapacityError"))
+
+    assert decided["retry"] is False and decided["wait_seconds"] == 0
+    assert (
+        f"{name} is InProgress" in decided["reason"]
+        and "no other attempt starts beside a live one" in decided["reason"]
+    )
+    (attempt,) = decided["attempts"]
+    assert (attempt["training_job_name"], attempt["outcome"]) == (name, "InProgress")
+    jobs = clients.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]
+    assert [j["TrainingJobName"] for j in jobs] == [name]
 
 
 def test_the_users_own_error_ends_the_run_and_the_last_attempt_allowed_is_the_last(started):
@@ -67,7 +97,9 @@ def test_the_users_own_error_ends_the_run_and_the_last_attempt_allowed_is_the_la
     assert capacity["retry"] is False and "compute.max_attempts=1" in capacity["reason"]
 
 
-def test_a_start_sagemaker_refused_is_no_attempt_and_goes_back_to_the_queue_a_bounded_number_of_times(started):
+def test_a_start_sagemaker_refused_is_no_attempt_and_goes_back_to_the_queue_a_bounded_number_of_times(
+    started,
+):
     from lustrain_core import clients, recovery
 
     event = training_input()

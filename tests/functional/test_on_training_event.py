@@ -1,8 +1,10 @@
-"""on_training_event on moto: SageMaker's state changes answered to the waiting execution, once each.
+"""on_training_event on moto: SageMaker's state changes answered to the waiting execution, once each, as
+DescribeTrainingJob gives them, never as the event says.
 
-The job is started by start_training on the twin and held there; the Completed / Failed / Stopped description
-SageMaker would give is then served by botocore's Stubber (it checks the answer against the API model), while
-S3, DynamoDB and Step Functions stay moto. The SFN client's calls are recorded as sent.
+The job is started by start_training on the twin and held there; a Failed / Stopped job is the twin's job moved
+to that state, and the Completed description (with its artifacts and metrics) is served by botocore's Stubber (it
+checks the answer against the API model), while S3, DynamoDB and Step Functions stay moto. The SFN client's calls
+are recorded as sent. Forged and replayed events change nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from botocore.stub import ANY, Stubber
 from infra_support import REGION, invoke
 from lustrain_core import clients
 from lustrain_core.errors import AwsThrottled
-from training_support import RESULTS_BUCKET, TOKEN, calls_of, held_training_jobs, token_item, training_input
+from training_support import (
+    RESULTS_BUCKET,
+    TOKEN,
+    calls_of,
+    held_training_jobs,
+    move_job,
+    token_item,
+    training_input,
+)
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 MODEL = b"model weights " * 1000
@@ -159,6 +169,7 @@ def test_the_manifest_lists_every_archived_object_with_its_size_and_sha256(start
 def test_failed_with_capacity_error_fails_the_task_as_capacity_error_once(started):
     settings, name = started["settings"], started["name"]
     reason = "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
+    move_job(name, "Failed", "Failed", reason)
     event = state_change(name, "Failed", SecondaryStatus="Failed", FailureReason=reason)
 
     with calls_of(clients.client("stepfunctions")) as sfn_calls:
@@ -171,6 +182,7 @@ def test_failed_with_capacity_error_fails_the_task_as_capacity_error_once(starte
 
 
 def test_stopped_fails_the_task_as_training_stopped(started):
+    move_job(started["name"], "Stopped", "MaxRuntimeExceeded")
     event = state_change(started["name"], "Stopped", SecondaryStatus="MaxRuntimeExceeded")
     with calls_of(clients.client("stepfunctions")) as sfn_calls:
         invoke("on_training_event", event)
@@ -181,8 +193,9 @@ def test_stopped_fails_the_task_as_training_stopped(started):
 
 def test_in_progress_sends_a_heartbeat_and_notes_the_secondary_status(started):
     settings, name = started["settings"], started["name"]
+    move_job(name, "InProgress", "Downloading")
     with calls_of(clients.client("stepfunctions")) as sfn_calls:
-        result = invoke("on_training_event", state_change(name, "InProgress", SecondaryStatus="Downloading"))
+        result = invoke("on_training_event", state_change(name, "InProgress", SecondaryStatus="Starting"))
     assert sfn_calls == [("SendTaskHeartbeat", {"taskToken": TOKEN})]
     assert result["heartbeat"] == "sent"
     item = token_item(settings.tokens_table, name)
@@ -227,3 +240,99 @@ def test_a_throttled_callback_is_retried_by_the_next_delivery_without_archiving_
     assert result["callback"] == "send_task_success"
     assert [op for op, _ in sfn_calls] == ["SendTaskSuccess"]
     assert not [op for op, _ in s3_calls if op in WRITES]
+
+
+def test_a_forged_capacity_error_for_a_live_job_changes_nothing(started):
+    """The event says Failed / CapacityError; SageMaker says the job is InProgress: no callback, no heartbeat,
+    the token still waits for the job's real end (and no second attempt can start beside it)."""
+    settings, name = started["settings"], started["name"]
+    reason = "CapacityError: Unable to provision requested ML compute capacity."
+    event = state_change(name, "Failed", SecondaryStatus="Failed", FailureReason=reason)
+
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        result = invoke("on_training_event", event)
+
+    assert result["ignored"] is True and result["sagemaker_status"] == "InProgress"
+    assert "the event says Failed but SageMaker says" in result["reason"]
+    assert sfn_calls == []
+    item = token_item(settings.tokens_table, name)
+    assert item["status"] == "waiting" and "outcome" not in item
+    jobs = boto3.client("sagemaker", region_name=REGION).list_training_jobs(StatusEquals="InProgress")
+    assert [j["TrainingJobName"] for j in jobs["TrainingJobSummaries"]] == [name]
+
+
+def test_the_failure_answered_is_sagemakers_not_the_events(started):
+    name = started["name"]
+    move_job(name, "Failed", "Failed", "AlgorithmError: ExecuteUserScriptError: exit code 1")
+    forged = state_change(
+        name, "Failed", FailureReason="CapacityError: Unable to provision requested ML compute."
+    )
+
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        result = invoke("on_training_event", forged)
+
+    assert result["error"] == "TrainingFailed"
+    ((operation, params),) = sfn_calls
+    assert (operation, params["error"]) == ("SendTaskFailure", "TrainingFailed")
+    assert params["cause"].startswith("AlgorithmError")
+
+
+def test_a_replayed_end_after_the_callback_changes_nothing(started):
+    name = started["name"]
+    move_job(name, "Failed", "Failed", "InternalServerError: We encountered an internal error.")
+    event = state_change(
+        name, "Failed", FailureReason="InternalServerError: We encountered an internal error."
+    )
+    invoke("on_training_event", event)
+
+    with calls_of(clients.client("stepfunctions")) as sfn_calls, calls_of(clients.client("sagemaker")) as sm:
+        replay = invoke("on_training_event", event)
+    assert replay["duplicate"] is True and sfn_calls == [] and sm == []
+
+
+def _record_says(settings, job_id: str, expression: str, values: dict) -> None:
+    clients.client("dynamodb").update_item(
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression=expression,
+        ExpressionAttributeValues=values,
+    )
+
+
+def test_an_event_for_an_attempt_the_run_has_left_changes_nothing(started):
+    """The run's record has moved on to attempt 2: attempt 1's end, whatever SageMaker says of it, answers nothing
+    (the token that waits belongs to attempt 2's task)."""
+    settings, name, job_id = started["settings"], started["name"], started["job_id"]
+    move_job(name, "Failed", "Failed", "CapacityError: Unable to provision requested ML compute capacity.")
+    _record_says(settings, job_id, "SET training_attempts = :two", {":two": {"N": "2"}})
+
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        result = invoke("on_training_event", state_change(name, "Failed"))
+
+    assert (
+        result["ignored"] is True and "not run" in result["reason"] and "current attempt" in result["reason"]
+    )
+    assert sfn_calls == [] and token_item(settings.tokens_table, name)["status"] == "waiting"
+
+
+def test_an_event_for_an_attempt_already_judged_changes_nothing(started):
+    settings, name, job_id = started["settings"], started["name"], started["job_id"]
+    move_job(name, "Failed", "Failed", "CapacityError: Unable to provision requested ML compute capacity.")
+    _record_says(settings, job_id, "SET judged_attempt = :one", {":one": {"N": "1"}})
+
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        result = invoke("on_training_event", state_change(name, "Failed"))
+
+    assert result["ignored"] is True and "judged already" in result["reason"]
+    assert sfn_calls == []
+
+
+def test_a_late_in_progress_event_for_an_ended_job_answers_its_end(started):
+    """Events come out of order: an InProgress delivered after the job failed answers the failure SageMaker
+    describes."""
+    name = started["name"]
+    move_job(name, "Failed", "Failed", "InternalServerError: We encountered an internal error.")
+    with calls_of(clients.client("stepfunctions")) as sfn_calls:
+        result = invoke("on_training_event", state_change(name, "InProgress", SecondaryStatus="Training"))
+    assert result["error"] == "InfrastructureError"
+    assert [op for op, _ in sfn_calls] == ["SendTaskFailure"]

@@ -1,17 +1,25 @@
-"""start_training on moto with the twin's SageMaker: the token is kept first, then the job is created; retries
-adopt the running job or start a new attempt, and SageMaker's refusals become the errors the state machine
-catches."""
+"""start_training on moto with the twin's SageMaker: the token is kept first, then the job is created; a retried
+start (its earlier try's answer lost: Lambda's timeout, a lost response) adopts its attempt's job whatever its
+state, a new attempt starts only once next_attempt judged the last and no job of the run is live, and SageMaker's
+refusals become the errors the state machine catches."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import boto3
 import pytest
 from infra_support import REGION, invoke, job_record, spec
 from lustrain_core import clients
-from lustrain_core.errors import AwsThrottled, QuotaExceeded
-from training_support import TOKEN, calls_of, held_training_jobs, token_item, training_input
+from lustrain_core.errors import (
+    AwsThrottled,
+    CapacityError,
+    QuotaExceeded,
+    TrainingJobCompleted,
+    TrainingJobStillRunning,
+)
+from training_support import TOKEN, calls_of, held_training_jobs, move_job, token_item, training_input
 
 
 @pytest.fixture
@@ -83,19 +91,132 @@ def test_a_retry_while_the_job_runs_adopts_it_with_the_new_token(p4d_quota):
     assert token_item(settings.tokens_table, first["training_job_name"])["token"] == "AQCEAAAA-second-token"
 
 
-def test_a_retry_after_the_job_ended_starts_a_new_attempt_with_a_new_name(p4d_quota):
+def in_progress() -> list[str]:
+    jobs = boto3.client("sagemaker", region_name=REGION).list_training_jobs(StatusEquals="InProgress")
+    return [j["TrainingJobName"] for j in jobs["TrainingJobSummaries"]]
+
+
+def judged(settings, job_id: str, attempt: int) -> None:
+    """What next_attempt leaves in the record once it has judged an attempt."""
+    clients.client("dynamodb").update_item(
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="SET judged_attempt = :n",
+        ExpressionAttributeValues={":n": {"N": str(attempt)}},
+    )
+
+
+def answered(settings, name: str, outcome: dict) -> None:
+    """What on_training_event leaves once it answered the job's end (to a token that may no longer wait)."""
+    from lustrain_core.steps import records
+
+    clients.client("dynamodb").update_item(
+        TableName=settings.tokens_table,
+        Key={"training_job_name": {"S": name}},
+        UpdateExpression="SET #status = :sent, outcome = :outcome",
+        ExpressionAttributeNames={"#status": "status"},
+        ExpressionAttributeValues={
+            ":sent": {"S": "callback_sent"},
+            ":outcome": records.to_attribute(outcome),
+        },
+    )
+
+
+def test_repeated_lost_answers_adopt_the_one_job_whatever_its_state(p4d_quota):
+    """start_training's answer lost three times (Lambda's timeout each time, the handler having run to its end):
+    one job, whose token is the last try's, through its end."""
+    settings = p4d_quota
     event = training_input()
     first = invoke("start_training", event)
-    sagemaker = boto3.client("sagemaker", region_name=REGION)
-    sagemaker.stop_training_job(TrainingJobName=first["training_job_name"])
+    name = first["training_job_name"]
+
+    second = invoke("start_training", {**event, "task_token": "AQCEAAAA-second-token"})
+    move_job(name, "Stopped", "Stopped")  # the job ends before the third try; its event is not yet handled
+    third = invoke("start_training", {**event, "task_token": "AQCEAAAA-third-token"})
+
+    assert [r["training_job_name"] for r in (first, second, third)] == [name] * 3
+    assert (second["adopted"], third["adopted"], third["status"]) == (True, True, "Stopped")
+    jobs = boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"]
+    assert [j["TrainingJobName"] for j in jobs] == [name]
+    item = token_item(settings.tokens_table, name)
+    assert (item["token"], item["status"]) == (
+        "AQCEAAAA-third-token",
+        "waiting",
+    )  # its event answers this try
+    assert job_record(settings.jobs_table, event["job"]["job_id"])["training_attempts"] == 1
+
+
+def test_a_retry_after_the_end_was_answered_to_the_earlier_token_gets_that_end(p4d_quota):
+    """The job failed and on_training_event answered the first try's token, which no longer waits (the try timed
+    out): the retry fails with that end, for next_attempt to judge, and starts nothing."""
+    settings = p4d_quota
+    event = training_input()
+    name = invoke("start_training", event)["training_job_name"]
+    reason = "CapacityError: Unable to provision requested ML compute capacity."
+    move_job(name, "Failed", "Failed", reason)
+    answered(settings, name, {"error": "CapacityError", "cause": reason})
+
+    with pytest.raises(CapacityError, match="Unable to provision") as info:
+        invoke("start_training", {**event, "task_token": "AQCEAAAA-second-token"})
+
+    assert info.value.details == {"training_job_name": name, "adopted": True}
+    assert (
+        len(boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"]) == 1
+    )
+    assert job_record(settings.jobs_table, event["job"]["job_id"])["training_attempts"] == 1
+
+
+def test_a_retry_after_a_completed_end_was_answered_gets_the_training_output(p4d_quota):
+    settings = p4d_quota
+    event = training_input()
+    name = invoke("start_training", event)["training_job_name"]
+    move_job(name, "Completed", "Completed")
+    output = {"training_job_name": name, "status": "Completed", "archive_s3_uri": "s3://a/archive/x/"}
+    answered(settings, name, output)
+
+    with pytest.raises(TrainingJobCompleted) as info:
+        invoke("start_training", {**event, "task_token": "AQCEAAAA-second-token"})
+
+    assert json.loads(str(info.value)) == output  # the state machine takes it as $.training
+    assert (
+        len(boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"]) == 1
+    )
+
+
+def test_after_next_attempt_judged_the_ended_job_a_new_attempt_starts_with_a_new_name(p4d_quota):
+    settings = p4d_quota
+    event = training_input()
+    first = invoke("start_training", event)
+    move_job(
+        first["training_job_name"],
+        "Failed",
+        "Failed",
+        "InternalServerError: We encountered an internal error.",
+    )
+    judged(settings, event["job"]["job_id"], 1)
 
     again = invoke("start_training", {**event, "task_token": "AQCEAAAA-second-token"})
 
     assert again["attempt"] == 2 and again["adopted"] is False
     assert again["training_job_name"] == first["training_job_name"][:-1] + "2"
-    assert sagemaker.describe_training_job(TrainingJobName=again["training_job_name"])[
-        "TrainingJobStatus"
-    ] == ("InProgress")
+    assert in_progress() == [again["training_job_name"]]
+
+
+@pytest.mark.parametrize("status", ["InProgress", "Stopping"])
+def test_no_new_attempt_starts_while_a_job_of_the_run_is_live(p4d_quota, status):
+    """Attempt 1 was judged (say on a forged failure) but its job still runs: the next start refuses."""
+    settings = p4d_quota
+    event = training_input()
+    name = invoke("start_training", event)["training_job_name"]
+    move_job(name, status, "Training" if status == "InProgress" else "Stopping")
+    judged(settings, event["job"]["job_id"], 1)
+
+    with pytest.raises(TrainingJobStillRunning, match=f"{name} \\({status}\\)"):
+        invoke("start_training", {**event, "task_token": "AQCEAAAA-second-token"})
+
+    jobs = boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"]
+    assert [j["TrainingJobName"] for j in jobs] == [name]
+    assert job_record(settings.jobs_table, event["job"]["job_id"])["training_attempts"] == 1
 
 
 def test_resource_limit_exceeded_is_quota_exceeded_and_leaves_no_token(aws):

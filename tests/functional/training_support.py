@@ -100,3 +100,12 @@ def token_item(table: str, name: str) -> dict[str, Any] | None:
         TableName=table, Key={"training_job_name": {"S": name}}, ConsistentRead=True
     )
     return records.from_item(item["Item"]) if "Item" in item else None
+
+
+def move_job(name: str, status: str, secondary: str, reason: str | None = None) -> None:
+    """What DescribeTrainingJob says of a held job from now on (the twin's job moves; no event is sent)."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    from lustrain.twin.patches.sagemaker import _state
+
+    _state(sagemaker_backends["123456789012"][REGION]).jobs[name]._move(status, secondary, reason)

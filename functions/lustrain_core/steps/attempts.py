@@ -11,7 +11,16 @@ The state machine's Catch on the training task puts the attempt's end in $.failu
    another attempt under a minute of training (steps/budget.py; start_training shortens the attempt's
    MaxRuntimeInSeconds to what the budget leaves);
 3. returns $.recovery: the attempts so far with this one appended, `retry`, and `wait_seconds` (the class's
-   wait, capped by the stack's LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS).
+   wait, capped by the stack's LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS);
+4. notes in the record that the attempt was judged (`judged_attempt`): a later event of its job is a replay
+   (on_training_event ignores it) and the next start_training starts a new attempt rather than adopting this one.
+
+No attempt starts beside a live one. If DescribeTrainingJob says the attempt's job is still InProgress or
+Stopping, next_attempt refuses another attempt and the run ends: the run's teardown stops the job (the trainer
+checkpoints on SIGTERM, and a new run can resume from it). It does not wait: on_training_event answers only an end
+SageMaker confirms, so a live job reaches here only when its events stopped coming (States.Timeout,
+States.HeartbeatTimeout) or its token was answered by someone else; when, or whether, it ends is unknown, and a
+wait loop would only spend the execution's history while the fleet runs unwatched.
 
 On retry the state machine waits, then the run goes through the capacity queue again (steps/queue.py) and runs
 start_training once admitted: a new training job on the same network and file system, whose trainer resumes from the newest checkpoint in the run's own checkpoint location. The network
@@ -36,6 +45,8 @@ WAIT_MAX_SETTING = "LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS"
 #: the trainer's metrics that say how far an attempt got (trainer/lustrain_trainer/metrics.py)
 STEP_METRIC = "step"
 RESUMED_METRIC = "resumed_from"
+#: a training job in one of these still holds (or is releasing) its instances
+LIVE = frozenset({"InProgress", "Stopping"})
 
 
 def _wait_cap(settings: Settings) -> int | None:
@@ -66,9 +77,7 @@ def _this_attempt(run: Run, sagemaker: Any, number: int) -> Attempt:
     name = training_job_name(run.job.spec.name, run.job.job_id, number)
     description = _describe(sagemaker, name)
     if description is None:
-        return Attempt(
-            attempt=number, outcome="NotStarted", error=failure.Error, failure_class=failure_class
-        )
+        return Attempt(attempt=number, outcome="NotStarted", error=failure.Error, failure_class=failure_class)
     billable = int(description.get("BillableTimeInSeconds") or 0)
     return Attempt(
         attempt=number,
@@ -121,6 +130,13 @@ def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings
     number = int(record.get("training_attempts") or 0)
     earlier = [a for a in run.recovery.attempts if a.attempt != number]
     attempt = _this_attempt(run, sagemaker, number)
+    decided = _decided(run, attempt, earlier, settings)
+    if number >= 1:
+        records.set_fields(ddb, settings.jobs_table, run.job.job_id, {"judged_attempt": number})
+    return decided
+
+
+def _decided(run: Run, attempt: Attempt, earlier: list[Attempt], settings: Settings) -> Recovery:
     refusal = _refusal(run, attempt, earlier)
     if refusal is not None:
         return refusal
@@ -128,6 +144,13 @@ def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings
     spent = round(sum(a.cost_usd for a in attempts), 2)
     ran = sum(1 for a in attempts if a.training_job_name is not None)
     retry, wait, reason = decide(run, attempt, spent, settings, ran)
+    if retry and attempt.outcome in LIVE:
+        retry, wait = False, 0
+        reason = (
+            f"{attempt.error} ended attempt {attempt.attempt}, but SageMaker says its training job "
+            f"{attempt.training_job_name} is {attempt.outcome}: no other attempt starts beside a live one, so the "
+            "run ends and its teardown stops the job (the trainer checkpoints on SIGTERM)"
+        )
     return Recovery(
         attempts=attempts,
         retry=retry,

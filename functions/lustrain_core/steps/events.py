@@ -15,6 +15,20 @@ Events can repeat and arrive out of order. The tokens item's status moves from "
 one conditional UpdateItem, and only the delivery that made that move calls back; if its SendTask* call then
 fails for a reason worth retrying, the move is undone and the error raised, so the next delivery tries again. An
 execution that already ended (TaskTimedOut, InvalidToken, TaskDoesNotExist) is noted and left alone.
+
+Nothing an event says is believed. EventBridge delivers SageMaker's events, but the function can be invoked with
+any event (by whoever may invoke it, or a rule put on the bus by someone else), and events repeat and come late.
+So before anything is done:
+
+- the job must be the run's current attempt: the tokens item names the run and the attempt, and the run's record
+  (its `training_attempts`, and `judged_attempt`, the last attempt next_attempt has judged) must say this job,
+  named `<spec name>-<8 hex of the job id>-<attempt>`, is the one the run waits for; an older attempt's event, or
+  one whose attempt was judged already, changes nothing (a replay);
+- a token already answered changes nothing (a replay);
+- DescribeTrainingJob says what happened: its status, SecondaryStatus and FailureReason are what the handler acts
+  on, not the event's. An event that claims an end for a job SageMaker says is still InProgress or Stopping (a
+  forged "Failed / CapacityError") changes nothing, not even a heartbeat; a late InProgress event for a job that
+  has ended answers the end SageMaker describes.
 """
 
 from __future__ import annotations
@@ -29,19 +43,23 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lustrain_core import recovery
-from lustrain_core.aws_errors import CONDITION_FAILED, error_code
+from lustrain_core.aws_errors import CONDITION_FAILED, error_code, training_job_missing
 from lustrain_core.config import Settings
-from lustrain_core.errors import EventInvalid
+from lustrain_core.errors import EventInvalid, LustrainError
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
-from lustrain_core.steps.training import CALLBACK_SENT, WAITING, get_token_item, token_key
+from lustrain_core.steps.training import CALLBACK_SENT, WAITING, get_token_item, token_key, training_job_name
 
 DETAIL_TYPE = "SageMaker Training Job State Change"
 #: SendTask* answers meaning the execution is no longer waiting for this token
 GONE_CODES = frozenset({"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"})
 MAX_ERROR_CHARS = 256
 MAX_CAUSE_CHARS = 32768
+#: a job in one of these holds (or is releasing) its instances: no end to answer yet
+LIVE = frozenset({"InProgress", "Stopping"})
+#: the ends a task is answered for
+ENDED = frozenset({"Completed", "Failed", "Stopped"})
 
 
 class TrainingModelArtifacts(BaseModel):
@@ -155,8 +173,38 @@ def _call_back(
     return {"callback": send}
 
 
+def not_current(ddb: Any, settings: Settings, item: dict[str, Any], name: str) -> str | None:
+    """Why the job is not the attempt its run waits for (None when it is): the run's record decides."""
+    job_id = str(item.get("job_id") or "")
+    record = records.get(ddb, settings.jobs_table, job_id) if job_id else None
+    if record is None:
+        return f"the tokens item names run {job_id or '(none)'}, which has no job record"
+    attempts = int(record.get("training_attempts") or 0)
+    spec_name = str((record.get("spec") or {}).get("name") or "")
+    try:
+        current = training_job_name(spec_name, job_id, attempts) if attempts >= 1 else None
+    except (ValueError, LustrainError):
+        current = None
+    if current != name or int(item.get("attempt") or 0) != attempts:
+        return f"{name} is not run {job_id}'s current attempt (attempt {attempts}: {current})"
+    judged = int(record.get("judged_attempt") or 0)
+    if judged >= attempts:
+        return f"attempt {attempts} of run {job_id} was judged already (next_attempt): a replayed event"
+    return None
+
+
+def describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
+    """DescribeTrainingJob's answer, or None where SageMaker knows no such job."""
+    try:
+        return dict(sagemaker.describe_training_job(TrainingJobName=name))
+    except ClientError as exc:
+        if training_job_missing(exc):
+            return None
+        raise
+
+
 def _heartbeat(
-    sfn: Any, ddb: Any, settings: Settings, item: dict[str, Any], detail: TrainingJobStateChange
+    sfn: Any, ddb: Any, settings: Settings, item: dict[str, Any], description: dict[str, Any]
 ) -> dict[str, Any]:
     try:
         sfn.send_task_heartbeat(taskToken=item["token"])
@@ -164,16 +212,17 @@ def _heartbeat(
         if error_code(exc) in GONE_CODES:
             return {"heartbeat": "execution_gone", "reason": error_code(exc)}
         raise
+    secondary = str(description.get("SecondaryStatus") or "")
     try:
         ddb.update_item(
             TableName=settings.tokens_table,
-            Key=token_key(detail.TrainingJobName),
+            Key=token_key(str(description["TrainingJobName"])),
             UpdateExpression="SET secondary_status = :secondary, job_status = :status, updated_at = :now",
             ConditionExpression="#status = :waiting",
             ExpressionAttributeNames={"#status": "status"},
             ExpressionAttributeValues={
-                ":secondary": {"S": detail.SecondaryStatus or ""},
-                ":status": {"S": detail.TrainingJobStatus},
+                ":secondary": {"S": secondary},
+                ":status": {"S": str(description["TrainingJobStatus"])},
                 ":now": {"S": records.now_iso()},
                 ":waiting": {"S": WAITING},
             },
@@ -181,7 +230,7 @@ def _heartbeat(
     except ClientError as exc:
         if error_code(exc) != CONDITION_FAILED:
             raise
-    return {"heartbeat": "sent", "secondary_status": detail.SecondaryStatus}
+    return {"heartbeat": "sent", "secondary_status": secondary}
 
 
 def completed_output(
@@ -202,43 +251,74 @@ def completed_output(
 def on_training_event(
     event: TrainingJobStateChangeEvent, *, sfn: Any, ddb: Any, s3: Any, sagemaker: Any, settings: Settings
 ) -> dict[str, Any]:
-    """Answer one state change of a training job; returns what was done (for the log)."""
+    """Answer one state change of a training job, as SageMaker describes it; returns what was done (for the log)."""
     detail = event.detail
-    name, status = detail.TrainingJobName, detail.TrainingJobStatus
-    result: dict[str, Any] = {"training_job_name": name, "status": status}
+    name = detail.TrainingJobName
+    result: dict[str, Any] = {"training_job_name": name, "status": detail.TrainingJobStatus}
     item = get_token_item(ddb, settings, name)
     if item is None:
         return {**result, "ignored": True, "reason": "not started by this stack's start_training"}
     result["job_id"] = item.get("job_id")
     if item.get("status") == CALLBACK_SENT:
-        return {**result, "duplicate": True}
+        return {**result, "duplicate": True, "reason": "the job's end was answered already"}
+    why = not_current(ddb, settings, item, name)
+    if why is not None:
+        return {**result, "ignored": True, "reason": why}
+    description = describe(sagemaker, name)
+    if description is None:
+        return {**result, "ignored": True, "reason": f"SageMaker knows no training job {name}"}
+    return {**result, **answer(description, item, sfn=sfn, ddb=ddb, s3=s3, settings=settings, claimed=detail)}
 
-    if status in ("InProgress", "Stopping"):
-        return {**result, **_heartbeat(sfn, ddb, settings, item, detail)}
+
+def answer(
+    description: dict[str, Any],
+    item: dict[str, Any],
+    *,
+    sfn: Any,
+    ddb: Any,
+    s3: Any,
+    settings: Settings,
+    claimed: TrainingJobStateChange | None = None,
+) -> dict[str, Any]:
+    """Act on the job as DescribeTrainingJob gives it: a heartbeat while it runs, the callback once it ended.
+    `claimed`: what the event said, which decides nothing (an end SageMaker does not confirm changes nothing)."""
+    name, status = str(description["TrainingJobName"]), str(description["TrainingJobStatus"])
+    said = claimed.TrainingJobStatus if claimed is not None else status
+    seen: dict[str, Any] = {"sagemaker_status": status}
+    if status in LIVE:
+        if said in ENDED:
+            return {
+                **seen,
+                "ignored": True,
+                "reason": f"the event says {said} but SageMaker says {name} is {status}: nothing done",
+            }
+        return {**seen, **_heartbeat(sfn, ddb, settings, item, description)}
+    if status not in ENDED:
+        return {**seen, "ignored": True, "reason": f"SageMaker says {name} is {status}: nothing to answer"}
 
     if status == "Completed":
-        description = sagemaker.describe_training_job(TrainingJobName=name)
         manifest = archive_training_job(s3, description, str(item["archive_target"]), str(item["job_id"]))
         output = completed_output(description, manifest, manifest["archive_s3_uri"] + MANIFEST)
         done = _call_back(sfn, ddb, settings, name, output, "send_task_success", output=json.dumps(output))
-        return {**result, **done, "output": output}
+        return {**seen, **done, "output": output}
 
+    secondary = description.get("SecondaryStatus")
+    reason = description.get("FailureReason")
     failure = recovery.classify(
         status,
-        detail.FailureReason,
-        secondary_status=detail.SecondaryStatus,
+        reason,
+        secondary_status=secondary,
         spot=bool(item.get("spot")),
         budget_bound=bool((item.get("budget") or {}).get("binds")),
     )
     error = recovery.POLICY[failure].error
     if status == "Failed":
-        cause = detail.FailureReason or "SageMaker gave no FailureReason"
+        cause = reason or "SageMaker gave no FailureReason"
     else:
-        cause = f"training job {name} was stopped ({detail.SecondaryStatus or 'Stopped'})"
+        cause = f"training job {name} was stopped ({secondary or 'Stopped'})"
     outcome: dict[str, Any] = {"error": error, "cause": cause}
     if failure is recovery.FailureClass.BUDGET:
         # SageMaker uploaded what the job wrote when it stopped it (the trainer saved on SIGTERM): keep it
-        description = sagemaker.describe_training_job(TrainingJobName=name)
         manifest = archive_training_job(s3, description, str(item["archive_target"]), str(item["job_id"]))
         budget = item.get("budget") or {}
         cause = (
@@ -257,4 +337,4 @@ def on_training_event(
         error=error[:MAX_ERROR_CHARS],
         cause=cause[:MAX_CAUSE_CHARS],
     )
-    return {**result, **done, **outcome}
+    return {**seen, **done, **outcome}

@@ -7,6 +7,12 @@ neither does it for an execution that outlived its TimeoutSeconds (TIMED_OUT) or
 Change", source aws.states), and the stack's rule sends ABORTED, TIMED_OUT and FAILED of its own state machine
 here. Per event:
 
+- the event is verified before anything is done: it must name this stack's own state machine (its ARN is the
+  function's LUSTRAIN_STATE_MACHINE_ARN, set by template.yaml) and an execution of it, and DescribeExecution must
+  show that execution ended with the status the event gives. The function may be invoked with any event (by
+  anyone allowed lambda:InvokeFunction, or a rule someone else added): an event for another state machine, or
+  one whose execution still runs or ended otherwise, changes nothing and the result says why. The end that is
+  acted on (status, stop date, and error and cause where DescribeExecution gives them) is DescribeExecution's;
 - the run is found by its execution name (the jobs table's by-execution index); an execution that recorded no run
   (it failed in register_job, or was a duplicate start) created nothing: nothing to do;
 - a run whose record is finished with nothing left (a FAILED execution whose Catch already ran the teardown) is
@@ -25,18 +31,21 @@ retries the event (EventInvokeConfig) and the sweeper (steps/sweep.py) remains t
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import EventInvalid, RunCancelled, RunTimedOut
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import notify as notify_step
 from lustrain_core.steps import records
-from lustrain_core.steps.sweep import ABANDONED
+from lustrain_core.steps.sweep import ABANDONED, STATE_MACHINE_SETTING
 from lustrain_core.steps.teardown import Clock, teardown_job
 
 DETAIL_TYPE = "Step Functions Execution Status Change"
@@ -111,9 +120,62 @@ def run_error(change: ExecutionStatusChange) -> dict[str, str]:
     }
 
 
+def own_state_machine(settings: Settings) -> str:
+    """The ARN of this stack's state machine (template.yaml gives it to the function)."""
+    arn = settings.extra.get(STATE_MACHINE_SETTING, "").strip()
+    if not re.fullmatch(STATE_MACHINE_ARN, arn):
+        raise ValueError(
+            f"stack setting {STATE_MACHINE_SETTING}={arn!r} must be the ARN of the stack's state machine "
+            "(template.yaml sets it): without it no execution end can be verified"
+        )
+    return arn
+
+
+#: DescribeExecution's answer when the execution is not one Step Functions knows
+NO_EXECUTION = frozenset({"ExecutionDoesNotExist", "InvalidArn"})
+
+
+def verified_end(
+    change: ExecutionStatusChange, *, sfn: Any, settings: Settings
+) -> ExecutionStatusChange | str:
+    """The execution's end as Step Functions tells it (DescribeExecution), or why the event is not acted on."""
+    machine = own_state_machine(settings)
+    if change.stateMachineArn != machine:
+        return f"the event names state machine {change.stateMachineArn}, not this stack's ({machine})"
+    if change.executionArn != records.execution_arn(machine, change.name):
+        return f"execution {change.executionArn} is not the execution {change.name} of this stack's state machine"
+    try:
+        described = sfn.describe_execution(executionArn=change.executionArn)
+    except ClientError as exc:
+        if error_code(exc) in NO_EXECUTION:
+            return f"DescribeExecution knows no execution {change.executionArn} ({error_code(exc)})"
+        raise
+    status = str(described["status"])
+    if status != change.status:
+        return f"the event says {change.status} but DescribeExecution says {status}: nothing ended as the event says"
+    stopped = described.get("stopDate")
+    return ExecutionStatusChange(
+        executionArn=change.executionArn,
+        stateMachineArn=machine,
+        name=str(described.get("name") or change.name),
+        status=change.status,
+        startDate=_millis(described.get("startDate")),
+        stopDate=_millis(stopped),
+        # DescribeExecution documents error and cause for a failed execution; where it gives none for a stopped
+        # one, the event's words stand: on an end verified above they name who stopped it, and change nothing else
+        error=described.get("error") or change.error,
+        cause=described.get("cause") or change.cause,
+    )
+
+
+def _millis(moment: Any) -> int | None:
+    return int(moment.timestamp() * 1000) if isinstance(moment, datetime) else None
+
+
 def on_execution_end(
     event: Any,
     *,
+    sfn: Any,
     ec2: Any,
     fsx: Any,
     sagemaker: Any,
@@ -127,6 +189,10 @@ def on_execution_end(
     base = {"execution": change.executionArn, "status": change.status}
     if change.status not in WITHOUT_TEARDOWN:
         return {**base, "action": "none", "reason": f"a {change.status} execution ends with its own teardown"}
+    verified = verified_end(change, sfn=sfn, settings=settings)
+    if isinstance(verified, str):
+        return {**base, "action": "none", "reason": f"not verified: {verified}"}
+    change = verified
     record = records.find_by_execution(ddb, settings.jobs_table, change.name)
     if record is None:
         return {**base, "action": "none", "reason": "the execution recorded no run, so it created nothing"}
@@ -164,9 +230,20 @@ def on_execution_end(
         "teardown": result,
     }
     notice = notify_step.notify(document, sns=sns, settings=settings, ddb=ddb)
-    return {**base, "job_id": job_id, "action": "torn down", "error": error, "teardown": result, "notify": notice}
+    return {
+        **base,
+        "job_id": job_id,
+        "action": "torn down",
+        "error": error,
+        "teardown": result,
+        "notify": notice,
+    }
 
 
 def _latest_training_job(record: dict[str, Any]) -> str | None:
-    jobs = [r["id"] for r in record.get("resources", []) if isinstance(r, dict) and r.get("type") == "training_job"]
+    jobs = [
+        r["id"]
+        for r in record.get("resources", [])
+        if isinstance(r, dict) and r.get("type") == "training_job"
+    ]
     return str(jobs[-1]) if jobs else None

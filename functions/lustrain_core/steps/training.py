@@ -8,8 +8,21 @@ CreateTrainingJob: an event can never find a job it cannot answer for. The train
 not found there).
 
 Names are unique forever in SageMaker, so every attempt gets a new one: `<spec name>-<8 hex of job id>-<attempt>`,
-the attempt counted atomically in the job record. A retried invocation whose previous attempt's job is still
-running adopts that job (the token is moved to it) instead of starting a second fleet of p4d instances.
+the attempt counted atomically in the job record.
+
+A run never has two training jobs InProgress. A retried invocation (Lambda timed out, or its answer was lost, after
+the job was created) adopts the job of the record's latest attempt, whatever its state and the state of its token,
+as long as next_attempt has not judged that attempt (`judged_attempt` in the record):
+
+- its token still waits (the job runs, or its end has not been answered yet): the token is moved to this task, and
+  the job's events answer it;
+- its end was answered already, to the token of the task's earlier try, which no longer waits: the end is given
+  to this task as start_training's own error, the one on_training_event sent (CapacityError, TrainingStopped,
+  ...), or TrainingJobCompleted carrying the training output for a completed job (the state machine takes it as
+  the task's result); a job still running under an answered token gets the new token.
+
+A new attempt starts only when no job of the run's earlier attempts is InProgress or Stopping: otherwise
+TrainingJobStillRunning, and the run ends with its teardown stopping the live job.
 """
 
 from __future__ import annotations
@@ -26,7 +39,18 @@ from botocore.exceptions import ClientError
 from lustrain_core import images, recovery, secrets_launcher
 from lustrain_core.aws_errors import CONDITION_FAILED, QUOTA_REFUSED, error_code, training_job_missing
 from lustrain_core.config import Settings
-from lustrain_core.errors import MISSING, BudgetExceeded, FieldError, QuotaExceeded, SpecInvalid
+from lustrain_core.errors import (
+    ALL_ERRORS,
+    MISSING,
+    BudgetExceeded,
+    FieldError,
+    LustrainError,
+    QuotaExceeded,
+    SpecInvalid,
+    TrainingFailed,
+    TrainingJobCompleted,
+    TrainingJobStillRunning,
+)
 from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
@@ -110,7 +134,9 @@ def environment(spec: JobSpec) -> dict[str, str]:
     if reserved:
         raise SpecInvalid(
             [
-                FieldError(f"code.environment.{key}", key, f"{RESERVED_ENVIRONMENT_PREFIX}* names are lustrain's own")
+                FieldError(
+                    f"code.environment.{key}", key, f"{RESERVED_ENVIRONMENT_PREFIX}* names are lustrain's own"
+                )
                 for key in reserved
             ]
         )
@@ -174,7 +200,9 @@ def _channels(run: Run) -> list[dict[str, Any]]:
     fs_id = run.filesystem.file_system_id
     mount_name = run.filesystem.mount_name
     if not mount_name:
-        raise SpecInvalid.one("filesystem.mount_name", MISSING, "the file system's MountName (check_filesystem's)")
+        raise SpecInvalid.one(
+            "filesystem.mount_name", MISSING, "the file system's MountName (check_filesystem's)"
+        )
 
     def channel(name: str, path: str, mode: str) -> dict[str, Any]:
         source = {
@@ -193,7 +221,9 @@ def _channels(run: Run) -> list[dict[str, Any]]:
     if resume is not None:
         # the checkpoint this run continues (its manifest step-N.json and shards), copied to every instance at start
         s3 = {"S3DataType": "S3Prefix", "S3Uri": resume.s3_uri, "S3DataDistributionType": "FullyReplicated"}
-        channels.append({"ChannelName": RESUME_CHANNEL, "DataSource": {"S3DataSource": s3}, "InputMode": "File"})
+        channels.append(
+            {"ChannelName": RESUME_CHANNEL, "DataSource": {"S3DataSource": s3}, "InputMode": "File"}
+        )
     return channels
 
 
@@ -210,7 +240,9 @@ def request_from(
 
     algorithm: dict[str, Any] = {"TrainingImage": launch.image_uri, "TrainingInputMode": "File"}
     if run.code.metric_definitions:
-        algorithm["MetricDefinitions"] = [{"Name": m.Name, "Regex": m.Regex} for m in run.code.metric_definitions]
+        algorithm["MetricDefinitions"] = [
+            {"Name": m.Name, "Regex": m.Regex} for m in run.code.metric_definitions
+        ]
     output: dict[str, Any] = {"S3OutputPath": spec.output.s3_uri}
     if kms_key_id:
         output["KmsKeyId"] = kms_key_id
@@ -221,7 +253,10 @@ def request_from(
         "TrainingJobName": training_job_name,
         "RoleArn": settings.sagemaker_role_arn,
         "AlgorithmSpecification": algorithm,
-        "HyperParameters": {**launch.hyperparameters, "sagemaker_submit_directory": json.dumps(run.code.submit_directory)},
+        "HyperParameters": {
+            **launch.hyperparameters,
+            "sagemaker_submit_directory": json.dumps(run.code.submit_directory),
+        },
         "InputDataConfig": _channels(run),
         "OutputDataConfig": output,
         "ResourceConfig": _resource_config(spec, kms_key_id),
@@ -298,36 +333,91 @@ def _job_status(sagemaker: Any, name: str) -> str | None:
         raise
 
 
-def _adopt_running(
-    ddb: Any, sagemaker: Any, settings: Settings, job: Job, token: str
+#: a training job in one of these still holds (or is releasing) its instances
+LIVE = frozenset({"InProgress", "Stopping"})
+
+
+def _adopt(
+    ddb: Any, sagemaker: Any, settings: Settings, job: Job, token: str, record: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """A retried invocation: the latest attempt's job, if it still runs, now answers to the new token."""
-    attempts = int((records.get(ddb, settings.jobs_table, job.job_id) or {}).get("training_attempts", 0))
-    if attempts < 1:
+    """A retried invocation: the job of the latest attempt not yet judged, whatever its state, now answers to this
+    task's token (or its answered end is given to this task). None when there is no such job."""
+    attempts = int(record.get("training_attempts") or 0)
+    if attempts < 1 or int(record.get("judged_attempt") or 0) >= attempts:
         return None
     name = training_job_name(job.spec.name, job.job_id, attempts)
-    item = get_token_item(ddb, settings, name)
-    if item is None or item.get("status") != WAITING or _job_status(sagemaker, name) != "InProgress":
-        return None
-    if item.get("token") != token:
+    status = _job_status(sagemaker, name)
+    if status is None:
+        return None  # the attempt's start never created its job (SageMaker refused it, or it stopped before)
+    for _ in range(2):  # a second look when the token's state changed under us
+        item = get_token_item(ddb, settings, name)
+        if item is not None and item.get("status") == CALLBACK_SENT and status not in LIVE:
+            _answered_end(item, name, status)
+        if _move_token(ddb, settings, job, name, attempts, token, item):
+            return {"training_job_name": name, "attempt": attempts, "adopted": True, "status": status}
+    raise RuntimeError(f"the tokens item of {name} kept changing while start_training adopted the job")
+
+
+def _move_token(
+    ddb: Any, settings: Settings, job: Job, name: str, attempt: int, token: str, item: dict[str, Any] | None
+) -> bool:
+    """The job's tokens item now waits with `token`; False when the item changed since it was read."""
+    if item is None:  # a job without its item (it outlived the item's TTL): the item is made again
         try:
-            ddb.update_item(
-                TableName=settings.tokens_table,
-                Key=token_key(name),
-                UpdateExpression="SET #token = :token, adopted_at = :now",
-                ConditionExpression="#status = :waiting",
-                ExpressionAttributeNames={"#token": "token", "#status": "status"},
-                ExpressionAttributeValues={
-                    ":token": {"S": token},
-                    ":now": {"S": records.now_iso()},
-                    ":waiting": {"S": WAITING},
-                },
-            )
+            _store_token(ddb, settings, job, name, attempt, token, time.time())
         except ClientError as exc:
             if error_code(exc) == CONDITION_FAILED:
-                return None
+                return False
             raise
-    return {"training_job_name": name, "attempt": attempts, "adopted": True}
+        return True
+    try:
+        ddb.update_item(
+            TableName=settings.tokens_table,
+            Key=token_key(name),
+            UpdateExpression="SET #token = :token, #status = :waiting, adopted_at = :now REMOVE outcome, answered_at",
+            ConditionExpression="#token = :was AND #status = :status",
+            ExpressionAttributeNames={"#token": "token", "#status": "status"},
+            ExpressionAttributeValues={
+                ":token": {"S": token},
+                ":was": {"S": str(item.get("token"))},
+                ":status": {"S": str(item.get("status"))},
+                ":now": {"S": records.now_iso()},
+                ":waiting": {"S": WAITING},
+            },
+        )
+    except ClientError as exc:
+        if error_code(exc) == CONDITION_FAILED:
+            return False
+        raise
+    return True
+
+
+def _answered_end(item: dict[str, Any], name: str, status: str) -> None:
+    """Give this task the end on_training_event answered to the earlier try's token: raise it."""
+    outcome = item.get("outcome") or {}
+    if status == "Completed" and outcome.get("training_job_name") == name:
+        raise TrainingJobCompleted(json.dumps(outcome))
+    error = ALL_ERRORS.get(str(outcome.get("error")), TrainingFailed)
+    cause = str(outcome.get("cause") or f"training job {name} ended {status}")
+    raise error(cause, training_job_name=name, adopted=True)
+
+
+def _live_jobs(sagemaker: Any, run: Run, upto: int) -> tuple[list[str], float]:
+    """The run's jobs of attempts 1..upto still InProgress or Stopping, and what those attempts cost."""
+    live: list[str] = []
+    spent = 0.0
+    for earlier in range(1, upto + 1):
+        name = training_job_name(run.job.spec.name, run.job.job_id, earlier)
+        try:
+            described = sagemaker.describe_training_job(TrainingJobName=name)
+        except ClientError as exc:
+            if training_job_missing(exc):
+                continue  # an attempt SageMaker refused: nothing billed
+            raise
+        if described.get("TrainingJobStatus") in LIVE:
+            live.append(f"{name} ({described['TrainingJobStatus']})")
+        spent += attempt_cost_usd(run, int(described.get("BillableTimeInSeconds") or 0))
+    return live, spent
 
 
 def _store_token(
@@ -381,15 +471,26 @@ def start_training(
             token or MISSING,
             "start_training runs as a waitForTaskToken task: pass $$.Task.Token",
         )
-    records.require(ddb, settings.jobs_table, job.job_id)
-    adopted = _adopt_running(ddb, sagemaker, settings, job, token)
+    record = records.require(ddb, settings.jobs_table, job.job_id)
+    try:
+        adopted = _adopt(ddb, sagemaker, settings, job, token, record)
+    except LustrainError:
+        queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
+        raise
     if adopted is not None:
         queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
         return adopted
 
+    live, spent = _live_jobs(sagemaker, run, int(record.get("training_attempts") or 0))
+    if live:
+        queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
+        raise TrainingJobStillRunning(
+            f"run {job.job_id} still has {', '.join(live)}: no other training job starts beside a live one",
+            training_jobs=live,
+        )
     attempt = _next_attempt(ddb, settings, job.job_id)
     name = training_job_name(job.spec.name, job.job_id, attempt)
-    budget = attempt_budget(run, _spent_before(run, sagemaker, attempt), settings)
+    budget = attempt_budget(run, spent, settings)
     if budget is not None and budget.runtime_seconds < MIN_RUNTIME_SECONDS:
         raise BudgetExceeded(
             f"the budget of ${budget.limit_usd:,.2f} ({budget.source}) leaves attempt {attempt} "
@@ -434,19 +535,3 @@ def start_training(
         "max_runtime_seconds": request["StoppingCondition"]["MaxRuntimeInSeconds"],
         "budget": budget.to_dict() if budget is not None else None,
     }
-
-
-def _spent_before(run: Run, sagemaker: Any, attempt: int) -> float:
-    """What the run's attempts before `attempt` cost: each one's BillableTimeInSeconds at list price."""
-    spent = 0.0
-    for earlier in range(1, attempt):
-        try:
-            described = sagemaker.describe_training_job(
-                TrainingJobName=training_job_name(run.job.spec.name, run.job.job_id, earlier)
-            )
-        except ClientError as exc:
-            if training_job_missing(exc):
-                continue  # an attempt SageMaker refused: nothing billed
-            raise
-        spent += attempt_cost_usd(run, int(described.get("BillableTimeInSeconds") or 0))
-    return spent
