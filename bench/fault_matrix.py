@@ -66,9 +66,13 @@ SPEC = E2E / "matrix.yaml"
 QUOTA = 64
 #: the heartbeat of the `silent` case's twin: long enough for the steps before the training job
 HEARTBEAT_S = 4
-#: a job that must still be training when it is stopped (or when its run ends) keeps busy this long
+#: a job that must still be training when it is stopped (or when its run ends, or an event is forged) keeps
+#: busy this long
 BUSY_TRAINING_S = 30
-TIMEOUT_S = 300
+#: the matrix waits for as long as its runs make progress (a state entered, a job's status, an event delivered):
+#: it gives up only after this long with none at all, four times the longest quiet stretch a case has by design
+#: (a job training BUSY_TRAINING_S with nothing to report), so a busy machine slows the matrix but never fails it
+STALL_S = 4 * BUSY_TRAINING_S
 #: the template parameters a twin runs with, per group of cases; the default group's are rehearse's own
 HEARTBEAT_PARAMETERS = {"TrainingHeartbeatSeconds": str(HEARTBEAT_S), "TrainingTimeoutSeconds": "600"}
 
@@ -87,6 +91,11 @@ class Case:
     training_jobs: int = 1
     #: faults armed with this one, for a step that only runs after another fault (next_attempt: a failed attempt)
     also: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def forged(self) -> bool:
+        """An event the bench itself sends to the stack (forged or replayed), not a fault of the twin."""
+        return self.fault in FORGERIES
 
     @property
     def name(self) -> str:
@@ -115,9 +124,23 @@ class Case:
 _RAISED = {
     "throttling": "AwsThrottled",
     "service-error": "AwsUnavailable",
-    "lost-create": "AwsUnavailable",
+    **{name: "AwsUnavailable" for name in faults.LOST_CREATES},
     "lambda-timeout": "Sandbox.Timedout",
+    "timeout-mid-delete": "Sandbox.Timedout",
     "silent": "States.Timeout",
+}
+
+#: Events the bench sends while the case's run trains (its training job Training), as someone who may put events
+#: on the account's bus, or replay one, could: each must change nothing, and the run ends as it would have.
+FORGERIES: dict[str, str] = {
+    # on_execution_end: "Step Functions Execution Status Change" ABORTED for the live run's execution
+    "forged-abort": "an ABORTED event for the live run's execution",
+    # the same, but the execution is another state machine's with the live run's execution name
+    "forged-abort-other": "an ABORTED event for another state machine's execution of the run's name",
+    # on_training_event: "SageMaker Training Job State Change" Failed for the live training job
+    "forged-failed": "a Failed event for the live training job",
+    # on_training_event: the first attempt's last event (Failed, no capacity) again, while the second trains
+    "replayed-event": "the first attempt's Failed event again, while the second attempt trains",
 }
 
 
@@ -162,7 +185,31 @@ def cases() -> list[Case]:
         else case
         for case in matrix
     ]
-    matrix += [Case(step, "lost-create", "SUCCEEDED") for step in faults.FAULTS["lost-create"]]
+    # a create whose answer was lost: every step that creates what a run pays for, and each of create_network's
+    # creates (only the S3 endpoint's takes an idempotency token; the others are found again by the run's tags)
+    matrix += [
+        Case(step, fault, "SUCCEEDED") for fault in faults.LOST_CREATES for step in faults.FAULTS[fault]
+    ]
+    matrix += [
+        # the teardown cut off by its timeout mid-delete goes on deleting while its retry deletes too
+        Case("teardown", "timeout-mid-delete", "SUCCEEDED"),
+        # two teardowns of one run at once
+        Case("teardown", "twice-at-once", "SUCCEEDED"),
+    ]
+    # forged and replayed events change nothing: the run trains on and succeeds
+    matrix += [
+        Case("on_execution_end", "forged-abort", "SUCCEEDED", hyperparameters=busy),
+        Case("on_execution_end", "forged-abort-other", "SUCCEEDED", hyperparameters=busy),
+        Case("on_training_event", "forged-failed", "SUCCEEDED", hyperparameters=busy),
+        Case(
+            "on_training_event",
+            "replayed-event",
+            "SUCCEEDED",
+            hyperparameters=busy,
+            training_jobs=2,
+            also=(("start_training", "capacity-error-once"),),
+        ),
+    ]
     matrix += [
         # ended before any training job
         Case("create_filesystem", "fsx-failed", "FAILED", "FileSystemFailed", training_jobs=0),
@@ -227,25 +274,32 @@ class Ended:
     task_errors: list[str]
     leftovers: list[str]
     ended_s: float
+    #: the execution's cause, when it failed (what the table shows of a run that ended other than expected)
+    cause: str = ""
 
 
 def watch(
     machine_arn: str,
     specs: dict[str, JobSpec],
     *,
-    timeout_s: float,
+    stall_s: float = STALL_S,
     sfn: Any = None,
     on_end: Callable[[Ended], None] | None = None,
+    on_poll: Callable[[dict[str, str]], None] | None = None,
 ) -> list[Ended]:
     """Wait until every spec has a run and every execution of the machine has ended, in the order they end.
 
     What a run left behind is counted the moment it ends (a training job still InProgress then is a leak, even
-    if it finishes later); a duplicate execution owns nothing, so nothing is counted for it."""
+    if it finishes later); a duplicate execution owns nothing, so nothing is counted for it. The wait has no
+    deadline of its own: it lasts while the runs make progress (`_progress`), and TimeoutError names what was
+    still running after `stall_s` seconds without any. `on_poll` sees the executions known so far (ARN -> spec
+    name) at each look."""
     sfn = sfn or boto3.client("stepfunctions", region_name=REGION)
     started = time.monotonic()
     names: dict[str, str] = {}
     ended: dict[str, Ended] = {}
-    deadline = started + timeout_s
+    progress: tuple[Any, ...] = ()
+    progressed = started
     while True:
         executions = [
             e
@@ -274,21 +328,121 @@ def watch(
                 task_errors=_task_errors(history),
                 leftovers=left,
                 ended_s=round(time.monotonic() - started, 1),
+                cause=str(described.get("cause") or ""),
             )
             if on_end is not None:
                 on_end(ended[arn])
         if set(specs) <= set(names.values()) and all(e["status"] != "RUNNING" for e in executions):
             return list(ended.values())
-        if time.monotonic() > deadline:
-            waiting = sorted(
-                {names.get(e["executionArn"], "?") for e in executions if e["status"] == "RUNNING"}
-            )
+        if on_poll is not None:
+            on_poll(dict(names))
+        running = [e["executionArn"] for e in executions if e["status"] == "RUNNING"]
+        now = _progress(sfn, running, len(executions), len(ended))
+        if now != progress:
+            progress, progressed = now, time.monotonic()
+        elif time.monotonic() - progressed > stall_s:
+            waiting = sorted({names.get(arn, "?") for arn in running})
             missing = sorted(set(specs) - set(names.values()))
             raise TimeoutError(
-                f"after {timeout_s:.0f} s, still running: {', '.join(waiting) or 'none'}; "
-                f"never started: {', '.join(missing) or 'none'}"
+                f"no progress for {stall_s:.0f} s ({time.monotonic() - started:.0f} s in all); still running: "
+                f"{', '.join(waiting) or 'none'}; never started: {', '.join(missing) or 'none'}"
             )
         time.sleep(0.25)
+
+
+def _progress(sfn: Any, running: list[str], executions: int, ended: int) -> tuple[Any, ...]:
+    """What changes while runs make progress: executions started and ended, the events in the histories of those
+    running, the simulated training jobs' statuses and events, and EventBridge's deliveries."""
+    from lustrain.twin import simulator
+    from lustrain.twin.patches import eventbridge
+
+    jobs = tuple(sorted((j.name, j.status, j.secondary_status, len(j.events)) for j in simulator.jobs()))
+    histories = sum(len(execution_history(sfn, arn)) for arn in running)
+    return executions, ended, histories, jobs, len(eventbridge.deliveries())
+
+
+class Forger:
+    """Sends each forged case's event (FORGERIES) once its run's training job is Training, and says which it sent.
+
+    The events come as EventBridge delivers them, through the stack's own rules, as from anyone allowed to put
+    events on the account's default bus (or from a delivery repeated much later)."""
+
+    def __init__(self, cases: list[Case], machine_arn: str, sfn: Any = None) -> None:
+        self.pending = {case.name: case for case in cases if case.forged}
+        self.machine_arn = machine_arn
+        self.sent: dict[str, str] = {}
+        self.sfn = sfn or boto3.client("stepfunctions", region_name=REGION)
+
+    def __call__(self, names: dict[str, str]) -> None:
+        from lustrain.twin import simulator
+
+        if not self.pending:
+            return
+        training = [
+            j for j in simulator.jobs() if (j.status, j.secondary_status) == ("InProgress", "Training")
+        ]
+        for run, case in list(self.pending.items()):
+            # the replayed event is the first attempt's: it is sent while the second trains
+            attempt = "2" if case.fault == "replayed-event" else "1"
+            job = next(
+                (
+                    j
+                    for j in training
+                    if faults.spec_name_of(j.name) == run and j.name.rsplit("-", 1)[1] == attempt
+                ),
+                None,
+            )
+            execution_arn = next((arn for arn, name in names.items() if name == run), None)
+            if job is None or execution_arn is None:
+                continue
+            self._send(case, job.name, job.arn, execution_arn)
+            del self.pending[run]
+            self.sent[run] = FORGERIES[case.fault]
+
+    def _send(self, case: Case, job_name: str, job_arn: str, execution_arn: str) -> None:
+        from lustrain.twin import simulator
+        from lustrain.twin.patches import eventbridge
+
+        if case.fault.startswith("forged-abort"):
+            described = self.sfn.describe_execution(executionArn=execution_arn)
+            if case.fault == "forged-abort-other":
+                # the execution name is the live run's; the state machine is not the stack's
+                machine_name = self.machine_arn.rsplit(":", 1)[1]
+                execution_arn = execution_arn.replace(
+                    f":execution:{machine_name}:", ":execution:another-machine:"
+                )
+            detail = {
+                "executionArn": execution_arn,
+                "stateMachineArn": self.machine_arn,
+                "name": described["name"],
+                "status": "ABORTED",
+                "startDate": int(described["startDate"].timestamp() * 1000),
+                "stopDate": int(time.time() * 1000),
+                "input": None,
+                "output": None,
+                "error": None,
+                "cause": None,
+            }
+            eventbridge.emit(
+                "aws.states",
+                "Step Functions Execution Status Change",
+                detail,
+                REGION,
+                resources=[execution_arn],
+            )
+            return
+        if case.fault == "forged-failed":
+            detail = simulator.event_detail(job_name)
+            detail.update(
+                TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason="AlgorithmError: forged"
+            )
+        else:
+            job_name = job_name.rsplit("-", 1)[0] + "-1"
+            detail = simulator.event_detail(job_name)
+            job_arn = str(detail.get("TrainingJobArn", job_arn))
+        eventbridge.emit(
+            "aws.sagemaker", "SageMaker Training Job State Change", detail, REGION, resources=[job_arn]
+        )
 
 
 def _task_errors(history: list[dict[str, Any]]) -> list[str]:
@@ -304,9 +458,7 @@ def _task_errors(history: list[dict[str, Any]]) -> list[str]:
 # ------------------------------------------------------------------------------------------------- the matrix
 
 
-def run_group(
-    group: list[Case], parameters: dict[str, str], say: Printer, timeout_s: float = TIMEOUT_S
-) -> list[Result]:
+def run_group(group: list[Case], parameters: dict[str, str], say: Printer) -> list[Result]:
     """Run the cases of one group at once on a twin of their own."""
     from lustrain.twin import simulator
     from lustrain.twin.patches import fsx, service_quotas
@@ -317,7 +469,8 @@ def run_group(
         service_quotas.set_quota(any_spec.compute.instance_type, QUOTA, REGION)
         fsx.configure(polls=1)
         for case in group:
-            faults.inject(case.step, case.fault, run=case.name)
+            if not case.forged:
+                faults.inject(case.step, case.fault, run=case.name)
             for step, fault in case.also:
                 faults.inject(step, fault, run=case.name)
         ensure_data(any_spec, say)
@@ -327,11 +480,12 @@ def run_group(
         say(
             f"twin: {len(group)} runs dropped at once ({', '.join(sorted(parameters)) or 'default settings'})"
         )
+        forger = Forger(group, stack.outputs["StateMachineArn"])
         ended = watch(
             stack.outputs["StateMachineArn"],
             specs,
-            timeout_s=timeout_s,
             on_end=lambda e: say(f"{e.ended_s:6.1f}s  {e.name}: {e.status} {e.error or ''}"),
+            on_poll=forger,
         )
         fired = {(f.run, f.step, f.fault) for f in faults.fired()}
         results = []
@@ -339,8 +493,10 @@ def run_group(
             runs = [e for e in ended if e.name == case.name]
             archive = [o["key"] for o in archived_objects(stack, runs[0].job_id)[1]]
             # `quota` is read, never consumed: it took effect if check_quota refused a run the account has room for
-            took_effect = (case.name, case.step, case.fault) in fired or (
-                case.fault == "quota" and "QuotaExceeded" in runs[0].task_errors
+            took_effect = (
+                (case.name, case.step, case.fault) in fired
+                or (case.fault == "quota" and "QuotaExceeded" in runs[0].task_errors)
+                or case.name in forger.sent
             )
             results.append(_judge(case, runs, took_effect, archive, _training_jobs(case.name)))
         # a job nobody stopped would outlive the twin: stop what is left, it has been counted
@@ -361,7 +517,9 @@ def _training_jobs(run: str) -> int:
 
 def _judge(case: Case, runs: list[Ended], fired: bool, archive: list[str], training_jobs: int) -> Result:
     run = runs[0]
-    result = Result(case, run.status, run.error, run.task_errors, fired, run.leftovers, archive, training_jobs)
+    result = Result(
+        case, run.status, run.error, run.task_errors, fired, run.leftovers, archive, training_jobs
+    )
     if training_jobs != case.training_jobs:
         result.problems.append(
             f"{training_jobs} training jobs started for one run, expected {case.training_jobs}: a retried start "
@@ -370,7 +528,8 @@ def _judge(case: Case, runs: list[Ended], fired: bool, archive: list[str], train
     if len(runs) != 1:
         result.problems.append(f"one spec started {len(runs)} executions")
     if (run.status, run.error) != (case.status, case.error):
-        result.problems.append(f"ended {result.got}, expected {case.expected}")
+        cause = f" ({run.cause[:300]})" if run.cause else ""
+        result.problems.append(f"ended {result.got}, expected {case.expected}{cause}")
     if not fired:
         result.problems.append("the fault never fired")
     if case.raised is not None and case.raised not in run.task_errors:
@@ -404,14 +563,19 @@ def table(results: list[Result], wall_s: float) -> str:
             f"{r.case!s:<{width}}  {r.case.expected:<26} {r.got:<26} {len(r.leftovers):>6}  "
             + ("yes" if r.correct else "NO: " + "; ".join(r.problems))
         )
-    correct = sum(r.correct for r in results)
-    leaked = sum(len(r.leftovers) for r in results)
     lines.append("")
-    lines.append(
-        f"faults tried: {len(results)}, runs correct: {correct}/{len(results)}, resources leaked: {leaked}, "
-        f"wall: {wall_s:.0f} s"
-    )
+    lines += [f"{key}={value}" for key, value in summary(results, wall_s).items()]
     return "\n".join(lines)
+
+
+def summary(results: list[Result], wall_s: float) -> dict[str, Any]:
+    """The matrix in figures: cases tried, runs correct, resources left behind, and the wall time."""
+    return {
+        "cases": len(results),
+        "correct": sum(r.correct for r in results),
+        "leaks": sum(len(r.leftovers) for r in results),
+        "wall_s": round(wall_s),
+    }
 
 
 def main() -> int:

@@ -31,9 +31,27 @@ def test_the_matrix_tries_every_forward_state_with_every_transient_fault():
     tried = {(c.step, c.fault) for c in CASES}
     for step in fault_matrix.faults.STEPS:
         assert {(step, "throttling"), (step, "service-error"), (step, "lambda-timeout")} <= tried
-    # a create that AWS did but whose answer was lost, at every step that creates what a run pays for
-    for step in fault_matrix.faults.FAULTS["lost-create"]:
-        assert (step, "lost-create") in tried
+    # a create that AWS did but whose answer was lost, at every step that creates what a run pays for, and each
+    # of create_network's creates (CreateVpc, CreateSubnet, CreateRouteTable, CreateSecurityGroup, the endpoint)
+    for fault in fault_matrix.faults.LOST_CREATES:
+        for step in fault_matrix.faults.FAULTS[fault]:
+            assert (step, fault) in tried
+    assert set(fault_matrix.faults.LOST_CREATES.values()) == {
+        None,
+        "CreateSubnet",
+        "CreateRouteTable",
+        "CreateSecurityGroup",
+        "CreateVpcEndpoint",
+    }
+    # a teardown cut off mid-delete beside its retry, and two teardowns at once
+    assert {("teardown", "timeout-mid-delete"), ("teardown", "twice-at-once")} <= tried
+    # forged and replayed events of each kind the stack's rules deliver
+    assert {
+        ("on_execution_end", "forged-abort"),
+        ("on_execution_end", "forged-abort-other"),
+        ("on_training_event", "forged-failed"),
+        ("on_training_event", "replayed-event"),
+    } <= tried
     assert {
         ("create_filesystem", "fsx-failed"),
         ("check_quota", "quota"),

@@ -9,7 +9,8 @@ botocore's own retries (which sit below this method) do not swallow it; the hand
 after AWS kept failing through every botocore retry, and Step Functions' Retry is what clears it.
 
 `lost-create` is the other kind of 500: the step's first Create* call is made, and what it creates exists, but
-the handler gets InternalError instead of the answer.
+the handler gets InternalError instead of the answer (`lost-create-subnet` and its kin: that one Create* call).
+`timeout-mid-delete` is marked here too, at the step's first Delete* call (faults.cut_short_at).
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def install() -> None:
                 raise throttling_error(operation_name)
             if faults.consume(step, "service-error"):
                 raise service_error(operation_name)
-            if operation_name.startswith("Create") and faults.consume(step, "lost-create"):
+            if faults.consume_lost_create(step, operation_name):
                 original(self, operation_name, api_params)
                 raise service_error(operation_name)
+            faults.cut_short_at(operation_name)
         return original(self, operation_name, api_params)
 
     setattr(make_api_call, _PATCHED, True)
