@@ -54,6 +54,7 @@ from lustrain.twin.rehearse import (
     ensure_bucket,
     ensure_data,
     execution_history,
+    operator_session,
     registered_job,
     resources_left,
     submittable,
@@ -94,8 +95,8 @@ class Case:
 
     @property
     def forged(self) -> bool:
-        """An event the bench itself sends to the stack (forged or replayed), not a fault of the twin."""
-        return self.fault in FORGERIES
+        """Something the bench itself does to the run (OUTSIDE_ACTS), not a fault of the twin."""
+        return self.fault in OUTSIDE_ACTS
 
     @property
     def name(self) -> str:
@@ -130,9 +131,12 @@ _RAISED = {
     "silent": "States.Timeout",
 }
 
-#: Events the bench sends while the case's run trains (its training job Training), as someone who may put events
-#: on the account's bus, or replay one, could: each must change nothing, and the run ends as it would have.
-FORGERIES: dict[str, str] = {
+#: What the bench itself does to a run while it trains (its training job Training), from outside the run: forged
+#: and replayed events (as someone who may put events on the account's bus, or a delivery repeated much later),
+#: which must change nothing, and the sweeper judging the run at its deadline.
+OUTSIDE_ACTS: dict[str, str] = {
+    # the sweeper looks at the run the moment it is past its deadline (sweep.deadline), while it still trains
+    "at-deadline": "the sweeper, at the run's deadline",
     # on_execution_end: "Step Functions Execution Status Change" ABORTED for the live run's execution
     "forged-abort": "an ABORTED event for the live run's execution",
     # the same, but the execution is another state machine's with the live run's execution name
@@ -196,8 +200,11 @@ def cases() -> list[Case]:
         # two teardowns of one run at once
         Case("teardown", "twice-at-once", "SUCCEEDED"),
     ]
-    # forged and replayed events change nothing: the run trains on and succeeds
+    # from outside the run while it trains: the sweeper at the run's deadline stops it and tears it down, racing
+    # the run's own steps and the teardown the stopped execution's end brings (on_execution_end); forged and
+    # replayed events change nothing (the run trains on and succeeds)
     matrix += [
+        Case("sweep", "at-deadline", "ABORTED", hyperparameters=busy),
         Case("on_execution_end", "forged-abort", "SUCCEEDED", hyperparameters=busy),
         Case("on_execution_end", "forged-abort-other", "SUCCEEDED", hyperparameters=busy),
         Case("on_training_event", "forged-failed", "SUCCEEDED", hyperparameters=busy),
@@ -361,15 +368,20 @@ def _progress(sfn: Any, running: list[str], executions: int, ended: int) -> tupl
     return executions, ended, histories, jobs, len(eventbridge.deliveries())
 
 
-class Forger:
-    """Sends each forged case's event (FORGERIES) once its run's training job is Training, and says which it sent.
+class Outsider:
+    """Does each case's act from outside its run (OUTSIDE_ACTS) once the run's training job is Training, and says
+    which it did (`sent`).
 
-    The events come as EventBridge delivers them, through the stack's own rules, as from anyone allowed to put
-    events on the account's default bus (or from a delivery repeated much later)."""
+    Events come as EventBridge delivers them, through the stack's own rules, as from anyone allowed to put events
+    on the account's default bus (or from a delivery repeated much later). The sweeper's look is the sweep
+    function's own judgement of the one job (steps/sweep.py), with its settings, made in this process with the
+    clock at the run's deadline (the twin cannot move a Lambda's clock; the other runs sharing the twin are not
+    looked at): it stops the execution and tears the run down while the run's own steps go on."""
 
-    def __init__(self, cases: list[Case], machine_arn: str, sfn: Any = None) -> None:
+    def __init__(self, cases: list[Case], stack: Any, sfn: Any = None) -> None:
         self.pending = {case.name: case for case in cases if case.forged}
-        self.machine_arn = machine_arn
+        self.stack = stack
+        self.machine_arn = stack.outputs["StateMachineArn"]
         self.sent: dict[str, str] = {}
         self.sfn = sfn or boto3.client("stepfunctions", region_name=REGION)
 
@@ -397,12 +409,15 @@ class Forger:
                 continue
             self._send(case, job.name, job.arn, execution_arn)
             del self.pending[run]
-            self.sent[run] = FORGERIES[case.fault]
+            self.sent[run] = OUTSIDE_ACTS[case.fault]
 
     def _send(self, case: Case, job_name: str, job_arn: str, execution_arn: str) -> None:
         from lustrain.twin import simulator
         from lustrain.twin.patches import eventbridge
 
+        if case.fault == "at-deadline":
+            self._sweep_at_deadline(job_name.rsplit("-", 1)[0])
+            return
         if case.fault.startswith("forged-abort"):
             described = self.sfn.describe_execution(executionArn=execution_arn)
             if case.fault == "forged-abort-other":
@@ -444,6 +459,43 @@ class Forger:
             "aws.sagemaker", "SageMaker Training Job State Change", detail, REGION, resources=[job_arn]
         )
 
+    def _sweep_at_deadline(self, job_id: str) -> None:
+        from lustrain_core.config import Settings
+        from lustrain_core.steps import records
+        from lustrain_core.steps import sweep as sweep_step
+        from lustrain_core.steps.teardown_base import clock_for
+
+        session = operator_session()
+        function = self.stack.ref("SweepFunction")
+        environment = session.client("lambda").get_function_configuration(FunctionName=function)[
+            "Environment"
+        ]
+        settings = Settings.from_env({**environment["Variables"], "AWS_REGION": REGION})
+        config = sweep_step.SweepSettings.from_settings(settings)
+        aws = {name: session.client(name) for name in ("ec2", "fsx", "sagemaker", "dynamodb")}
+        record = records.get(aws["dynamodb"], settings.jobs_table, job_id)
+        due = sweep_step.deadline(record or {}, config.grace_hours)
+        if due is None:
+            raise RuntimeError(f"the record of {job_id} gives no deadline: {record}")
+        found = sweep_step.find_tagged(aws["ec2"], aws["fsx"], aws["sagemaker"], settings.stack_name)
+        report = sweep_step.SweepReport([], [], [])
+        sweep_step._sweep_job(
+            job_id,
+            found.get(job_id, []),
+            report,
+            config,
+            now=due + 1,
+            sfn=self.sfn,
+            ddb=aws["dynamodb"],
+            ec2=aws["ec2"],
+            fsx=aws["fsx"],
+            sagemaker=aws["sagemaker"],
+            settings=settings,
+            clock=clock_for(None, settings),
+        )
+        if not report.swept:
+            raise RuntimeError(f"the sweeper at the deadline of {job_id} swept nothing: {report.to_dict()}")
+
 
 def _task_errors(history: list[dict[str, Any]]) -> list[str]:
     failed = ("TaskFailed", "TaskTimedOut", "LambdaFunctionFailed", "LambdaFunctionTimedOut")
@@ -480,12 +532,12 @@ def run_group(group: list[Case], parameters: dict[str, str], say: Printer) -> li
         say(
             f"twin: {len(group)} runs dropped at once ({', '.join(sorted(parameters)) or 'default settings'})"
         )
-        forger = Forger(group, stack.outputs["StateMachineArn"])
+        outsider = Outsider(group, stack)
         ended = watch(
             stack.outputs["StateMachineArn"],
             specs,
             on_end=lambda e: say(f"{e.ended_s:6.1f}s  {e.name}: {e.status} {e.error or ''}"),
-            on_poll=forger,
+            on_poll=outsider,
         )
         fired = {(f.run, f.step, f.fault) for f in faults.fired()}
         results = []
@@ -496,7 +548,7 @@ def run_group(group: list[Case], parameters: dict[str, str], say: Printer) -> li
             took_effect = (
                 (case.name, case.step, case.fault) in fired
                 or (case.fault == "quota" and "QuotaExceeded" in runs[0].task_errors)
-                or case.name in forger.sent
+                or case.name in outsider.sent
             )
             results.append(_judge(case, runs, took_effect, archive, _training_jobs(case.name)))
         # a job nobody stopped would outlive the twin: stop what is left, it has been counted

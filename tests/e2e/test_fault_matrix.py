@@ -45,6 +45,8 @@ def test_the_matrix_tries_every_forward_state_with_every_transient_fault():
     }
     # a teardown cut off mid-delete beside its retry, and two teardowns at once
     assert {("teardown", "timeout-mid-delete"), ("teardown", "twice-at-once")} <= tried
+    # the sweeper at a run's deadline, while the run still trains
+    assert ("sweep", "at-deadline") in tried
     # forged and replayed events of each kind the stack's rules deliver
     assert {
         ("on_execution_end", "forged-abort"),

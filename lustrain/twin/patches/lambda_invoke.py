@@ -44,7 +44,11 @@ training simulator, EventBridge deliveries), and some read the whole environment
 it each time a client is created, iterating the variables one by one, so a variable the runner removes halfway
 through is a KeyError in a thread that has nothing to do with the invocation (the fault matrix met it: a run
 failed "Exception: 'LUSTRAIN_KMS_KEY_ID'"). The runner's changes and those reads therefore hold
-ENVIRONMENT_LOCK (`environment_copy()` is the twin's own way to read it all). In moto's server mode a nested
+ENVIRONMENT_LOCK (`environment_copy()` is the twin's own way to read it all). The role's credentials are
+among those variables, and a thread outside every invocation (a test, the CLI, the twin's own set-up) that
+resolved credentials at that moment would sign as the role from then on (a session keeps what it found first):
+botocore's EnvProvider therefore reads, outside an invocation, the credential variables as they were before the
+invocation's were applied. In moto's server mode a nested
 *synchronous* invoke arrives
 on another server thread and would wait for the lock forever; it fails after LOCK_WAIT_S instead. In server
 mode the handler's boto3 calls go to the server: AWS_ENDPOINT_URL is set to http://localhost:$MOTO_PORT unless
@@ -72,6 +76,7 @@ from typing import Any
 
 import boto3
 import botocore.endpoint
+from botocore.credentials import EnvProvider
 from moto import settings as moto_settings
 from moto.awslambda.models import LambdaFunction
 from moto.core.models import botocore_stubber
@@ -226,10 +231,27 @@ def restore_environment(saved: dict[str, str]) -> None:
                 os.environ[key] = value
 
 
+#: the credential variables a process reads (botocore's EnvProvider)
+CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+)
+#: while an invocation's environment is applied: the credential variables as they were before, which every thread
+#: outside an invocation still resolves (the operator, the twin's own calls); None when none is applied
+_outside_credentials: dict[str, str | None] | None = None
+_applied_count = 0
+
+
 @contextmanager
 def _applied(env: dict[str, str]) -> Iterator[None]:
+    global _outside_credentials, _applied_count
     with ENVIRONMENT_LOCK:
         saved = {key: os.environ.get(key) for key in env}
+        if _applied_count == 0:
+            _outside_credentials = {key: os.environ.get(key) for key in CREDENTIAL_VARIABLES}
+        _applied_count += 1
         os.environ.update(env)
     try:
         yield
@@ -240,6 +262,44 @@ def _applied(env: dict[str, str]) -> Iterator[None]:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+            _applied_count -= 1
+            if _applied_count == 0:
+                _outside_credentials = None
+
+
+def _outside_view() -> dict[str, str] | None:
+    """The environment a thread outside any invocation resolves credentials from while an invocation's role
+    credentials are in the process environment (None: the process environment itself)."""
+    if _inside_invocation.get():
+        return None
+    with ENVIRONMENT_LOCK:
+        if _outside_credentials is None:
+            return None
+        view = dict(os.environ)
+        for key, value in _outside_credentials.items():
+            if value is None:
+                view.pop(key, None)
+            else:
+                view[key] = value
+        return view
+
+
+def _credentials_outside_invocations(load: Callable[[EnvProvider], Any]) -> Callable[[EnvProvider], Any]:
+    """botocore's EnvProvider.load, reading the credentials a thread outside any invocation should see: a session
+    the operator (a test, the CLI) creates while a handler runs elsewhere must not sign as the handler's role."""
+
+    @functools.wraps(load)
+    def loading(self: EnvProvider) -> Any:
+        view = _outside_view() if self.environ is os.environ else None
+        if view is None:
+            return load(self)
+        self.environ = view
+        try:
+            return load(self)
+        finally:
+            self.environ = os.environ
+
+    return loading
 
 
 def _invocation_session() -> boto3.session.Session:
@@ -413,6 +473,7 @@ def install() -> None:
     # every client creation, in any thread, reads the whole environment here (proxy variables)
     botocore.endpoint.get_environ_proxies = _reading_whole_environment(botocore.endpoint.get_environ_proxies)
     boto3._get_default_session = _invocation_session
+    EnvProvider.load = _credentials_outside_invocations(EnvProvider.load)
 
     original_invoke = LambdaFunction.invoke
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 
 import boto3
 import pytest
@@ -222,3 +223,21 @@ def test_a_failed_asynchronous_invocation_is_retried_as_the_function_allows(monk
 
     # flaky fails its first attempt only: Lambda's default retries carry it, MaximumRetryAttempts 0 does not
     assert handlers._attempts["k"] == attempts
+
+
+def test_a_session_made_outside_while_a_handler_runs_signs_as_the_caller_not_the_functions_role() -> None:
+    from twinfakes import handlers
+
+    make_function("holder", "twinfakes.handlers.hold", timeout=30)
+    caller = boto3.Session().get_credentials().access_key
+    lambda_client = client("lambda")
+    invoking = threading.Thread(target=lambda: lambda_client.invoke(FunctionName="holder", Payload=b"{}"))
+    invoking.start()
+    assert handlers.holding.wait(timeout=30)
+    try:
+        # the role's credentials are in the process environment now; a session made here still finds the caller's
+        assert os.environ["AWS_ACCESS_KEY_ID"] != caller
+        assert boto3.Session().get_credentials().access_key == caller
+    finally:
+        handlers.release.set()
+        invoking.join()

@@ -25,6 +25,8 @@ def reset() -> None:
     with _lock:
         received.clear()
         _attempts.clear()
+    holding.clear()
+    release.clear()
 
 
 def echo(event: Any, context: Any) -> dict[str, Any]:
@@ -68,3 +70,14 @@ def record(event: Any, context: Any) -> str:
 
 def unmarshallable(event: Any, context: Any) -> dict[str, Any]:
     return {"not json": object()}
+
+
+#: `hold` sets `holding` once it runs, then waits for `release`
+holding = threading.Event()
+release = threading.Event()
+
+
+def hold(event: Any, context: Any) -> str:
+    holding.set()
+    release.wait(timeout=60)
+    return "released"
