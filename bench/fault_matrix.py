@@ -22,12 +22,22 @@ Expected endings, as the state machine (statemachine/training_job.asl.json) deci
   SUCCEEDED with two;
 - quota-taken-once (SageMaker refuses the first CreateTrainingJob: ResourceLimitExceeded) -> back to the capacity
   queue, admitted again, SUCCEEDED with one training job (the refused one never existed);
+- lost-create-subnet, -route-table, -group, -endpoint (create_network's CreateSubnet, CreateRouteTable,
+  CreateSecurityGroup, CreateVpcEndpoint answered 500 after they were done): the retry finds each by the run's
+  tags (the endpoint also by its ClientToken) -> SUCCEEDED with nothing leaked;
+- timeout-mid-delete (the teardown's invocation answers Sandbox.Timedout at its first Delete* call and its handler
+  deletes on beside the retry) and twice-at-once (two teardowns of the run at once) -> SUCCEEDED, nothing left;
+- from outside the run while its job trains (OUTSIDE_ACTS): the sweeper at the run's deadline stops the
+  execution and tears the run down -> ABORTED, nothing left; a forged ABORTED execution event for the live run,
+  or for another state machine's execution of its name, a forged Failed event for its training job, and its first
+  attempt's Failed event replayed while the second trains change nothing -> SUCCEEDED;
 - fsx-failed, quota, stopped -> FAILED with the error class named for each;
 - silent (the training job never reports) -> the task's HeartbeatSeconds fires States.Timeout -> the teardown
   must stop the job -> FAILED with TrainingTimedOut (a Fail state may not raise a States.* name; the Cause keeps
   it). That case runs in a twin of its own, whose heartbeat is a few seconds.
 
-    .venv/bin/python bench/fault_matrix.py      prints the table; exit 1 if any case is wrong
+    .venv/bin/python bench/fault_matrix.py      prints the table, then cases=, correct=, leaks=, wall_s= lines;
+                                                exit 1 if any case is wrong
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import contextlib
 import json
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -92,6 +103,8 @@ class Case:
     training_jobs: int = 1
     #: faults armed with this one, for a step that only runs after another fault (next_attempt: a failed attempt)
     also: tuple[tuple[str, str], ...] = ()
+    #: the run's training job trains until the bench releases it (OUTSIDE_ACTS: once what it did was handled)
+    held: bool = False
 
     @property
     def forged(self) -> bool:
@@ -204,15 +217,15 @@ def cases() -> list[Case]:
     # the run's own steps and the teardown the stopped execution's end brings (on_execution_end); forged and
     # replayed events change nothing (the run trains on and succeeds)
     matrix += [
-        Case("sweep", "at-deadline", "ABORTED", hyperparameters=busy),
-        Case("on_execution_end", "forged-abort", "SUCCEEDED", hyperparameters=busy),
-        Case("on_execution_end", "forged-abort-other", "SUCCEEDED", hyperparameters=busy),
-        Case("on_training_event", "forged-failed", "SUCCEEDED", hyperparameters=busy),
+        Case("sweep", "at-deadline", "ABORTED", held=True),
+        Case("on_execution_end", "forged-abort", "SUCCEEDED", held=True),
+        Case("on_execution_end", "forged-abort-other", "SUCCEEDED", held=True),
+        Case("on_training_event", "forged-failed", "SUCCEEDED", held=True),
         Case(
             "on_training_event",
             "replayed-event",
             "SUCCEEDED",
-            hyperparameters=busy,
+            held=True,
             training_jobs=2,
             also=(("start_training", "capacity-error-once"),),
         ),
@@ -378,8 +391,11 @@ class Outsider:
     clock at the run's deadline (the twin cannot move a Lambda's clock; the other runs sharing the twin are not
     looked at): it stops the execution and tears the run down while the run's own steps go on."""
 
-    def __init__(self, cases: list[Case], stack: Any, sfn: Any = None) -> None:
+    def __init__(self, cases: list[Case], stack: Any, releases: Path, sfn: Any = None) -> None:
         self.pending = {case.name: case for case in cases if case.forged}
+        self.releases = releases
+        #: run -> the id of the event sent to it, until its deliveries are done and its job released
+        self.in_flight: dict[str, str] = {}
         self.stack = stack
         self.machine_arn = stack.outputs["StateMachineArn"]
         self.sent: dict[str, str] = {}
@@ -387,7 +403,15 @@ class Outsider:
 
     def __call__(self, names: dict[str, str]) -> None:
         from lustrain.twin import simulator
+        from lustrain.twin.patches import eventbridge
 
+        if self.in_flight:
+            # a held job trains on until its run has handled what was sent: only then can it end on its own
+            busy = {d.event_id for d in eventbridge.deliveries() if d.status == "in-flight"}
+            for run, event_id in list(self.in_flight.items()):
+                if event_id not in busy:
+                    (self.releases / run).touch()
+                    del self.in_flight[run]
         if not self.pending:
             return
         training = [
@@ -407,17 +431,18 @@ class Outsider:
             execution_arn = next((arn for arn, name in names.items() if name == run), None)
             if job is None or execution_arn is None:
                 continue
-            self._send(case, job.name, job.arn, execution_arn)
+            self.in_flight[run] = self._send(case, job.name, job.arn, execution_arn)
             del self.pending[run]
             self.sent[run] = OUTSIDE_ACTS[case.fault]
 
-    def _send(self, case: Case, job_name: str, job_arn: str, execution_arn: str) -> None:
+    def _send(self, case: Case, job_name: str, job_arn: str, execution_arn: str) -> str:
+        """Do the case's act; the id of the event sent ("" for the sweeper, which is done when this returns)."""
         from lustrain.twin import simulator
         from lustrain.twin.patches import eventbridge
 
         if case.fault == "at-deadline":
             self._sweep_at_deadline(job_name.rsplit("-", 1)[0])
-            return
+            return ""
         if case.fault.startswith("forged-abort"):
             described = self.sfn.describe_execution(executionArn=execution_arn)
             if case.fault == "forged-abort-other":
@@ -438,14 +463,13 @@ class Outsider:
                 "error": None,
                 "cause": None,
             }
-            eventbridge.emit(
+            return eventbridge.emit(
                 "aws.states",
                 "Step Functions Execution Status Change",
                 detail,
                 REGION,
                 resources=[execution_arn],
             )
-            return
         if case.fault == "forged-failed":
             detail = simulator.event_detail(job_name)
             detail.update(
@@ -455,7 +479,7 @@ class Outsider:
             job_name = job_name.rsplit("-", 1)[0] + "-1"
             detail = simulator.event_detail(job_name)
             job_arn = str(detail.get("TrainingJobArn", job_arn))
-        eventbridge.emit(
+        return eventbridge.emit(
             "aws.sagemaker", "SageMaker Training Job State Change", detail, REGION, resources=[job_arn]
         )
 
@@ -515,7 +539,14 @@ def run_group(group: list[Case], parameters: dict[str, str], say: Printer) -> li
     from lustrain.twin import simulator
     from lustrain.twin.patches import fsx, service_quotas
 
-    specs = {case.name: spec_for(case.name, case.hyperparameters) for case in group}
+    releases = Path(tempfile.mkdtemp(prefix="lustrain-matrix-"))
+    specs = {
+        case.name: spec_for(
+            case.name,
+            (*case.hyperparameters, *((("hold_until", str(releases / case.name)),) if case.held else ())),
+        )
+        for case in group
+    }
     with twin(parameters) as stack:
         any_spec = next(iter(specs.values()))
         service_quotas.set_quota(any_spec.compute.instance_type, QUOTA, REGION)
@@ -532,7 +563,7 @@ def run_group(group: list[Case], parameters: dict[str, str], say: Printer) -> li
         say(
             f"twin: {len(group)} runs dropped at once ({', '.join(sorted(parameters)) or 'default settings'})"
         )
-        outsider = Outsider(group, stack)
+        outsider = Outsider(group, stack, releases)
         ended = watch(
             stack.outputs["StateMachineArn"],
             specs,

@@ -10,7 +10,8 @@ after AWS kept failing through every botocore retry, and Step Functions' Retry i
 
 `lost-create` is the other kind of 500: the step's first Create* call is made, and what it creates exists, but
 the handler gets InternalError instead of the answer (`lost-create-subnet` and its kin: that one Create* call).
-`timeout-mid-delete` is marked here too, at the step's first Delete* call (faults.cut_short_at).
+Every call is also noted as the twin's activity (activity.py), which waits go by. `timeout-mid-delete` is marked
+here too, at the step's first Delete* call (faults.cut_short_at).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 
-from lustrain.twin import faults
+from lustrain.twin import activity, faults
 
 _PATCHED = "_lustrain_twin_throttling"
 
@@ -53,6 +54,7 @@ def install() -> None:
 
     @functools.wraps(original)
     def make_api_call(self: BaseClient, operation_name: str, api_params: dict[str, Any]) -> Any:
+        activity.note()
         step = faults.current_step()
         if step is not None:
             if faults.consume_throttling(step):
