@@ -22,12 +22,22 @@ Expected endings, as the state machine (statemachine/training_job.asl.json) deci
   SUCCEEDED with two;
 - quota-taken-once (SageMaker refuses the first CreateTrainingJob: ResourceLimitExceeded) -> back to the capacity
   queue, admitted again, SUCCEEDED with one training job (the refused one never existed);
+- lost-create-subnet, -route-table, -group, -endpoint (create_network's CreateSubnet, CreateRouteTable,
+  CreateSecurityGroup, CreateVpcEndpoint answered 500 after they were done): the retry finds each by the run's
+  tags (the endpoint also by its ClientToken) -> SUCCEEDED with nothing leaked;
+- timeout-mid-delete (the teardown's invocation answers Sandbox.Timedout at its first Delete* call and its handler
+  deletes on beside the retry) and twice-at-once (two teardowns of the run at once) -> SUCCEEDED, nothing left;
+- from outside the run while its job trains (OUTSIDE_ACTS): the sweeper at the run's deadline stops the
+  execution and tears the run down -> ABORTED, nothing left; a forged ABORTED execution event for the live run,
+  or for another state machine's execution of its name, a forged Failed event for its training job, and its first
+  attempt's Failed event replayed while the second trains change nothing -> SUCCEEDED;
 - fsx-failed, quota, stopped -> FAILED with the error class named for each;
 - silent (the training job never reports) -> the task's HeartbeatSeconds fires States.Timeout -> the teardown
   must stop the job -> FAILED with TrainingTimedOut (a Fail state may not raise a States.* name; the Cause keeps
   it). That case runs in a twin of its own, whose heartbeat is a few seconds.
 
-    .venv/bin/python bench/fault_matrix.py      prints the table; exit 1 if any case is wrong
+    .venv/bin/python bench/fault_matrix.py      prints the table, then cases=, correct=, leaks=, wall_s= lines;
+                                                exit 1 if any case is wrong
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import contextlib
 import json
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -54,6 +65,7 @@ from lustrain.twin.rehearse import (
     ensure_bucket,
     ensure_data,
     execution_history,
+    operator_session,
     registered_job,
     resources_left,
     submittable,
@@ -66,9 +78,13 @@ SPEC = E2E / "matrix.yaml"
 QUOTA = 64
 #: the heartbeat of the `silent` case's twin: long enough for the steps before the training job
 HEARTBEAT_S = 4
-#: a job that must still be training when it is stopped (or when its run ends) keeps busy this long
+#: a job that must still be training when it is stopped (or when its run ends, or an event is forged) keeps
+#: busy this long
 BUSY_TRAINING_S = 30
-TIMEOUT_S = 300
+#: the matrix waits for as long as its runs make progress (a state entered, a job's status, an event delivered):
+#: it gives up only after this long with none at all, four times the longest quiet stretch a case has by design
+#: (a job training BUSY_TRAINING_S with nothing to report), so a busy machine slows the matrix but never fails it
+STALL_S = 4 * BUSY_TRAINING_S
 #: the template parameters a twin runs with, per group of cases; the default group's are rehearse's own
 HEARTBEAT_PARAMETERS = {"TrainingHeartbeatSeconds": str(HEARTBEAT_S), "TrainingTimeoutSeconds": "600"}
 
@@ -87,6 +103,13 @@ class Case:
     training_jobs: int = 1
     #: faults armed with this one, for a step that only runs after another fault (next_attempt: a failed attempt)
     also: tuple[tuple[str, str], ...] = ()
+    #: the run's training job trains until the bench releases it (OUTSIDE_ACTS: once what it did was handled)
+    held: bool = False
+
+    @property
+    def forged(self) -> bool:
+        """Something the bench itself does to the run (OUTSIDE_ACTS), not a fault of the twin."""
+        return self.fault in OUTSIDE_ACTS
 
     @property
     def name(self) -> str:
@@ -115,9 +138,26 @@ class Case:
 _RAISED = {
     "throttling": "AwsThrottled",
     "service-error": "AwsUnavailable",
-    "lost-create": "AwsUnavailable",
+    **{name: "AwsUnavailable" for name in faults.LOST_CREATES},
     "lambda-timeout": "Sandbox.Timedout",
+    "timeout-mid-delete": "Sandbox.Timedout",
     "silent": "States.Timeout",
+}
+
+#: What the bench itself does to a run while it trains (its training job Training), from outside the run: forged
+#: and replayed events (as someone who may put events on the account's bus, or a delivery repeated much later),
+#: which must change nothing, and the sweeper judging the run at its deadline.
+OUTSIDE_ACTS: dict[str, str] = {
+    # the sweeper looks at the run the moment it is past its deadline (sweep.deadline), while it still trains
+    "at-deadline": "the sweeper, at the run's deadline",
+    # on_execution_end: "Step Functions Execution Status Change" ABORTED for the live run's execution
+    "forged-abort": "an ABORTED event for the live run's execution",
+    # the same, but the execution is another state machine's with the live run's execution name
+    "forged-abort-other": "an ABORTED event for another state machine's execution of the run's name",
+    # on_training_event: "SageMaker Training Job State Change" Failed for the live training job
+    "forged-failed": "a Failed event for the live training job",
+    # on_training_event: the first attempt's last event (Failed, no capacity) again, while the second trains
+    "replayed-event": "the first attempt's Failed event again, while the second attempt trains",
 }
 
 
@@ -162,7 +202,34 @@ def cases() -> list[Case]:
         else case
         for case in matrix
     ]
-    matrix += [Case(step, "lost-create", "SUCCEEDED") for step in faults.FAULTS["lost-create"]]
+    # a create whose answer was lost: every step that creates what a run pays for, and each of create_network's
+    # creates (only the S3 endpoint's takes an idempotency token; the others are found again by the run's tags)
+    matrix += [
+        Case(step, fault, "SUCCEEDED") for fault in faults.LOST_CREATES for step in faults.FAULTS[fault]
+    ]
+    matrix += [
+        # the teardown cut off by its timeout mid-delete goes on deleting while its retry deletes too
+        Case("teardown", "timeout-mid-delete", "SUCCEEDED"),
+        # two teardowns of one run at once
+        Case("teardown", "twice-at-once", "SUCCEEDED"),
+    ]
+    # from outside the run while it trains: the sweeper at the run's deadline stops it and tears it down, racing
+    # the run's own steps and the teardown the stopped execution's end brings (on_execution_end); forged and
+    # replayed events change nothing (the run trains on and succeeds)
+    matrix += [
+        Case("sweep", "at-deadline", "ABORTED", held=True),
+        Case("on_execution_end", "forged-abort", "SUCCEEDED", held=True),
+        Case("on_execution_end", "forged-abort-other", "SUCCEEDED", held=True),
+        Case("on_training_event", "forged-failed", "SUCCEEDED", held=True),
+        Case(
+            "on_training_event",
+            "replayed-event",
+            "SUCCEEDED",
+            held=True,
+            training_jobs=2,
+            also=(("start_training", "capacity-error-once"),),
+        ),
+    ]
     matrix += [
         # ended before any training job
         Case("create_filesystem", "fsx-failed", "FAILED", "FileSystemFailed", training_jobs=0),
@@ -227,25 +294,32 @@ class Ended:
     task_errors: list[str]
     leftovers: list[str]
     ended_s: float
+    #: the execution's cause, when it failed (what the table shows of a run that ended other than expected)
+    cause: str = ""
 
 
 def watch(
     machine_arn: str,
     specs: dict[str, JobSpec],
     *,
-    timeout_s: float,
+    stall_s: float = STALL_S,
     sfn: Any = None,
     on_end: Callable[[Ended], None] | None = None,
+    on_poll: Callable[[dict[str, str]], None] | None = None,
 ) -> list[Ended]:
     """Wait until every spec has a run and every execution of the machine has ended, in the order they end.
 
     What a run left behind is counted the moment it ends (a training job still InProgress then is a leak, even
-    if it finishes later); a duplicate execution owns nothing, so nothing is counted for it."""
+    if it finishes later); a duplicate execution owns nothing, so nothing is counted for it. The wait has no
+    deadline of its own: it lasts while the runs make progress (`_progress`), and TimeoutError names what was
+    still running after `stall_s` seconds without any. `on_poll` sees the executions known so far (ARN -> spec
+    name) at each look."""
     sfn = sfn or boto3.client("stepfunctions", region_name=REGION)
     started = time.monotonic()
     names: dict[str, str] = {}
     ended: dict[str, Ended] = {}
-    deadline = started + timeout_s
+    progress: tuple[Any, ...] = ()
+    progressed = started
     while True:
         executions = [
             e
@@ -274,21 +348,177 @@ def watch(
                 task_errors=_task_errors(history),
                 leftovers=left,
                 ended_s=round(time.monotonic() - started, 1),
+                cause=str(described.get("cause") or ""),
             )
             if on_end is not None:
                 on_end(ended[arn])
         if set(specs) <= set(names.values()) and all(e["status"] != "RUNNING" for e in executions):
             return list(ended.values())
-        if time.monotonic() > deadline:
-            waiting = sorted(
-                {names.get(e["executionArn"], "?") for e in executions if e["status"] == "RUNNING"}
-            )
+        if on_poll is not None:
+            on_poll(dict(names))
+        running = [e["executionArn"] for e in executions if e["status"] == "RUNNING"]
+        now = _progress(sfn, running, len(executions), len(ended))
+        if now != progress:
+            progress, progressed = now, time.monotonic()
+        elif time.monotonic() - progressed > stall_s:
+            waiting = sorted({names.get(arn, "?") for arn in running})
             missing = sorted(set(specs) - set(names.values()))
             raise TimeoutError(
-                f"after {timeout_s:.0f} s, still running: {', '.join(waiting) or 'none'}; "
-                f"never started: {', '.join(missing) or 'none'}"
+                f"no progress for {stall_s:.0f} s ({time.monotonic() - started:.0f} s in all); still running: "
+                f"{', '.join(waiting) or 'none'}; never started: {', '.join(missing) or 'none'}"
             )
         time.sleep(0.25)
+
+
+def _progress(sfn: Any, running: list[str], executions: int, ended: int) -> tuple[Any, ...]:
+    """What changes while runs make progress: executions started and ended, the events in the histories of those
+    running, the simulated training jobs' statuses and events, and EventBridge's deliveries."""
+    from lustrain.twin import simulator
+    from lustrain.twin.patches import eventbridge
+
+    jobs = tuple(sorted((j.name, j.status, j.secondary_status, len(j.events)) for j in simulator.jobs()))
+    histories = sum(len(execution_history(sfn, arn)) for arn in running)
+    return executions, ended, histories, jobs, len(eventbridge.deliveries())
+
+
+class Outsider:
+    """Does each case's act from outside its run (OUTSIDE_ACTS) once the run's training job is Training, and says
+    which it did (`sent`).
+
+    Events come as EventBridge delivers them, through the stack's own rules, as from anyone allowed to put events
+    on the account's default bus (or from a delivery repeated much later). The sweeper's look is the sweep
+    function's own judgement of the one job (steps/sweep.py), with its settings, made in this process with the
+    clock at the run's deadline (the twin cannot move a Lambda's clock; the other runs sharing the twin are not
+    looked at): it stops the execution and tears the run down while the run's own steps go on."""
+
+    def __init__(self, cases: list[Case], stack: Any, releases: Path, sfn: Any = None) -> None:
+        self.pending = {case.name: case for case in cases if case.forged}
+        self.releases = releases
+        #: run -> the id of the event sent to it, until its deliveries are done and its job released
+        self.in_flight: dict[str, str] = {}
+        self.stack = stack
+        self.machine_arn = stack.outputs["StateMachineArn"]
+        self.sent: dict[str, str] = {}
+        self.sfn = sfn or boto3.client("stepfunctions", region_name=REGION)
+
+    def __call__(self, names: dict[str, str]) -> None:
+        from lustrain.twin import simulator
+        from lustrain.twin.patches import eventbridge
+
+        if self.in_flight:
+            # a held job trains on until its run has handled what was sent: only then can it end on its own
+            busy = {d.event_id for d in eventbridge.deliveries() if d.status == "in-flight"}
+            for run, event_id in list(self.in_flight.items()):
+                if event_id not in busy:
+                    (self.releases / run).touch()
+                    del self.in_flight[run]
+        if not self.pending:
+            return
+        training = [
+            j for j in simulator.jobs() if (j.status, j.secondary_status) == ("InProgress", "Training")
+        ]
+        for run, case in list(self.pending.items()):
+            # the replayed event is the first attempt's: it is sent while the second trains
+            attempt = "2" if case.fault == "replayed-event" else "1"
+            job = next(
+                (
+                    j
+                    for j in training
+                    if faults.spec_name_of(j.name) == run and j.name.rsplit("-", 1)[1] == attempt
+                ),
+                None,
+            )
+            execution_arn = next((arn for arn, name in names.items() if name == run), None)
+            if job is None or execution_arn is None:
+                continue
+            self.in_flight[run] = self._send(case, job.name, job.arn, execution_arn)
+            del self.pending[run]
+            self.sent[run] = OUTSIDE_ACTS[case.fault]
+
+    def _send(self, case: Case, job_name: str, job_arn: str, execution_arn: str) -> str:
+        """Do the case's act; the id of the event sent ("" for the sweeper, which is done when this returns)."""
+        from lustrain.twin import simulator
+        from lustrain.twin.patches import eventbridge
+
+        if case.fault == "at-deadline":
+            self._sweep_at_deadline(job_name.rsplit("-", 1)[0])
+            return ""
+        if case.fault.startswith("forged-abort"):
+            described = self.sfn.describe_execution(executionArn=execution_arn)
+            if case.fault == "forged-abort-other":
+                # the execution name is the live run's; the state machine is not the stack's
+                machine_name = self.machine_arn.rsplit(":", 1)[1]
+                execution_arn = execution_arn.replace(
+                    f":execution:{machine_name}:", ":execution:another-machine:"
+                )
+            detail = {
+                "executionArn": execution_arn,
+                "stateMachineArn": self.machine_arn,
+                "name": described["name"],
+                "status": "ABORTED",
+                "startDate": int(described["startDate"].timestamp() * 1000),
+                "stopDate": int(time.time() * 1000),
+                "input": None,
+                "output": None,
+                "error": None,
+                "cause": None,
+            }
+            return eventbridge.emit(
+                "aws.states",
+                "Step Functions Execution Status Change",
+                detail,
+                REGION,
+                resources=[execution_arn],
+            )
+        if case.fault == "forged-failed":
+            detail = simulator.event_detail(job_name)
+            detail.update(
+                TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason="AlgorithmError: forged"
+            )
+        else:
+            job_name = job_name.rsplit("-", 1)[0] + "-1"
+            detail = simulator.event_detail(job_name)
+            job_arn = str(detail.get("TrainingJobArn", job_arn))
+        return eventbridge.emit(
+            "aws.sagemaker", "SageMaker Training Job State Change", detail, REGION, resources=[job_arn]
+        )
+
+    def _sweep_at_deadline(self, job_id: str) -> None:
+        from lustrain_core.config import Settings
+        from lustrain_core.steps import records
+        from lustrain_core.steps import sweep as sweep_step
+        from lustrain_core.steps.teardown_base import clock_for
+
+        session = operator_session()
+        function = self.stack.ref("SweepFunction")
+        environment = session.client("lambda").get_function_configuration(FunctionName=function)[
+            "Environment"
+        ]
+        settings = Settings.from_env({**environment["Variables"], "AWS_REGION": REGION})
+        config = sweep_step.SweepSettings.from_settings(settings)
+        aws = {name: session.client(name) for name in ("ec2", "fsx", "sagemaker", "dynamodb")}
+        record = records.get(aws["dynamodb"], settings.jobs_table, job_id)
+        due = sweep_step.deadline(record or {}, config.grace_hours)
+        if due is None:
+            raise RuntimeError(f"the record of {job_id} gives no deadline: {record}")
+        found = sweep_step.find_tagged(aws["ec2"], aws["fsx"], aws["sagemaker"], settings.stack_name)
+        report = sweep_step.SweepReport([], [], [])
+        sweep_step._sweep_job(
+            job_id,
+            found.get(job_id, []),
+            report,
+            config,
+            now=due + 1,
+            sfn=self.sfn,
+            ddb=aws["dynamodb"],
+            ec2=aws["ec2"],
+            fsx=aws["fsx"],
+            sagemaker=aws["sagemaker"],
+            settings=settings,
+            clock=clock_for(None, settings),
+        )
+        if not report.swept:
+            raise RuntimeError(f"the sweeper at the deadline of {job_id} swept nothing: {report.to_dict()}")
 
 
 def _task_errors(history: list[dict[str, Any]]) -> list[str]:
@@ -304,20 +534,26 @@ def _task_errors(history: list[dict[str, Any]]) -> list[str]:
 # ------------------------------------------------------------------------------------------------- the matrix
 
 
-def run_group(
-    group: list[Case], parameters: dict[str, str], say: Printer, timeout_s: float = TIMEOUT_S
-) -> list[Result]:
+def run_group(group: list[Case], parameters: dict[str, str], say: Printer) -> list[Result]:
     """Run the cases of one group at once on a twin of their own."""
     from lustrain.twin import simulator
     from lustrain.twin.patches import fsx, service_quotas
 
-    specs = {case.name: spec_for(case.name, case.hyperparameters) for case in group}
+    releases = Path(tempfile.mkdtemp(prefix="lustrain-matrix-"))
+    specs = {
+        case.name: spec_for(
+            case.name,
+            (*case.hyperparameters, *((("hold_until", str(releases / case.name)),) if case.held else ())),
+        )
+        for case in group
+    }
     with twin(parameters) as stack:
         any_spec = next(iter(specs.values()))
         service_quotas.set_quota(any_spec.compute.instance_type, QUOTA, REGION)
         fsx.configure(polls=1)
         for case in group:
-            faults.inject(case.step, case.fault, run=case.name)
+            if not case.forged:
+                faults.inject(case.step, case.fault, run=case.name)
             for step, fault in case.also:
                 faults.inject(step, fault, run=case.name)
         ensure_data(any_spec, say)
@@ -327,11 +563,12 @@ def run_group(
         say(
             f"twin: {len(group)} runs dropped at once ({', '.join(sorted(parameters)) or 'default settings'})"
         )
+        outsider = Outsider(group, stack, releases)
         ended = watch(
             stack.outputs["StateMachineArn"],
             specs,
-            timeout_s=timeout_s,
             on_end=lambda e: say(f"{e.ended_s:6.1f}s  {e.name}: {e.status} {e.error or ''}"),
+            on_poll=outsider,
         )
         fired = {(f.run, f.step, f.fault) for f in faults.fired()}
         results = []
@@ -339,8 +576,10 @@ def run_group(
             runs = [e for e in ended if e.name == case.name]
             archive = [o["key"] for o in archived_objects(stack, runs[0].job_id)[1]]
             # `quota` is read, never consumed: it took effect if check_quota refused a run the account has room for
-            took_effect = (case.name, case.step, case.fault) in fired or (
-                case.fault == "quota" and "QuotaExceeded" in runs[0].task_errors
+            took_effect = (
+                (case.name, case.step, case.fault) in fired
+                or (case.fault == "quota" and "QuotaExceeded" in runs[0].task_errors)
+                or case.name in outsider.sent
             )
             results.append(_judge(case, runs, took_effect, archive, _training_jobs(case.name)))
         # a job nobody stopped would outlive the twin: stop what is left, it has been counted
@@ -361,7 +600,9 @@ def _training_jobs(run: str) -> int:
 
 def _judge(case: Case, runs: list[Ended], fired: bool, archive: list[str], training_jobs: int) -> Result:
     run = runs[0]
-    result = Result(case, run.status, run.error, run.task_errors, fired, run.leftovers, archive, training_jobs)
+    result = Result(
+        case, run.status, run.error, run.task_errors, fired, run.leftovers, archive, training_jobs
+    )
     if training_jobs != case.training_jobs:
         result.problems.append(
             f"{training_jobs} training jobs started for one run, expected {case.training_jobs}: a retried start "
@@ -370,7 +611,8 @@ def _judge(case: Case, runs: list[Ended], fired: bool, archive: list[str], train
     if len(runs) != 1:
         result.problems.append(f"one spec started {len(runs)} executions")
     if (run.status, run.error) != (case.status, case.error):
-        result.problems.append(f"ended {result.got}, expected {case.expected}")
+        cause = f" ({run.cause[:300]})" if run.cause else ""
+        result.problems.append(f"ended {result.got}, expected {case.expected}{cause}")
     if not fired:
         result.problems.append("the fault never fired")
     if case.raised is not None and case.raised not in run.task_errors:
@@ -404,14 +646,19 @@ def table(results: list[Result], wall_s: float) -> str:
             f"{r.case!s:<{width}}  {r.case.expected:<26} {r.got:<26} {len(r.leftovers):>6}  "
             + ("yes" if r.correct else "NO: " + "; ".join(r.problems))
         )
-    correct = sum(r.correct for r in results)
-    leaked = sum(len(r.leftovers) for r in results)
     lines.append("")
-    lines.append(
-        f"faults tried: {len(results)}, runs correct: {correct}/{len(results)}, resources leaked: {leaked}, "
-        f"wall: {wall_s:.0f} s"
-    )
+    lines += [f"{key}={value}" for key, value in summary(results, wall_s).items()]
     return "\n".join(lines)
+
+
+def summary(results: list[Result], wall_s: float) -> dict[str, Any]:
+    """The matrix in figures: cases tried, runs correct, resources left behind, and the wall time."""
+    return {
+        "cases": len(results),
+        "correct": sum(r.correct for r in results),
+        "leaks": sum(len(r.leftovers) for r in results),
+        "wall_s": round(wall_s),
+    }
 
 
 def main() -> int:

@@ -3,7 +3,8 @@
 `lustrain local up` serves the twin on 127.0.0.1 (a free port, nothing else); the bench drives it as a user would,
 through boto3 against that endpoint: it uploads the stand-in trainer (tests/e2e/stub_trainer) and a little data,
 sets the account's ml.p4d.24xlarge training quota, drops RUNS specs (one instance each) into the jobs bucket at
-once, and waits for every execution to end, bounded by TIMEOUT_S. The server runs in this process (its main
+once, and waits for every execution to end, for as long as the runs make progress (fault_matrix.watch); the
+server is up for TIMEOUT_S plus a margin. The server runs in this process (its main
 thread, as the command does), so the bench can set the quota, which Service Quotas only lets AWS change.
 
 Every training job is told to keep busy for BUSY_S, so that the crowd overlaps: at most QUOTA instances can train
@@ -288,7 +289,6 @@ def _drive(runs: int, quota: int, tee: _Tee, say: Printer, report: LoadReport) -
     report.ended = fault_matrix.watch(
         outputs["StateMachineArn"],
         specs,
-        timeout_s=TIMEOUT_S,
         sfn=sfn,
         on_end=lambda e: say(f"{time.monotonic() - started:6.1f}s  {e.name}: {e.status} {e.error or ''}"),
     )

@@ -19,10 +19,17 @@ Who fires what:
 - the botocore hook (patches/throttling.py): `throttling` / `throttling-always` (a ThrottlingException) and
   `service-error` (a 500 InternalError), from the handler of STEP's next AWS call; `lost-create`, STEP's first
   Create* call reaches AWS and is done, but its answer is a 500 (AWS committed, the response was lost): the
-  retry must find what the lost answer created rather than create it twice;
+  retry must find what the lost answer created rather than create it twice; `lost-create-subnet`,
+  `lost-create-route-table`, `lost-create-group` and `lost-create-endpoint` do the same to create_network's
+  later creates (CreateSubnet, CreateRouteTable, CreateSecurityGroup, CreateVpcEndpoint), of which only the
+  endpoint takes an idempotency token: the retry must find the others by the run's tags;
 - the in-process Lambda runner (patches/lambda_invoke.py): `lambda-timeout`, the handler of STEP runs to its
   end (what it did stays done) but the invocation answers `Sandbox.Timedout`, as Lambda does when a function
-  is stopped at its Timeout. The runner also marks each invocation with `running_step`, which is how the
+  is stopped at its Timeout; `timeout-mid-delete` (teardown), the invocation answers `Sandbox.Timedout` the moment
+  the handler makes its first Delete* call, and the handler goes on deleting in the background while Step
+  Functions retries the step: two teardowns at work at once, the first one cut off mid-delete; `twice-at-once`
+  (teardown), the handler runs twice at once on the same event (the state machine's teardown and another
+  teardown of the same run racing it). The runner also marks each invocation with `running_step`, which is how the
   botocore hook, FSx, Service Quotas and the simulator know whose fault is theirs.
 
 on_training_event runs once per SageMaker event. A fault armed there waits for the event that ends the job
@@ -37,7 +44,7 @@ fault for the run of the spec named NAME only. The runner reads the run of each 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -81,7 +88,27 @@ FAULTS: dict[str, tuple[str, ...]] = {
     "quota-taken-once": ("start_training",),
     # the steps whose Create* calls make what a run pays for
     "lost-create": ("create_network", "create_filesystem", "check_filesystem", "start_training"),
+    **{
+        name: ("create_network",)
+        for name in (
+            "lost-create-subnet",
+            "lost-create-route-table",
+            "lost-create-group",
+            "lost-create-endpoint",
+        )
+    },
+    "timeout-mid-delete": ("teardown",),
+    "twice-at-once": ("teardown",),
     **{name: STEPS for name in ANY_STEP},
+}
+
+#: The Create* call each lost-create fault loses the answer of (None: the step's first Create* call).
+LOST_CREATES: dict[str, str | None] = {
+    "lost-create": None,
+    "lost-create-subnet": "CreateSubnet",
+    "lost-create-route-table": "CreateRouteTable",
+    "lost-create-group": "CreateSecurityGroup",
+    "lost-create-endpoint": "CreateVpcEndpoint",
 }
 
 #: faults that stay armed once fired: `capacity-error` refuses every attempt of the run, as a region with no
@@ -111,6 +138,8 @@ class _Invocation:
     step: str
     run: str | None
     eligible: bool
+    #: the runner's way to answer the invocation now, as if it had timed out (`timeout-mid-delete`)
+    cut: Callable[[], None] | None = None
 
 
 _lock = threading.Lock()
@@ -204,17 +233,40 @@ def current_step() -> str | None:
 
 
 @contextmanager
-def running_step(step: str, event: Any = None) -> Iterator[None]:
+def running_step(step: str, event: Any = None, cut: Callable[[], None] | None = None) -> Iterator[None]:
     """Mark the handler of `step` as running in this thread (and threads copying its context).
 
     With the invocation's `event`, the run it serves is known (scoped faults fire in it only), and so is
-    whether the step's faults may fire at all (on_training_event: only at the event that ends the job).
+    whether the step's faults may fire at all (on_training_event: only at the event that ends the job). `cut`
+    answers the invocation at once as timed out while its handler goes on (`cut_short`).
     """
-    token = _current.set(_Invocation(step, run_of(event), _eligible(step, event)))
+    token = _current.set(_Invocation(step, run_of(event), _eligible(step, event), cut))
     try:
         yield
     finally:
         _current.reset(token)
+
+
+def cut_short_at(operation: str) -> None:
+    """`timeout-mid-delete`: at the handler's first Delete* call, its invocation answers as timed out (the
+    handler itself goes on, as a Lambda's does not: the retry then races what is still deleting)."""
+    invocation = _current.get()
+    if (
+        invocation is not None
+        and invocation.cut is not None
+        and operation.startswith("Delete")
+        and consume(invocation.step, "timeout-mid-delete")
+    ):
+        invocation.cut()
+
+
+def consume_lost_create(step: str, operation: str) -> bool:
+    """Fire the lost-create fault armed for `step` whose Create* call `operation` is (see LOST_CREATES)."""
+    if not operation.startswith("Create"):
+        return False
+    return any(
+        consume(step, name) for name, target in LOST_CREATES.items() if target is None or target == operation
+    )
 
 
 def consume_throttling(step: str) -> bool:

@@ -326,22 +326,26 @@ def _drop_spec(stack: Any, doc: dict[str, Any], say: Printer) -> str:
     )
     say(f"drop: s3://{jobs_bucket}/{key} -> EventBridge 'Object Created' -> StartExecution")
     sfn = operator_session().client("stepfunctions")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def started() -> str | None:
         runs = sfn.list_executions(stateMachineArn=machine)["executions"]
-        if runs:
-            return str(runs[0]["executionArn"])
-        time.sleep(0.05)
-    raise RuntimeError(
-        "no execution started within 30 s of the drop: is the jobs rule wired to the state machine?"
+        return str(runs[0]["executionArn"]) if runs else None
+
+    return str(
+        until(started, "execution started by the drop (is the jobs rule wired to the state machine?)", 30)
     )
 
 
 def until(probe: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
-    """Poll `probe` until it answers something but None; AssertionError naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
+    """Poll `probe` until it answers something but None; AssertionError naming `what` once `timeout` s have
+    passed with no answer and no work of the twin's (activity.py: an AWS call by any thread but this one). The
+    wait lasts while the twin works, so a busy machine slows it without failing it."""
+    from lustrain.twin import activity
+
+    started = time.monotonic()
     while (found := probe()) is None:
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        quiet = time.monotonic() - max(started, activity.last_by_others())
+        assert quiet < timeout, f"no {what}, and the twin did nothing for {timeout} s"
         time.sleep(0.2)
     return found
 

@@ -100,7 +100,7 @@ def observed() -> Observed:
         fault_matrix.drop_specs(jobs_bucket, docs)
         fault_matrix.drop_specs(jobs_bucket, {PUT_TWICE: docs[PUT_TWICE]})
         _same_event_again(sfn, boto3.client("events", region_name=REGION), machine, EVENT_TWICE)
-        ended = fault_matrix.watch(machine, specs, timeout_s=180)
+        ended = fault_matrix.watch(machine, specs)
         eventbridge.drain(30)
 
         ddb = boto3.client("dynamodb", region_name=REGION)

@@ -1,7 +1,9 @@
-"""The fault matrix on the twin: every forward state x {throttling, service error, Lambda timeout}, plus FSx
-failure, quota, capacity, training error, stop and a training job that never reports. Each case is a whole run of
-the real state machine and handlers (bench/fault_matrix.py runs them, several at once per twin); each must end
-as the state machine says it should and leave nothing behind.
+"""The fault matrix on the twin: every forward state x {throttling, service error, Lambda timeout}, every create
+whose answer was lost, FSx failure, quota, capacity, training error and stop, a teardown cut off mid-delete and
+two teardowns at once, the sweeper at a run's deadline, and forged and replayed events. Each case is a whole run of
+the real state machine and handlers (bench/fault_matrix.py runs them, all at once in one twin); each must end as
+the state machine says it should and leave nothing behind. The training job that never reports needs a twin of
+its own: tests/e2e/test_fault_matrix_heartbeat.py.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from bench import fault_matrix  # noqa: E402 - the bench lives beside the tests,
 
 pytestmark = pytest.mark.slow
 
-CASES = fault_matrix.cases()
+#: the cases that share the stack's own settings, all at once in one twin; the one case that needs a twin of its
+#: own (a heartbeat of seconds) runs in test_fault_matrix_heartbeat.py, which pytest-xdist can run beside this file
+CASES = [case for case in fault_matrix.cases() if not case.parameters]
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +32,32 @@ def results() -> dict[str, fault_matrix.Result]:
 
 
 def test_the_matrix_tries_every_forward_state_with_every_transient_fault():
-    tried = {(c.step, c.fault) for c in CASES}
+    tried = {(c.step, c.fault) for c in fault_matrix.cases()}
     for step in fault_matrix.faults.STEPS:
         assert {(step, "throttling"), (step, "service-error"), (step, "lambda-timeout")} <= tried
-    # a create that AWS did but whose answer was lost, at every step that creates what a run pays for
-    for step in fault_matrix.faults.FAULTS["lost-create"]:
-        assert (step, "lost-create") in tried
+    # a create that AWS did but whose answer was lost, at every step that creates what a run pays for, and each
+    # of create_network's creates (CreateVpc, CreateSubnet, CreateRouteTable, CreateSecurityGroup, the endpoint)
+    for fault in fault_matrix.faults.LOST_CREATES:
+        for step in fault_matrix.faults.FAULTS[fault]:
+            assert (step, fault) in tried
+    assert set(fault_matrix.faults.LOST_CREATES.values()) == {
+        None,
+        "CreateSubnet",
+        "CreateRouteTable",
+        "CreateSecurityGroup",
+        "CreateVpcEndpoint",
+    }
+    # a teardown cut off mid-delete beside its retry, and two teardowns at once
+    assert {("teardown", "timeout-mid-delete"), ("teardown", "twice-at-once")} <= tried
+    # the sweeper at a run's deadline, while the run still trains
+    assert ("sweep", "at-deadline") in tried
+    # forged and replayed events of each kind the stack's rules deliver
+    assert {
+        ("on_execution_end", "forged-abort"),
+        ("on_execution_end", "forged-abort-other"),
+        ("on_training_event", "forged-failed"),
+        ("on_training_event", "replayed-event"),
+    } <= tried
     assert {
         ("create_filesystem", "fsx-failed"),
         ("check_quota", "quota"),
@@ -60,14 +84,3 @@ def test_a_start_whose_answer_was_lost_adopts_the_job_it_started(results):
 
     assert "Sandbox.Timedout" in result.task_errors
     assert (result.status, result.training_jobs) == ("SUCCEEDED", 1)
-
-
-def test_a_training_job_that_never_reports_times_out_and_the_teardown_stops_it(results):
-    result = results["start_training:silent"]
-
-    assert result.fired
-    assert "States.Timeout" in result.task_errors
-    # a Fail state may not raise States.Timeout: the run ends under lustrain's name for it
-    assert (result.status, result.error) == ("FAILED", "TrainingTimedOut")
-    # the job was still InProgress when the heartbeat fired: only the teardown's StopTrainingJob ended it
-    assert result.leftovers == []

@@ -27,7 +27,9 @@ answers the same way when the handler runs past the function's Timeout. A Python
 handler keeps running in the background, outside the environment lock, until it returns on its own. The
 `lambda-timeout` fault (faults.py) gives the same answer for one invocation without the wait: the handler runs to
 its end, so what it did stays done, and only its answer is lost (the hardest case for whoever retries or
-compensates: everything was created, nothing was reported).
+compensates: everything was created, nothing was reported). `timeout-mid-delete` answers the same the moment the
+handler makes its first Delete* call, and lets the handler go on, as the real timeout above does: the retry runs
+beside it. `twice-at-once` runs the handler twice at once on the same event.
 
 Asynchronous invocations (InvocationType Event: EventBridge's deliveries, S3 notifications) that fail are
 retried as Lambda retries them: up to the function's MaximumRetryAttempts (its EventInvokeConfig; AWS's default
@@ -54,6 +56,7 @@ function's log group gets the START/END/REPORT lines and any error.
 from __future__ import annotations
 
 import contextvars
+import copy
 import decimal
 import functools
 import importlib
@@ -354,15 +357,31 @@ def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
     handler = str(fn.handler)
     step = _step_of(handler)
 
+    # set when the invocation has an answer: its handler returned, or the `timeout-mid-delete` fault cut it short
+    settled = threading.Event()
+    cut = threading.Event()
+
+    def cut_short() -> None:
+        cut.set()
+        settled.set()
+
     def invocation() -> None:
         _inside_invocation.set(True)
         _default_session.set([])
         _overlay.set({**(_overlay.get() or {}), **environment})
-        with faults.running_step(step, event):
-            timed_out = faults.consume(step, "lambda-timeout")
-            loaded = _load_handler(handler, request_id)
-            outcome = loaded if isinstance(loaded, _Outcome) else _call(loaded, event, context)
-            box.append(_timed_out(request_id, timeout_s) if timed_out else outcome)
+        try:
+            with faults.running_step(step, event, cut=cut_short):
+                timed_out = faults.consume(step, "lambda-timeout")
+                loaded = _load_handler(handler, request_id)
+                if isinstance(loaded, _Outcome):
+                    outcome = loaded
+                elif faults.consume(step, "twice-at-once"):
+                    outcome = _twice_at_once(loaded, event, context)
+                else:
+                    outcome = _call(loaded, event, context)
+                box.append(_timed_out(request_id, timeout_s) if timed_out else outcome)
+        finally:
+            settled.set()
 
     try:
         environment = _environment(fn)
@@ -380,8 +399,26 @@ def _run(fn: LambdaFunction, event: Any, request_id: str) -> _Outcome:
             daemon=True,
         )
         worker.start()
-        worker.join(timeout_s)
-    return box[0] if box else _timed_out(request_id, timeout_s)
+        settled.wait(timeout_s)
+    return box[0] if box and not cut.is_set() else _timed_out(request_id, timeout_s)
+
+
+def _twice_at_once(
+    function: Callable[[Any, LambdaContext], Any], event: Any, context: LambdaContext
+) -> _Outcome:
+    """The `twice-at-once` fault: the handler runs twice at once on copies of one event; the answer is the
+    first failure, if either failed (whoever ran it would retry), else the first run's."""
+    outcomes: list[_Outcome] = []
+    other = threading.Thread(
+        target=contextvars.copy_context().run,
+        args=(lambda: outcomes.append(_call(function, copy.deepcopy(event), context)),),
+        name=f"{threading.current_thread().name}:twice",
+        daemon=True,
+    )
+    other.start()
+    mine = _call(function, event, context)
+    other.join()
+    return next((o for o in (mine, *outcomes) if o.errored), mine)
 
 
 def _timed_out(request_id: str, timeout_s: float) -> _Outcome:

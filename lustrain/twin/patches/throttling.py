@@ -9,7 +9,9 @@ botocore's own retries (which sit below this method) do not swallow it; the hand
 after AWS kept failing through every botocore retry, and Step Functions' Retry is what clears it.
 
 `lost-create` is the other kind of 500: the step's first Create* call is made, and what it creates exists, but
-the handler gets InternalError instead of the answer.
+the handler gets InternalError instead of the answer (`lost-create-subnet` and its kin: that one Create* call).
+Every call is also noted as the twin's activity (activity.py), which waits go by. `timeout-mid-delete` is marked
+here too, at the step's first Delete* call (faults.cut_short_at).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 
-from lustrain.twin import faults
+from lustrain.twin import activity, faults
 
 _PATCHED = "_lustrain_twin_throttling"
 
@@ -52,15 +54,17 @@ def install() -> None:
 
     @functools.wraps(original)
     def make_api_call(self: BaseClient, operation_name: str, api_params: dict[str, Any]) -> Any:
+        activity.note()
         step = faults.current_step()
         if step is not None:
             if faults.consume_throttling(step):
                 raise throttling_error(operation_name)
             if faults.consume(step, "service-error"):
                 raise service_error(operation_name)
-            if operation_name.startswith("Create") and faults.consume(step, "lost-create"):
+            if faults.consume_lost_create(step, operation_name):
                 original(self, operation_name, api_params)
                 raise service_error(operation_name)
+            faults.cut_short_at(operation_name)
         return original(self, operation_name, api_params)
 
     setattr(make_api_call, _PATCHED, True)

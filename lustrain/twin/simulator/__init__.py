@@ -112,6 +112,12 @@ def jobs() -> list[JobView]:
     return _simulator.jobs()
 
 
+def event_detail(name: str) -> dict[str, Any]:
+    """The `detail` of the state-change event the job `name` would send now (the fault matrix replays and forges
+    events from it)."""
+    return _simulator.event_detail(name)
+
+
 def wait_all(timeout: float | None = None) -> list[JobView]:
     return _simulator.wait_all(timeout)
 

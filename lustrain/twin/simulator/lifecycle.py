@@ -181,6 +181,15 @@ class Simulator:
             jobs = list(self._jobs.values())
         return [j.view() for j in jobs]
 
+    def event_detail(self, name: str) -> dict[str, Any]:
+        """The detail of the event the job named `name` sends of its state now (KeyError: no such job)."""
+        with self._lock:
+            job = next((j for j in self._jobs.values() if j.name == name), None)
+        if job is None:
+            raise KeyError(name)
+        with job._lock:
+            return job.event_detail()
+
     def wait_all(self, timeout: float | None = None) -> list[JobView]:
         """Wait until every job launched so far has finished; TimeoutError names those still running."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -546,7 +555,9 @@ class _JobRun:
         while process.poll() is None:
             if any(CHECKPOINT_FILE.match(p.name) for p in layout.checkpoints.glob("step-*.json")):
                 self.hardware_failed = True
-                log.info("training job %s: hardware failure injected after its first checkpoint", self.job.name)
+                log.info(
+                    "training job %s: hardware failure injected after its first checkpoint", self.job.name
+                )
                 kill(process)
                 return
             time.sleep(HARDWARE_POLL_S)

@@ -3,7 +3,9 @@
 It keeps SageMaker's contract the way the real trainer does: reads the Lustre channel (SM_CHANNEL_TRAINING),
 writes the model under SM_MODEL_DIR, and prints one metric line. The model names the training job, so a test
 can tell which run's archive holds which job's model. `--sleep_s N` (a hyperparameter) keeps it busy for N
-seconds first, for a run that must still be training when something stops it.
+seconds first, for a run that must still be training when something stops it; `--hold_until PATH` keeps it busy
+until the file PATH exists (the fault matrix releases it once what it did to the run has been handled), on the
+host the twin runs it on.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sleep_s", type=float, default=0.0)
+    parser.add_argument("--hold_until", default="")
     args, _ = parser.parse_known_args()
     time.sleep(args.sleep_s)
+    while args.hold_until and not Path(args.hold_until).exists():
+        time.sleep(0.1)
     channel = Path(os.environ["SM_CHANNEL_TRAINING"])
     files = sorted(p for p in channel.rglob("*") if p.is_file())
     model_dir = Path(os.environ["SM_MODEL_DIR"])

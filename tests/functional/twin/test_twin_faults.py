@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -26,7 +27,10 @@ def test_parse_reads_step_and_fault() -> None:
     ("spec", "message"),
     [
         ("check_quota", "expected STEP:FAULT"),
-        ("check_quota:slow", "unknown fault 'slow'; faults: capacity-error, capacity-error-once, fsx-failed, hardware-failure"),
+        (
+            "check_quota:slow",
+            "unknown fault 'slow'; faults: capacity-error, capacity-error-once, fsx-failed, hardware-failure",
+        ),
         ("make_coffee:throttling", "unknown step 'make_coffee'; steps: register_job, check_quota"),
         (
             "teardown:fsx-failed",
@@ -156,3 +160,63 @@ def test_on_training_event_faults_wait_for_the_event_that_ends_the_job() -> None
 )
 def test_the_run_of_an_invocation_is_read_from_each_shape_of_event(event, run) -> None:
     assert faults.run_of(event) == run
+
+
+@pytest.mark.usefixtures("moto_twin")
+def test_each_lost_create_of_create_network_loses_the_answer_of_its_own_create() -> None:
+    ec2 = client("ec2")
+    faults.inject("create_network", "lost-create-subnet")
+
+    with faults.running_step("create_network"):
+        vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]  # not the subnet: answered
+        with pytest.raises(ClientError) as raised:
+            ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.0.0/24")
+        ec2.create_route_table(VpcId=vpc)  # fired once: answered
+
+    assert raised.value.response["Error"]["Code"] == "InternalError"
+    # AWS did create it: only the answer was lost
+    assert [
+        s["CidrBlock"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
+    ] == ["10.9.0.0/24"]
+    assert [str(f) for f in faults.fired()] == ["create_network:lost-create-subnet"]
+
+
+@pytest.mark.usefixtures("moto_twin")
+def test_a_teardown_cut_off_mid_delete_answers_timed_out_and_goes_on_deleting() -> None:
+    from twinfakes import teardown
+
+    teardown.reset()
+    s3 = client("s3")
+    for name in ("first-to-delete", "second-to-delete"):
+        s3.create_bucket(Bucket=name)
+    make_function("teardown", "twinfakes.teardown.handler", timeout=30)
+    faults.inject("teardown", "timeout-mid-delete")
+
+    response = client("lambda").invoke(
+        FunctionName="teardown", Payload=json.dumps({"buckets": ["first-to-delete", "second-to-delete"]})
+    )
+
+    assert response["FunctionError"] == "Unhandled"
+    assert json.loads(response["Payload"].read())["errorType"] == "Sandbox.Timedout"
+    # the answer came at the first delete, well before the function's Timeout; the handler goes on
+    assert teardown.finished.wait(timeout=30)
+    assert teardown.deleted == ["first-to-delete", "second-to-delete"]
+
+
+@pytest.mark.usefixtures("moto_twin")
+def test_twice_at_once_runs_the_teardown_twice_at_the_same_time() -> None:
+    from twinfakes import teardown
+
+    teardown.reset(parties=2)  # each run waits for the other: only two at once get past it
+    client("s3").create_bucket(Bucket="deleted-by-one")
+    make_function("teardown", "twinfakes.teardown.handler", timeout=30)
+    faults.inject("teardown", "twice-at-once")
+
+    response = client("lambda").invoke(
+        FunctionName="teardown", Payload=json.dumps({"buckets": ["deleted-by-one"]})
+    )
+
+    # one of the two deleted the bucket; the other's delete of a bucket already gone failed, and that is the answer
+    assert response["FunctionError"] == "Unhandled"
+    assert json.loads(response["Payload"].read())["errorType"] == "NoSuchBucket"
+    assert teardown.deleted == ["deleted-by-one"]

@@ -25,6 +25,8 @@ def reset() -> None:
     with _lock:
         received.clear()
         _attempts.clear()
+    holding.clear()
+    release.clear()
 
 
 def echo(event: Any, context: Any) -> dict[str, Any]:
