@@ -92,6 +92,22 @@ def test_a_run_on_a_template_without_a_needed_grant_fails_with_access_denied_nam
     assert run.resources_left == 0, run.leftovers
 
 
+def test_no_role_of_the_stack_has_an_s3_object_action_on_a_bucket_it_does_not_name(uses):
+    import sys
+
+    sys.path.insert(0, str(TEMPLATE.parent / "bench"))
+    from iam_report import wildcard_bucket_grants
+
+    found = {lid: wildcard_bucket_grants(use.policies) for lid, use in uses.items()}
+    assert {lid: grants for lid, grants in found.items() if grants} == {}
+    from lustrain.twin.iam.policy import Policy
+
+    star = Policy.parse(
+        "probe", {"Statement": [{"Effect": "Allow", "Action": "s3:Get*", "Resource": "arn:aws:s3:::*/*"}]}
+    )
+    assert wildcard_bucket_grants([star]) == ["probe/0 s3:Get* arn:aws:s3:::*/*"]
+
+
 def test_check_quota_may_read_a_default_quota_which_only_resource_star_grants(uses):
     # a quota never changed in the account has no applied value: check_quota reads the default, an action with no
     # resource type (Service Authorization Reference), authorized against "*"
