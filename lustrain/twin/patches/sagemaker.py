@@ -347,7 +347,9 @@ def stop_training_job(self: SageMakerResponse) -> EmptyResult:
 
 def _list_training_jobs(original: Any, self: SageMakerModelBackend, *args: Any, **kwargs: Any) -> Any:
     state = _state(self)
-    for name, job in state.jobs.items():
+    with state.lock:  # a run's CreateTrainingJob (another thread) may be adding its job meanwhile
+        jobs = list(state.jobs.items())
+    for name, job in jobs:
         if name in self.training_jobs:
             _sync(self.training_jobs[name], job)
     return original(self, *args, **kwargs)
