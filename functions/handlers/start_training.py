@@ -26,6 +26,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         sagemaker=clients.client("sagemaker"),
         ddb=clients.client("dynamodb"),
         settings=Settings.from_env(),
+        sts=clients.client("sts"),
     )
     logger.info("training job started", extra=result)
     return result

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+#: where the CLI uploads a local code directory before a run (lustrain submit), under the artifacts bucket
+UPLOADS_PREFIX = "uploads/"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -37,6 +40,22 @@ class Settings:
             stack_name=env.get("STACK_NAME", defaults.stack_name),
             extra={k: v for k, v in env.items() if k.startswith("LUSTRAIN_")},
         )
+
+    @property
+    def own_data_prefix(self) -> str:
+        """Where a stack deployed without AllowedDataPrefixes lets runs read data (template.yaml, DataReadPolicy)."""
+        return f"s3://{self.artifacts_bucket}/data/"
+
+    @property
+    def own_output_prefix(self) -> str:
+        """Where a stack deployed without AllowedOutputPrefixes lets runs write (template.yaml, OutputReadPolicy)."""
+        return f"s3://{self.artifacts_bucket}/results/"
+
+    @property
+    def reserved_prefixes(self) -> tuple[str, ...]:
+        """The stack's own locations of code bundles, uploaded code and archives: no run's data or results."""
+        bucket = f"s3://{self.artifacts_bucket}/"
+        return (bucket + self.code_prefix, bucket + UPLOADS_PREFIX, bucket + self.archive_prefix)
 
     def whole_seconds(self, name: str, *, least: int) -> int | None:
         """A stack setting in whole seconds (at least `least`), or None where the stack leaves it unset."""

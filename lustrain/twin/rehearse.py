@@ -51,6 +51,11 @@ FAST_PARAMETERS: dict[str, str] = {
     "TrainingHeartbeatSeconds": "300",
     "TrainingTimeoutSeconds": "900",
     "LogLevel": "WARNING",
+    # The buckets the twin's specs (tests/e2e, examples/, bench/) read data from and write results to, allowed as an
+    # administrator allows a team's buckets: left empty, the stack allows only its own artifacts bucket's data/
+    # and results/ (template.yaml, AllowedDataPrefixes / AllowedOutputPrefixes).
+    "AllowedDataPrefixes": "s3://lustrain-example-data/,s3://my-team-datasets/,s3://lustrain-load-data/",
+    "AllowedOutputPrefixes": "s3://lustrain-example-results/,s3://my-team-results/,s3://lustrain-load-results/",
 }
 
 Printer = Callable[[str], None]

@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from lustrain.twin.iam import enforce, usage
 from lustrain.twin.rehearse import TEMPLATE, rehearse
@@ -92,6 +94,22 @@ def test_a_run_on_a_template_without_a_needed_grant_fails_with_access_denied_nam
     assert run.resources_left == 0, run.leftovers
 
 
+def test_no_role_of_the_stack_has_an_s3_object_action_on_a_bucket_it_does_not_name(uses):
+    import sys
+
+    sys.path.insert(0, str(TEMPLATE.parent / "bench"))
+    from iam_report import wildcard_bucket_grants
+
+    found = {lid: wildcard_bucket_grants(use.policies) for lid, use in uses.items()}
+    assert {lid: grants for lid, grants in found.items() if grants} == {}
+    from lustrain.twin.iam.policy import Policy
+
+    star = Policy.parse(
+        "probe", {"Statement": [{"Effect": "Allow", "Action": "s3:Get*", "Resource": "arn:aws:s3:::*/*"}]}
+    )
+    assert wildcard_bucket_grants([star]) == ["probe/0 s3:Get* arn:aws:s3:::*/*"]
+
+
 def test_check_quota_may_read_a_default_quota_which_only_resource_star_grants(uses):
     # a quota never changed in the account has no applied value: check_quota reads the default, an action with no
     # resource type (Service Authorization Reference), authorized against "*"
@@ -101,3 +119,93 @@ def test_check_quota_may_read_a_default_quota_which_only_resource_star_grants(us
     principal = next(r.request.principal for r in use.records if r.request is not None)
     request = Request(principal, "servicequotas:GetAWSDefaultServiceQuota", "*", {})
     assert usage.evaluate(request, use.policies).allowed
+
+
+def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_never_an_archive():
+    """Per-run scoping: start_training creates the job in a launcher session tagged lustrain-run = <job id>,
+    SageMaker chains the tag to the job's session of its execution role (SessionChainingConfig), and the role's S3
+    grants name the tag. The run's own job wrote its model and checkpoints that way; a job of another run (the
+    session SageMaker hands a job of run "intruder-0123abcd") is refused, naming the action and the object, when
+    it reads or writes this run's code, checkpoints or results, or plants a manifest in its archive."""
+    from lustrain.twin.iam.policy import Principal
+    from lustrain.twin.rehearse import operator_session
+    from lustrain.twin.simulator import ROLE_SESSION
+
+    seen: dict[str, Any] = {}
+
+    def inspect(stack: Any, result: Any) -> None:
+        role = stack.resources["SageMakerExecutionRole"].attrs["Arn"]
+        own = [r for r in enforce.log() if r.role_arn == role and r.allowed and r.action == "s3:PutObject"]
+        seen["own_sessions"] = {r.request.principal.session_tags for r in own if r.request is not None}
+        s3 = operator_session().client("s3")
+        artifacts = stack.outputs["ArtifactsBucketName"]
+        keys = {
+            bucket: [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+            for bucket in (artifacts, "lustrain-example-results")
+        }
+        job_id = result.job_id
+        targets = {
+            "code": (
+                "s3:GetObject",
+                artifacts,
+                next(k for k in keys[artifacts] if k.startswith(f"code/{job_id}/")),
+            ),
+            "checkpoint": (
+                "s3:PutObject",
+                "lustrain-example-results",
+                next(k for k in keys["lustrain-example-results"] if f"/{job_id}/checkpoints/" in k),
+            ),
+            "model": (
+                "s3:GetObject",
+                "lustrain-example-results",
+                next(k for k in keys["lustrain-example-results"] if k.endswith("/output/model.tar.gz")),
+            ),
+            "archive": ("s3:PutObject", artifacts, f"archive/{job_id}/manifest.json"),
+        }
+        _intruder, credentials = enforce.assume(
+            role,
+            ROLE_SESSION,
+            service="sagemaker.amazonaws.com",
+            source_account=Principal.role_session(role, ROLE_SESSION).account,
+            session_tags={"lustrain-run": "intruder-0123abcd"},
+        )
+        as_intruder = boto3.client(
+            "s3",
+            region_name="us-east-1",
+            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=credentials["AWS_SESSION_TOKEN"],
+        )
+        refused = {}
+        for what, (action, bucket, key) in targets.items():
+            try:
+                if action == "s3:GetObject":
+                    as_intruder.get_object(Bucket=bucket, Key=key)
+                else:
+                    as_intruder.put_object(Bucket=bucket, Key=key, Body=b"planted")
+            except ClientError as exc:
+                refused[what] = (
+                    exc.response["Error"]["Code"],
+                    exc.response["Error"]["Message"],
+                    action,
+                    bucket,
+                    key,
+                )
+        seen["refused"] = refused
+        seen["targets"] = targets
+        # its own run's part of the results location is the intruder's to write
+        as_intruder.put_object(
+            Bucket="lustrain-example-results", Key="quick/intruder-0123abcd/x", Body=b"own"
+        )
+
+    run = rehearse(QUICK, inspect=inspect)
+
+    assert run.status == "SUCCEEDED", (run.error, run.cause)
+    assert seen["own_sessions"] == {(("lustrain-run", run.job_id),)}
+    assert set(seen["refused"]) == set(seen["targets"]), (
+        f"not refused: {set(seen['targets']) - set(seen['refused'])}"
+    )
+    for code, message, action, bucket, key in seen["refused"].values():
+        assert code == "AccessDenied"
+        assert f'not authorized to perform: {action} on resource: "arn:aws:s3:::{bucket}/{key}"' in message
+        assert "assumed-role/" in message and "/SageMaker " in message

@@ -166,6 +166,60 @@ def test_the_manifest_lists_every_archived_object_with_its_size_and_sha256(start
     assert manifest["job_id"] == job_id and manifest["missing"] == []
 
 
+def test_a_planted_manifest_does_not_stop_the_real_archive(started):
+    """A manifest.json put at the archive by anyone but the archive (naming this very job, listing objects that are
+    not there) is not taken for the archive: the model is archived and the manifest written over it."""
+    settings, name, job_id = started["settings"], started["name"], started["job_id"]
+    archive = f"s3://{settings.artifacts_bucket}/archive/{job_id}/"
+    planted = {
+        "job_id": job_id,
+        "training_job_name": name,
+        "archive_s3_uri": archive,
+        "objects": [
+            {
+                "name": "describe_training_job.json",
+                "s3_uri": archive + "describe_training_job.json",
+                "size": 2,
+                "sha256": "0" * 64,
+            }
+        ],
+        "missing": [],
+    }
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=settings.artifacts_bucket,
+        Key=f"archive/{job_id}/manifest.json",
+        Body=json.dumps(planted).encode(),
+    )
+
+    with stub_describe(completed_description(name)):
+        answered = invoke("on_training_event", state_change(name, "Completed"))
+
+    assert answered["callback"] == "send_task_success"
+    stored = archive_listing(settings, job_id)
+    manifest = json.loads(stored.pop("manifest.json"))
+    assert stored["model.tar.gz"] == MODEL
+    assert {entry["name"] for entry in manifest["objects"]} == set(stored)
+    assert manifest != planted
+
+
+def test_an_archive_found_complete_is_not_written_again(started):
+    """The event repeated after the archive was written but before the callback was recorded (a crash between
+    them): the manifest this archive wrote is recognised and nothing is copied again."""
+    settings, name, job_id = started["settings"], started["name"], started["job_id"]
+    from lustrain_core.steps.archive import archive_training_job
+
+    description = completed_description(name)
+    s3 = clients.client("s3")
+    target = f"s3://{settings.artifacts_bucket}/archive/{job_id}/"
+    first = archive_training_job(s3, copy.deepcopy(description), target, job_id)
+
+    with calls_of(s3) as s3_calls:
+        again = archive_training_job(s3, copy.deepcopy(description), target, job_id)
+
+    assert again == first
+    assert not [op for op, _ in s3_calls if op in WRITES]
+
+
 def test_failed_with_capacity_error_fails_the_task_as_capacity_error_once(started):
     settings, name = started["settings"], started["name"]
     reason = "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."

@@ -59,6 +59,29 @@ def test_the_job_is_created_with_the_whole_request_and_the_token_is_kept(p4d_quo
     assert {"type": "training_job", "id": name} in job_record(settings.jobs_table, job_id)["resources"]
 
 
+def test_the_job_is_created_in_a_launcher_session_tagged_with_the_run(p4d_quota, monkeypatch):
+    """The session that calls CreateTrainingJob is the launcher role's, tagged lustrain-run = <job id>, and the
+    request chains its tags to the job's session of the execution role (whose S3 grants name the tag)."""
+    launcher = "arn:aws:iam::123456789012:role/lustrain-launcher/lustrain-test/launcher"
+    monkeypatch.setenv("LUSTRAIN_LAUNCHER_ROLE_ARN", launcher)
+    event = training_input()
+    job_id = event["job"]["job_id"]
+
+    with calls_of(clients.client("sts")) as sts_calls, calls_of(clients.client("sagemaker")) as lambda_calls:
+        result = invoke("start_training", event)
+
+    assert [op for op, _ in sts_calls] == ["AssumeRole"]
+    params = sts_calls[0][1]
+    assert params["RoleArn"] == launcher
+    assert params["Tags"] == [{"Key": "lustrain-run", "Value": job_id}]
+    # the function's own client describes; the launcher session's creates
+    assert "CreateTrainingJob" not in [op for op, _ in lambda_calls]
+    described = boto3.client("sagemaker", region_name=REGION).describe_training_job(
+        TrainingJobName=result["training_job_name"]
+    )
+    assert described["OutputDataConfig"]["S3OutputPath"].endswith(f"/{job_id}/")
+
+
 def test_the_token_and_the_ledger_entry_are_written_before_the_job_exists(p4d_quota):
     settings = p4d_quota
     event = training_input()

@@ -41,7 +41,8 @@ def test_the_code_is_stored_under_its_content_hash_as_sagemaker_unpacks_it(aws):
 
     body = bundle_at(code["bucket"], code["key"])
     assert code["sha256"] == hashlib.sha256(body).hexdigest()
-    assert code["key"] == f"code/tiny/{code['sha256']}/sourcedir.tar.gz"
+    # under the run's own id: a training job may read only its own run's code
+    assert code["key"] == f"code/{doc['job']['job_id']}/{code['sha256']}/sourcedir.tar.gz"
     assert code["submit_directory"] == f"s3://{aws.artifacts_bucket}/{code['key']}"
     assert code["uploaded"] is True and code["metric_definitions"] == []
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
@@ -58,6 +59,25 @@ def test_an_existing_bundle_is_not_uploaded_again(aws):
 
     assert second["key"] == first["key"] and second["uploaded"] is False
     assert "PutObject" not in [op for op, _ in calls]
+
+
+def test_a_bundle_planted_at_the_key_is_replaced_not_reused(aws):
+    """Whoever could write the key cannot have a run take other bytes for its code: the object there is reused only
+    when S3's own SHA-256 of it is the bundle's (the key's name and the object's metadata prove nothing)."""
+    doc = register()
+    put_code()
+    honest = invoke("upload_code", doc)
+    s3 = boto3.client("s3", region_name=REGION)
+    planted = b"import os; os.system('exfiltrate')"
+    s3.put_object(
+        Bucket=honest["bucket"], Key=honest["key"], Body=planted, Metadata={"sha256": honest["sha256"]}
+    )
+
+    again = invoke("upload_code", doc)
+
+    assert again["key"] == honest["key"] and again["uploaded"] is True
+    body = bundle_at(again["bucket"], again["key"])
+    assert body != planted and hashlib.sha256(body).hexdigest() == honest["sha256"]
 
 
 def test_identical_code_uploaded_again_later_gives_identical_bytes(aws):

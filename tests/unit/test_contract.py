@@ -423,8 +423,9 @@ def test_no_allow_statement_grants_every_action() -> None:
 
 
 def test_pass_role_is_for_the_training_role_and_sagemaker_only() -> None:
+    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining)
     passing = [(lid, s) for lid, s in policy_statements() if "iam:PassRole" in _listed(s["Action"])]
-    assert [lid for lid, _ in passing] == ["StartTrainingFunction"]
+    assert [lid for lid, _ in passing] == ["LauncherRole"]
     (_, statement) = passing[0]
     assert statement["Resource"] == {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}
     assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
@@ -530,45 +531,120 @@ def _evaluate(node: Any, params: dict[str, Any], conditions: dict[str, bool]) ->
         separator, text = arg
         return _evaluate(text, params, conditions).split(separator)
     if key == "Fn::Sub":
-        return PLACEHOLDER.sub(lambda m: str(params[m.group(1)]), arg)
+        # ${!Literal} is CloudFormation's escape: it stays ${Literal} (here: IAM's policy variables)
+        return PLACEHOLDER.sub(
+            lambda m: "${" + m.group(1)[1:] + "}" if m.group(1).startswith("!") else str(params[m.group(1)]),
+            arg,
+        )
     raise AssertionError(f"{key} is not expected in the allow-list policies")
+
+
+RUN = "${aws:PrincipalTag/lustrain-run}"
+OWN = {"ArtifactsBucket.Arn": "arn:aws:s3:::the-artifacts"}
+
+
+def _resources(
+    policy: str, sid: str | None, params: dict[str, Any], conditions: dict[str, bool]
+) -> list[str]:
+    statements = RESOURCES[policy]["Properties"]["PolicyDocument"]["Statement"]
+    (statement,) = [s for s in statements if s.get("Sid") == sid]
+    return _listed(_evaluate(statement["Resource"], {**OWN, **params}, conditions))
+
+
+def _conditions(partition: str, prefixes: list[str]) -> dict[str, bool]:
+    return {
+        "OwnDataPrefix": prefixes == [""],
+        "OwnOutputPrefix": prefixes == [""],
+        "InChina": partition == "aws-cn",
+        "InGovCloud": partition == "aws-us-gov",
+    }
+
+
+@pytest.mark.parametrize(
+    ("partition", "prefixes", "data", "output"),
+    [
+        # nothing allowed by the administrator: the stack's own artifacts bucket, never every bucket
+        ("aws", [""], ["arn:aws:s3:::the-artifacts/data/*"], ["arn:aws:s3:::the-artifacts/results/*"]),
+        ("aws", ["s3://data/corpus/"], ["arn:aws:s3:::data/corpus/*"], ["arn:aws:s3:::data/corpus/*"]),
+        (
+            "aws-cn",
+            ["s3://a/", "s3://b/x/y/"],
+            ["arn:aws-cn:s3:::a/*", "arn:aws-cn:s3:::b/x/y/*"],
+            ["arn:aws-cn:s3:::a/*", "arn:aws-cn:s3:::b/x/y/*"],
+        ),
+        ("aws-us-gov", ["s3://a/p/"], ["arn:aws-us-gov:s3:::a/p/*"], ["arn:aws-us-gov:s3:::a/p/*"]),
+    ],
+)
+def test_allowed_prefixes_become_the_s3_resources_of_the_read_policies(
+    partition: str, prefixes: list[str], data: list[str], output: list[str]
+) -> None:
+    conditions = _conditions(partition, prefixes)
+    for policy, parameter, expected in (
+        ("DataReadPolicy", "AllowedDataPrefixes", data),
+        ("OutputReadPolicy", "AllowedOutputPrefixes", output),
+    ):
+        params = {parameter: prefixes, "AWS::Partition": partition}
+        assert _resources(policy, None, params, conditions) == expected, policy
 
 
 @pytest.mark.parametrize(
     ("partition", "prefixes", "expected"),
     [
-        ("aws", ["*"], ["arn:aws:s3:::*/*"]),
-        ("aws", ["s3://data/corpus/"], ["arn:aws:s3:::data/corpus/*"]),
-        ("aws-cn", ["s3://a/", "s3://b/x/y/"], ["arn:aws-cn:s3:::a/*", "arn:aws-cn:s3:::b/x/y/*"]),
-        ("aws-us-gov", ["s3://a/p/"], ["arn:aws-us-gov:s3:::a/p/*"]),
+        (
+            "aws",
+            [""],
+            [f"arn:aws:s3:::the-artifacts/results/{RUN}/*", f"arn:aws:s3:::the-artifacts/results/*/{RUN}/*"],
+        ),
+        (
+            "aws-cn",
+            ["s3://a/", "s3://b/x/"],
+            [
+                f"arn:aws-cn:s3:::a/{RUN}/*",
+                f"arn:aws-cn:s3:::b/x/{RUN}/*",
+                f"arn:aws-cn:s3:::a/*/{RUN}/*",
+                f"arn:aws-cn:s3:::b/x/*/{RUN}/*",
+            ],
+        ),
+        ("aws", ["s3://r/"], [f"arn:aws:s3:::r/{RUN}/*", f"arn:aws:s3:::r/*/{RUN}/*"]),
     ],
 )
-def test_allowed_prefixes_become_the_s3_resources_of_the_policies(
+def test_a_training_job_writes_only_its_own_runs_objects_under_the_allowed_prefixes(
     partition: str, prefixes: list[str], expected: list[str]
 ) -> None:
-    for policy, parameter in (
-        ("DataReadPolicy", "AllowedDataPrefixes"),
-        ("OutputReadWritePolicy", "AllowedOutputPrefixes"),
-    ):
-        conditions = {
-            "AnyDataPrefix": prefixes == ["*"],
-            "AnyOutputPrefix": prefixes == ["*"],
-            "InChina": partition == "aws-cn",
-            "InGovCloud": partition == "aws-us-gov",
-        }
-        params = {parameter: prefixes, "AWS::Partition": partition}
-        (statement,) = RESOURCES[policy]["Properties"]["PolicyDocument"]["Statement"]
-        resources = _evaluate(statement["Resource"], params, conditions)
-        assert _listed(resources) == expected, policy
+    params = {"AllowedOutputPrefixes": prefixes, "AWS::Partition": partition}
+    conditions = _conditions(partition, prefixes)
+    resources = _resources("OutputReadWritePolicy", "ThisRunsObjects", params, conditions)
+    assert resources == expected
+    assert all(RUN in r and not r.startswith(f"arn:{partition}:s3:::*") for r in resources)
+
+
+def test_a_stack_deployed_without_allow_lists_checks_and_grants_its_own_locations_alike() -> None:
+    """Empty parameters: register_job's lists (SpecForbidden) are the locations the IAM policies grant."""
+    from lustrain_core.config import Settings
+
+    env = RESOURCES["RegisterJobFunction"]["Properties"]["Environment"]["Variables"]
+    conditions = _conditions("aws", [""])
+    params = {"ArtifactsBucket": "the-artifacts", "JobsBucket": "the-jobs", "AllowedDataPrefixes": [""]}
+    data = _evaluate(env["LUSTRAIN_ALLOWED_DATA_PREFIXES"], params, conditions)
+    params["AllowedOutputPrefixes"] = [""]
+    output = _evaluate(env["LUSTRAIN_ALLOWED_OUTPUT_PREFIXES"], params, conditions)
+    own = Settings(artifacts_bucket="the-artifacts")
+    assert (data, output) == (own.own_data_prefix, own.own_output_prefix)
+    read = _resources("DataReadPolicy", None, {}, conditions)
+    results = _resources("OutputReadPolicy", None, {}, conditions)
+    assert read == ["arn:aws:s3:::" + data.removeprefix("s3://") + "*"]
+    assert results == ["arn:aws:s3:::" + output.removeprefix("s3://") + "*"]
 
 
 def test_allowed_prefixes_must_end_at_a_folder_so_iam_and_register_job_agree() -> None:
     for parameter in ("AllowedDataPrefixes", "AllowedOutputPrefixes"):
         pattern = re.compile(TEMPLATE["Parameters"][parameter]["AllowedPattern"])
         assert pattern.fullmatch("s3://my-data/corpus/") and pattern.fullmatch("s3://my-data/")
-        assert pattern.fullmatch("*")
+        assert pattern.fullmatch(""), "empty: the stack's own bucket"
+        assert not pattern.fullmatch("*"), '"*" no longer means every bucket of the account: the deploy refuses it'
         assert not pattern.fullmatch("s3://my-data/team"), "s3://my-data/team* would also allow team-b/"
         assert not pattern.fullmatch("s3://my-data")
+        assert TEMPLATE["Parameters"][parameter]["Default"] == ""
 
 
 def test_the_readmes_launch_plan_table_lists_exactly_the_models_fields() -> None:

@@ -267,6 +267,29 @@ def test_output_and_checkpoints_must_both_lie_under_the_output_prefixes():
     assert error.details["field"] == "output.s3_uri"
 
 
+@pytest.mark.parametrize(
+    ("section", "uri", "field"),
+    [
+        ("output", "s3://stack-artifacts/archive/", "output.s3_uri"),
+        ("output", "s3://stack-artifacts/", "output.s3_uri"),
+        ("checkpoints", "s3://stack-artifacts/code/gpt-small-0123abcd/", "checkpoints.s3_uri"),
+        ("data", "s3://stack-artifacts/uploads/team/", "data.s3_uri"),
+    ],
+)
+def test_no_spec_points_into_the_stacks_code_uploads_or_archives(section, uri, field):
+    """Whatever the allow-lists say (an administrator may allow the whole artifacts bucket), a job's writes never
+    land where the stack keeps code bundles, uploaded code and archives."""
+    from lustrain_core.config import Settings
+
+    settings = Settings(
+        artifacts_bucket="stack-artifacts", extra={"LUSTRAIN_ALLOWED_OUTPUT_PREFIXES": "s3://stack-artifacts/"}
+    )
+    error = forbidden(Policy.for_stack(settings), spec_with(**{section: {"s3_uri": uri}}))
+    assert error.details == {**error.details, "rule": "reserved", "field": field}
+    assert "s3://stack-artifacts/" in error.message
+    Policy.for_stack(settings).check_spec(spec_with(output={"s3_uri": "s3://stack-artifacts/results/gpt/"}))
+
+
 def test_code_on_s3_must_lie_under_the_code_prefixes_the_stack_allows():
     policy = Policy.from_env(
         {"LUSTRAIN_ALLOWED_CODE_PREFIXES": "s3://data-bucket/, s3://stack-artifacts/uploads/"}

@@ -163,7 +163,8 @@ def test_no_statement_names_every_action_and_only_the_key_policy_a_whole_service
 
 def test_pass_role_is_only_for_the_training_role_and_only_to_sagemaker():
     passing = allowing(r"iam:(PassRole|Pass\*|\*)")
-    assert [lid for lid, _ in passing] == ["StartTrainingFunction"]
+    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining)
+    assert [lid for lid, _ in passing] == ["LauncherRole"]
     (_, statement) = passing[0]
     assert statement["Resource"] == {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}
     assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
@@ -171,6 +172,8 @@ def test_pass_role_is_only_for_the_training_role_and_only_to_sagemaker():
 
 def test_the_training_role_trusts_only_sagemaker_for_this_account():
     (trust,) = RESOURCES["SageMakerExecutionRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    # sts:TagSession: SageMaker passes on the launcher session's tags (session tag chaining)
+    assert trust["Action"] == ["sts:AssumeRole", "sts:TagSession"]
     assert trust["Principal"] == {"Service": "sagemaker.amazonaws.com"}
     assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
 

@@ -204,7 +204,10 @@ def test_network_output_checkpoints_role_and_tags():
         "Subnets": ["subnet-0f1e2d3c4b5a69788"],
         "SecurityGroupIds": ["sg-0123456789abcdef0"],
     }
-    assert request["OutputDataConfig"] == {"S3OutputPath": "s3://my-team-results/gpt-small/"}
+    # under the run's own <job id>/: the only part of the results location the job's role may write
+    assert request["OutputDataConfig"] == {"S3OutputPath": f"s3://my-team-results/gpt-small/{doc['job']['job_id']}/"}
+    # the job's session of its role carries the launcher session's tags (lustrain-run)
+    assert request["SessionChainingConfig"] == {"EnableSessionTagChaining": True}
     assert request["CheckpointConfig"] == {
         "S3Uri": f"s3://my-team-results/gpt-small/{doc['job']['job_id']}/checkpoints/",
         "LocalPath": "/opt/ml/checkpoints",

@@ -6,9 +6,13 @@
     final_metrics.json           its FinalMetricDataList
     manifest.json                every object above with its size and sha256, written last
 
-manifest.json is written only once everything else is in place, so its presence means the archive is complete:
-a repeated event finds it and archives nothing again. The sha256 is of the archived bytes, read back after a
-server-side copy (boto3's managed copy: multipart beyond 5 GB), as `sha256sum` would print it.
+manifest.json is written only once everything else is in place, so a manifest this archive wrote means the archive
+is complete: a repeated event finds it and archives nothing again. A manifest is trusted only when it is one:
+it names this job (job id, training job name, this archive's location) and every object it lists is there, under
+the archive, with the size and sha256 it gives (read back). Anything else found there (a manifest planted by
+whoever could write the prefix, or one of an archive cut short) is not taken for the archive: the archive is
+written again, over it. The sha256 is of the archived bytes, read back after a server-side copy (boto3's managed
+copy: multipart beyond 5 GB), as `sha256sum` would print it.
 """
 
 from __future__ import annotations
@@ -46,8 +50,44 @@ def _read_manifest(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
         if not_found(exc):
             return None
         raise
-    manifest: dict[str, Any] = json.loads(body)
-    return manifest
+    try:
+        manifest = json.loads(body)
+    except ValueError:
+        return None  # not a manifest this archive wrote
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _is_ours(
+    s3: Any, manifest: dict[str, Any], description: dict[str, Any], job_id: str, bucket: str, prefix: str
+) -> bool:
+    """Whether a manifest found at the archive is the one this job's archive wrote (see the module's text)."""
+    location = f"s3://{bucket}/{prefix}"
+    objects = manifest.get("objects")
+    if (
+        manifest.get("job_id") != job_id
+        or manifest.get("training_job_name") != description.get("TrainingJobName")
+        or manifest.get("archive_s3_uri") != location
+        or not isinstance(objects, list)
+    ):
+        return False
+    names = {str(obj.get("name")) for obj in objects if isinstance(obj, dict)}
+    if not {DESCRIPTION, FINAL_METRICS} <= names:
+        return False
+    for obj in objects:
+        uri = str(obj.get("s3_uri", ""))
+        if not uri.startswith(location) or "/" in uri[len(location) :]:
+            return False
+        key = uri.removeprefix(f"s3://{bucket}/")
+        try:
+            if int(s3.head_object(Bucket=bucket, Key=key)["ContentLength"]) != obj.get("size"):
+                return False
+            if _sha256_of(s3, bucket, key) != obj.get("sha256"):
+                return False
+        except ClientError as exc:
+            if not_found(exc):
+                return False
+            raise
+    return True
 
 
 def _sha256_of(s3: Any, bucket: str, key: str) -> str:
@@ -91,7 +131,7 @@ def archive_training_job(s3: Any, description: dict[str, Any], target: str, job_
     bucket, prefix = split_s3_uri(target, "archive_target")
     prefix = prefix if prefix.endswith("/") or not prefix else prefix + "/"
     existing = _read_manifest(s3, bucket, prefix + MANIFEST)
-    if existing is not None:
+    if existing is not None and _is_ours(s3, existing, description, job_id, bucket, prefix):
         return existing
 
     objects: list[dict[str, Any]] = []

@@ -3,8 +3,11 @@
 code.source is an S3 prefix (the CLI uploads a local directory there first). Every object under it goes into
 the bundle at its path relative to the prefix. The tar is deterministic (sorted names, fixed mtimes, owners and
 modes, a gzip header without time or name), so the same files always give the same bytes and the same sha256.
-The bundle is stored at s3://<artifacts bucket>/<CODE_PREFIX><spec name>/<sha256>/sourcedir.tar.gz, and not
-uploaded again when that key exists: a retry, or a rerun of unchanged code, costs one HeadObject.
+The bundle is stored at s3://<artifacts bucket>/<CODE_PREFIX><job id>/<sha256>/sourcedir.tar.gz: under the run's
+own id, since a training job may read only its own run's code (the execution role's grant names the session tag
+lustrain-run). It is not uploaded again when that key holds these very bytes: a retry costs one HeadObject, which
+compares the SHA-256 S3 computed of what is there (ChecksumMode ENABLED) with the bundle's. An object there with
+other bytes, or with no SHA-256 (uploaded by anything but upload_code), is overwritten, never trusted by its name.
 
 A metric_definitions.json at the bundle's root ([{"Name", "Regex"}], the trainer ships one) is validated against
 SageMaker's limits and returned for start_training's AlgorithmSpecification.MetricDefinitions.
@@ -15,6 +18,7 @@ never a value): lustrain_core/secrets_launcher.py says why and how.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import io
@@ -78,7 +82,9 @@ def read_source(s3: Any, source: str) -> list[tuple[str, bytes]]:
     except ClientError as exc:
         code = error_code(exc)
         if code in {"NoSuchBucket", "AccessDenied"}:
-            raise SpecInvalid.one("code.source", source, f"cannot be listed by the stack ({explained(exc)})") from None
+            raise SpecInvalid.one(
+                "code.source", source, f"cannot be listed by the stack ({explained(exc)})"
+            ) from None
         raise
     keys = [(key, size) for key, size in keys if not key.endswith("/")]
     if not keys:
@@ -186,23 +192,31 @@ def parse_metric_definitions(body: bytes) -> list[dict[str, str]]:
     return [{"Name": item["Name"], "Regex": item["Regex"]} for item in doc]
 
 
-def bundle_key(settings: Settings, spec_name: str, sha256: str) -> str:
-    return f"{settings.code_prefix}{spec_name}/{sha256}/{BUNDLE_NAME}"
+def bundle_key(settings: Settings, job_id: str, sha256: str) -> str:
+    return f"{settings.code_prefix}{job_id}/{sha256}/{BUNDLE_NAME}"
 
 
-def _exists(s3: Any, bucket: str, key: str) -> bool:
+def s3_sha256(sha256_hex: str) -> str:
+    """A SHA-256 as S3 reports it (ChecksumSHA256: base64 of the digest)."""
+    return base64.b64encode(bytes.fromhex(sha256_hex)).decode()
+
+
+def _holds(s3: Any, bucket: str, key: str, sha256_hex: str) -> bool:
+    """Whether the key holds exactly the bundle: S3's own SHA-256 of the object, not its name or metadata (which
+    anyone who can write the key can set)."""
     try:
-        s3.head_object(Bucket=bucket, Key=key)
+        head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
             return False
         raise
-    return True
+    return bool(head.get("ChecksumSHA256") == s3_sha256(sha256_hex))
 
 
 def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> Code:
     """Bundle code.source and store it by content; returns $.code."""
-    spec = Run.parse(document).job.spec
+    job = Run.parse(document).job
+    spec = job.spec
     files = read_source(s3, spec.code.source)
     names = [name for name, _ in files]
     check_entry_point(names, spec.code.entry_point, spec.code.source)
@@ -212,8 +226,8 @@ def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> Cod
 
     bundle = build_bundle(files)
     sha256 = hashlib.sha256(bundle).hexdigest()
-    bucket, key = settings.artifacts_bucket, bundle_key(settings, spec.name, sha256)
-    uploaded = not _exists(s3, bucket, key)
+    bucket, key = settings.artifacts_bucket, bundle_key(settings, job.job_id, sha256)
+    uploaded = not _holds(s3, bucket, key, sha256)
     if uploaded:
         s3.put_object(
             Bucket=bucket,

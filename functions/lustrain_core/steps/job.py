@@ -304,7 +304,7 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
     spec = validate_spec(read_spec_document(s3, source))
     check_code_source(spec)
     job_id = job_id_for(spec.name, source.identity)
-    policy = Policy.from_env(settings.extra)
+    policy = Policy.for_stack(settings)
     policy.check_spec(spec)
     check_locations(s3, spec)
     resume = find_resume(s3, ddb, settings, spec)

@@ -19,6 +19,13 @@ Each rule comes from one environment variable of the stack (comma-separated; uns
                                        role may read, by default the secrets named <stack>/... and the parameters
                                        under /<stack>/
 
+The template always sets the three prefix lists: to the administrator's AllowedDataPrefixes / AllowedOutputPrefixes,
+or, where those are empty (the default), to the stack's own s3://<artifacts>/data/ and s3://<artifacts>/results/
+(Settings.own_data_prefix, own_output_prefix), the very locations its IAM policies grant; unset (a test, a direct
+invoke) means no limit here and no grant there. Whatever the lists say, a spec may not point its data, output or
+checkpoints into the stack's own code, upload and archive prefixes (`for_stack`: Settings.reserved_prefixes),
+where a job's writes would pass for another run's code or archive.
+
 A prefix matches at a path boundary: "s3://data/team" allows s3://data/team/x/ but not s3://data/team-b/.
 The registry rule applies to custom images (image.uri); framework_version images are SageMaker's own Deep
 Learning Containers, resolved per region by start_training, and are not a registry the user picks.
@@ -31,9 +38,10 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from lustrain_core.config import Settings
 from lustrain_core.errors import SpecForbidden
 from lustrain_core.spec import JobSpec
 
@@ -81,6 +89,13 @@ class Policy:
     max_budget_usd: float | None = None
     existing_resources: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()
+    #: the stack's own locations no spec may read data from or write to (code bundles, uploads, archives)
+    reserved_prefixes: tuple[str, ...] = ()
+
+    @classmethod
+    def for_stack(cls, settings: Settings) -> Policy:
+        """The stack's rules: its environment's lists, and its own reserved locations."""
+        return replace(cls.from_env(settings.extra), reserved_prefixes=settings.reserved_prefixes)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Policy:
@@ -102,6 +117,7 @@ class Policy:
 
     def check_spec(self, spec: JobSpec) -> None:
         """The rules a spec alone decides; run before anything is measured or created."""
+        self._not_reserved(spec)
         self._under(spec.data.s3_uri, self.data_prefixes, "data.s3_uri", DATA_PREFIXES, "data")
         self._under(spec.output.s3_uri, self.output_prefixes, "output.s3_uri", OUTPUT_PREFIXES, "output")
         self._under(
@@ -177,6 +193,24 @@ class Policy:
                 field="budget.max_usd",
                 estimate_usd=total,
             )
+
+    def _not_reserved(self, spec: JobSpec) -> None:
+        located = [
+            ("data.s3_uri", spec.data.s3_uri),
+            ("output.s3_uri", spec.output.s3_uri),
+            ("checkpoints.s3_uri", spec.checkpoints_base),
+        ]
+        for field, uri in located:
+            for reserved in self.reserved_prefixes:
+                mine, theirs = _prefix(uri), _prefix(reserved)
+                if mine.startswith(theirs) or theirs.startswith(mine):
+                    raise SpecForbidden(
+                        f"{field} {uri} overlaps {reserved}, where this stack keeps the runs' code bundles, uploads "
+                        "and archives: use a location of your own (under the stack's results/ or data/ prefix, or "
+                        "one AllowedOutputPrefixes / AllowedDataPrefixes lists)",
+                        rule="reserved",
+                        field=field,
+                    )
 
     @staticmethod
     def _under(uri: str, prefixes: tuple[str, ...], field: str, rule: str, what: str) -> None:

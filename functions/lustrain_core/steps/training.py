@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import boto3
 from botocore.exceptions import ClientError
 
 from lustrain_core import images, recovery, secrets_launcher
@@ -243,7 +244,8 @@ def request_from(
         algorithm["MetricDefinitions"] = [
             {"Name": m.Name, "Regex": m.Regex} for m in run.code.metric_definitions
         ]
-    output: dict[str, Any] = {"S3OutputPath": spec.output.s3_uri}
+    # under the run's own <job id>/, the only part of the results location its role may write (run_session_tags)
+    output: dict[str, Any] = {"S3OutputPath": f"{spec.output.s3_uri.rstrip('/')}/{job.job_id}/"}
     if kms_key_id:
         output["KmsKeyId"] = kms_key_id
     environment = {**launch.environment, RUN_ID_VARIABLE: job.job_id}
@@ -270,6 +272,10 @@ def request_from(
         "EnableManagedSpotTraining": spec.compute.spot,
         "Environment": environment,
         "Tags": job.tags("training_job"),
+        # SageMaker assumes the execution role with the session tags of the session that creates the job (the
+        # launcher's, run_session_tags): the role's S3 grants name them, so the job reaches only its own run's
+        # code, checkpoints and results
+        "SessionChainingConfig": {"EnableSessionTagChaining": True},
     }
     if spec.compute.spot:
         # spot capacity can be reclaimed: SageMaker restarts the job in place from its last checkpoint this many
@@ -278,6 +284,41 @@ def request_from(
     if infra_check(spec):
         request["InfraCheckConfig"] = {"EnableInfraCheck": True}
     return request
+
+
+#: the stack's role start_training creates training jobs from, in a session tagged with the run (run_session_tags)
+LAUNCHER_ROLE_SETTING = "LUSTRAIN_LAUNCHER_ROLE_ARN"
+RUN_TAG = "lustrain-run"
+RESUME_TAG = "lustrain-resume"
+
+
+def run_session_tags(job: Job) -> list[dict[str, str]]:
+    """The launcher session's tags, which SageMaker chains to the job's session of its execution role: the run's
+    id and, for a run continuing another's checkpoint, that run's id (read-only there)."""
+    tags = [{"Key": RUN_TAG, "Value": job.job_id}]
+    if job.launch.resume is not None and job.launch.resume.run:
+        tags.append({"Key": RESUME_TAG, "Value": job.launch.resume.run})
+    return tags
+
+
+def launcher(sts: Any, sagemaker: Any, settings: Settings, job: Job) -> Any:
+    """A SageMaker client signed by a session of the stack's launcher role tagged with the run (sts:AssumeRole with
+    Tags); `sagemaker` itself where the stack names no launcher role (its jobs' role then reaches no run's objects)."""
+    role_arn = settings.extra.get(LAUNCHER_ROLE_SETTING, "").strip()
+    if not role_arn or sts is None:
+        return sagemaker
+    credentials = sts.assume_role(
+        RoleArn=role_arn, RoleSessionName=job.job_id[:64], Tags=run_session_tags(job), DurationSeconds=900
+    )["Credentials"]
+    return boto3.session.Session().client(
+        "sagemaker",
+        region_name=sagemaker.meta.region_name,
+        endpoint_url=sagemaker.meta.endpoint_url,
+        config=sagemaker.meta.config,
+        aws_access_key_id=credentials["AccessKeyId"],
+        aws_secret_access_key=credentials["SecretAccessKey"],
+        aws_session_token=credentials["SessionToken"],
+    )
 
 
 def infra_check(spec: JobSpec) -> bool:
@@ -460,8 +501,10 @@ def start_training(
     ddb: Any,
     settings: Settings,
     clock: Callable[[], float] = time.time,
+    sts: Any = None,
 ) -> dict[str, Any]:
-    """Start (or adopt) the run's training job; returns {training_job_name, attempt} while the task waits."""
+    """Start (or adopt) the run's training job; returns {training_job_name, attempt} while the task waits.
+    The job is created in a launcher session tagged with the run (`launcher`, with `sts`)."""
     run = Run.parse(document, "network", "filesystem", "code")
     job = run.job
     token = document.get("task_token")
@@ -502,7 +545,7 @@ def start_training(
     _store_token(ddb, settings, job, name, attempt, token, clock(), budget)
     records.add_resources(ddb, settings.jobs_table, job.job_id, [{"type": RESOURCE_TYPE, "id": name}])
     try:
-        sagemaker.create_training_job(**request)
+        launcher(sts, sagemaker, settings, job).create_training_job(**request)
     except ClientError as exc:
         if _job_status(sagemaker, name) is not None:
             # The job exists though the answer was an error: a 5xx after SageMaker committed it, or botocore's

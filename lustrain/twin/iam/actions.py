@@ -529,6 +529,18 @@ def _put_metric_data(call: Call) -> list[Need]:
     ]
 
 
+def _sts_assume_role(call: Call) -> list[Need]:
+    # AssumeRole is sts:AssumeRole on the role; passing session tags is also sts:TagSession on it, with the tags as
+    # aws:RequestTag/<key> and aws:TagKeys (IAM User Guide, "Passing session tags in AWS STS", "Permissions
+    # required to add session tags").
+    role = str(call.params.get("RoleArn", ""))
+    tags = {str(t["Key"]): str(t["Value"]) for t in call.params.get("Tags") or []}
+    needs = [Need("sts:AssumeRole", role)]
+    if tags:
+        needs.append(Need("sts:TagSession", role, tag_context(tags)))
+    return needs
+
+
 def _free(call: Call) -> list[Need]:
     # "No permissions are required to perform this operation" (sts:GetCallerIdentity, STS API reference).
     return []
@@ -578,6 +590,7 @@ def special_cases(finder: ResourceFinder) -> dict[tuple[str, str], Callable[[Cal
         **{("dynamodb", op): _dynamodb(f"dynamodb:{op}") for op in ("Query", "Scan")},
         ("lambda", "Invoke"): _lambda_invoke,
         ("sts", "GetCallerIdentity"): _free,
+        ("sts", "AssumeRole"): _sts_assume_role,
         **{("ecr", op): _ecr_image for op in ECR_PULLS},
         ("cloudwatch", "PutMetricData"): _put_metric_data,
     }

@@ -123,7 +123,8 @@ class _Identities:
         self._by_key: dict[str, Principal] = {}
 
     def register(self, principal: Principal) -> dict[str, str]:
-        digest = hashlib.sha256(principal.arn.encode()).hexdigest().upper()
+        # the session's tags are part of who it is: two sessions of one role with other tags hold other keys
+        digest = hashlib.sha256(repr((principal.arn, principal.session_tags)).encode()).hexdigest().upper()
         key = f"ASIA{digest[:16]}"
         with self._lock:
             self._by_key[key] = principal
@@ -144,9 +145,18 @@ _identities = _Identities()
 
 
 def trust_allows(
-    role_arn: str, service: str, *, source_account: str | None = None, source_arn: str | None = None
+    role_arn: str,
+    service: str,
+    *,
+    source_account: str | None = None,
+    source_arn: str | None = None,
+    session_tags: dict[str, str] | None = None,
+    caller: Principal | None = None,
 ) -> Decision:
-    """Whether `service` may assume the role (its trust policy, with the aws:Source* keys AWS sends)."""
+    """Whether `service` (or the role session `caller`) may assume the role: its trust policy, with the
+    aws:Source* keys AWS sends. Session tags also need sts:TagSession there, with aws:RequestTag/<key> and
+    aws:TagKeys in the context (IAM User Guide, "Passing session tags in AWS STS": "the role's trust policy must
+    allow sts:TagSession")."""
     account = role_arn.split(":")[4]
     trust = world.trust_policy(role_arn)
     if trust is None:
@@ -156,8 +166,19 @@ def trust_allows(
         context["aws:SourceAccount"] = source_account
     if source_arn:
         context["aws:SourceArn"] = source_arn
-    request = Request(Principal.aws_service(service, account), "sts:AssumeRole", role_arn, context)
-    return evaluate(request, (), (trust,))
+    who = caller or Principal.aws_service(service, account)
+    if caller is not None:
+        context.update(_principal_context(caller))
+    request = Request(who, "sts:AssumeRole", role_arn, context)
+    decision = evaluate(request, (), (trust,))
+    if decision.allowed and session_tags:
+        tagged = {
+            **context,
+            **{f"aws:RequestTag/{key}": value for key, value in session_tags.items()},
+            "aws:TagKeys": sorted(session_tags),
+        }
+        decision = evaluate(Request(who, "sts:TagSession", role_arn, tagged), (), (trust,))
+    return decision
 
 
 def assume(
@@ -167,15 +188,29 @@ def assume(
     service: str,
     source_account: str | None = None,
     source_arn: str | None = None,
+    session_tags: dict[str, str] | None = None,
+    caller: Principal | None = None,
 ) -> tuple[Principal, dict[str, str]]:
-    """A session of the role for `service` and its credentials; NotAssumable when the trust policy says no."""
-    if not trust_allows(role_arn, service, source_account=source_account, source_arn=source_arn).allowed:
+    """A session of the role for `service` (or for the role session `caller`, sts:AssumeRole) with
+    `session_tags`, and its credentials; NotAssumable when the trust policy says no."""
+    decision = trust_allows(
+        role_arn,
+        service,
+        source_account=source_account,
+        source_arn=source_arn,
+        session_tags=session_tags,
+        caller=caller,
+    )
+    if not decision.allowed:
         exists = world.find_role(role_arn) is not None
+        who = caller.arn if caller is not None else service
         raise NotAssumable(
-            f"{service} cannot assume {role_arn}: "
+            f"{who} cannot assume {role_arn}"
+            + (" with session tags" if session_tags else "")
+            + ": "
             + ("its trust policy does not allow it" if exists else "the role does not exist")
         )
-    principal = Principal.role_session(role_arn, session)
+    principal = Principal.role_session(role_arn, session, session_tags)
     return principal, _identities.register(principal)
 
 
@@ -186,17 +221,27 @@ def principal_of(access_key: str | None) -> Principal | None:
 # --------------------------------------------------------------------------- deciding
 
 
-def _context(principal: Principal, region: str, need: Need) -> dict[str, ContextValue]:
+def _principal_context(principal: Principal) -> dict[str, ContextValue]:
+    """What IAM knows of a role session: its account, role and session tags (aws:PrincipalTag/<key>)."""
     context: dict[str, ContextValue] = {
         "aws:PrincipalAccount": principal.account,
         "aws:PrincipalType": "AssumedRole",
+    }
+    if principal.role_arn:
+        context["aws:PrincipalArn"] = principal.role_arn
+    for key, value in principal.session_tags:
+        context[f"aws:PrincipalTag/{key}"] = value
+    return context
+
+
+def _context(principal: Principal, region: str, need: Need) -> dict[str, ContextValue]:
+    context: dict[str, ContextValue] = {
+        **_principal_context(principal),
         "aws:RequestedRegion": region,
         # every call to AWS is made over TLS (boto3 refuses plain HTTP to AWS's endpoints); the twin's own
         # endpoint is HTTP, which says nothing of the calls it stands for
         "aws:SecureTransport": True,
     }
-    if principal.role_arn:
-        context["aws:PrincipalArn"] = principal.role_arn
     if need.via:
         # a forward call: a service calling on with its caller's credentials (IAM User Guide, "AWS global
         # condition context keys": aws:CalledVia, aws:CalledViaFirst, aws:CalledViaLast, aws:ViaAWSService)

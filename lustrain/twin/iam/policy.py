@@ -13,13 +13,20 @@ https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements.htm
   `ForAllValues:` / `ForAnyValue:` qualifiers, keys matched case-insensitively, several values of one key OR-ed,
   several keys and operators AND-ed; a key missing from the request context makes a condition false, except for
   the negated operators (`StringNotEquals`, `ArnNotLike`, ...), `...IfExists` and `ForAllValues:`, which are true
-  ("Condition operators" and "Multivalued context keys" in the same guide).
+  ("Condition operators" and "Multivalued context keys" in the same guide);
+- policy variables ("IAM policy elements: Variables and tags") in Resource / NotResource and in condition values
+  of a policy of Version 2012-10-17: `${key}` is replaced by the request context's single value of the key
+  (`${aws:PrincipalTag/<tag>}`, a role session's session tag; `${aws:username}`, ...), `${key, 'default'}` by the
+  default where the key has no value, and `${*}`, `${?}`, `${$}` by the characters themselves, taken literally.
+  A variable whose key is absent (or multivalued) with no default resolves to no value: that resource or condition
+  value matches nothing, so an Allow resting on it does not apply.
 An operator outside these raises UnsupportedPolicy rather than guessing: a twin that allows what AWS refuses is
 worse than one that stops.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -46,15 +53,25 @@ class Principal:
     account: str
     role_arn: str | None = None
     service: str | None = None
+    #: the session tags of a role session (sts:AssumeRole's Tags, or chained by SageMaker), as (key, value) pairs;
+    #: IAM reads them as aws:PrincipalTag/<key>
+    session_tags: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def role_session(cls, role_arn: str, session: str) -> Principal:
+    def role_session(
+        cls, role_arn: str, session: str, session_tags: Mapping[str, str] | None = None
+    ) -> Principal:
         account, role_name = _role_parts(role_arn)
         return cls(
             arn=f"arn:aws:sts::{account}:assumed-role/{role_name}/{session}",
             account=account,
             role_arn=role_arn,
+            session_tags=tuple(sorted((session_tags or {}).items())),
         )
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return dict(self.session_tags)
 
     @classmethod
     def aws_service(cls, service: str, account: str) -> Principal:
@@ -117,14 +134,72 @@ def glob_match(pattern: str, value: str, *, ignore_case: bool = False) -> bool:
     return _glob(pattern, ignore_case).fullmatch(value) is not None
 
 
-def arn_match(pattern: str, arn: str) -> bool:
-    """An ARN pattern against an ARN, each of the six parts on its own (wildcards never span a colon there)."""
+_VARIABLE = re.compile(r"\$\{([^}]*)\}")
+_DEFAULTED = re.compile(r"^\s*([^,\s]+)\s*,\s*'((?:[^']|'')*)'\s*$")
+#: a piece of a resolved pattern: its text, and whether it is taken literally (a variable's value) or as a glob
+Piece = tuple[str, bool]
+
+
+def resolve_variables(text: str, request: Request) -> tuple[Piece, ...] | None:
+    """A policy string with its variables replaced from the request context, as pieces (literal or glob), or None
+    when a variable has no value and no default (the string then matches nothing)."""
+    pieces: list[Piece] = []
+    at = 0
+    for found in _VARIABLE.finditer(text):
+        pieces.append((text[at : found.start()], False))
+        at = found.end()
+        inner = found.group(1).strip()
+        if inner in ("*", "?", "$"):
+            pieces.append((inner, True))
+            continue
+        defaulted = _DEFAULTED.match(found.group(1))
+        key, default = (defaulted[1], defaulted[2].replace("''", "'")) if defaulted else (inner, None)
+        values = request.value(key)
+        if values is not None and len(values) == 1 and not isinstance(_raw_value(request, key), list | tuple):
+            pieces.append((values[0], True))
+        elif default is not None:
+            pieces.append((default, True))
+        else:
+            return None
+    pieces.append((text[at:], False))
+    return tuple(piece for piece in pieces if piece[0])
+
+
+def _raw_value(request: Request, key: str) -> Any:
+    return next((value for name, value in request.context.items() if name.lower() == key.lower()), None)
+
+
+@cache
+def _pieces_pattern(pieces: tuple[Piece, ...], ignore_case: bool) -> re.Pattern[str]:
+    parts = []
+    for text, literal in pieces:
+        if literal:
+            parts.append(re.escape(text))
+        else:
+            parts.append("".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in text))
+    return re.compile("".join(parts), re.IGNORECASE | re.DOTALL if ignore_case else re.DOTALL)
+
+
+def _has_variables(text: str) -> bool:
+    return "${" in text
+
+
+def arn_match(pattern: str, arn: str, request: Request | None = None) -> bool:
+    """An ARN pattern against an ARN, each of the six parts on its own (wildcards never span a colon there); with
+    `request`, the pattern's policy variables are replaced from its context first."""
     if pattern == "*":
         return True
     want, have = pattern.split(":", 5), arn.split(":", 5)
     if len(want) != 6 or len(have) != 6:
-        return glob_match(pattern, arn)
-    return all(glob_match(w, h) for w, h in zip(want, have, strict=True))
+        want, have = [pattern], [arn]
+    for w, h in zip(want, have, strict=True):
+        if request is not None and _has_variables(w):
+            pieces = resolve_variables(w, request)
+            if pieces is None or _pieces_pattern(pieces, False).fullmatch(h) is None:
+                return False
+        elif not glob_match(w, h):
+            return False
+    return True
 
 
 def _string_equals(value: str, wanted: str) -> bool:
@@ -163,6 +238,15 @@ _OPERATORS: dict[str, tuple[Callable[[str, str], bool], bool]] = {
 }
 
 
+def _pattern_test(pattern: re.Pattern[str]) -> Callable[[str], bool]:
+    return lambda value: pattern.fullmatch(value) is not None
+
+
+def _swap(matches: Callable[[str, str], bool]) -> Callable[[str, str], bool]:
+    """matches(value, wanted) as a function of (wanted, value), to bind the policy's value first."""
+    return lambda wanted, value: matches(value, wanted)
+
+
 def _policy_value(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
@@ -176,6 +260,26 @@ class Condition:
     operator: str
     key: str
     values: tuple[str, ...]
+    #: whether the values' policy variables are replaced (a policy of Version 2012-10-17)
+    variables: bool = False
+
+    def _resolved(self, request: Request, base: str) -> list[Callable[[str], bool]]:
+        """A test per value with its variables replaced; a value whose variable has no value is left out (it
+        matches nothing). A variable's value is taken literally, never as a wildcard."""
+        matches, _negated = _OPERATORS[base]
+        tests: list[Callable[[str], bool]] = []
+        for wanted in self.values:
+            if not _has_variables(wanted):
+                tests.append(functools.partial(_swap(matches), wanted))
+                continue
+            pieces = resolve_variables(wanted, request)
+            if pieces is None:
+                continue
+            if base.endswith("Like"):
+                tests.append(_pattern_test(_pieces_pattern(pieces, False)))
+            else:
+                tests.append(functools.partial(_swap(matches), "".join(text for text, _ in pieces)))
+        return tests
 
     def __post_init__(self) -> None:
         qualifier, _, base = self.operator.rpartition(":")
@@ -200,8 +304,13 @@ class Condition:
                 return False
             return negated
 
+        if self.variables and any(_has_variables(w) for w in self.values):
+            tests = self._resolved(request, base)
+        else:
+            tests = [functools.partial(_swap(matches), wanted) for wanted in self.values]
+
         def fits(value: str) -> bool:
-            hit = any(matches(value, wanted) for wanted in self.values)
+            hit = any(test(value) for test in tests)
             return not hit if negated else hit
 
         if qualifier == "ForAllValues":
@@ -237,9 +346,12 @@ class Statement:
     principal: Any
     not_principal: Any
     conditions: tuple[Condition, ...]
+    #: whether policy variables are replaced in Resource / NotResource (a policy of Version 2012-10-17)
+    variables: bool = False
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any], ref: StatementRef) -> Statement:
+    def parse(cls, raw: Mapping[str, Any], ref: StatementRef, *, variables: bool = False) -> Statement:
+        """`variables`: the policy is of Version 2012-10-17, whose policy variables IAM replaces."""
         known = {
             "Sid",
             "Effect",
@@ -257,7 +369,7 @@ class Statement:
         if effect not in ("Allow", "Deny"):
             raise UnsupportedPolicy(f"{ref}: Effect {effect!r}")
         conditions = tuple(
-            Condition(operator, key, tuple(_policy_value(v) for v in _as_list(values)))
+            Condition(operator, key, tuple(_policy_value(v) for v in _as_list(values)), variables)
             for operator, keys in (raw.get("Condition") or {}).items()
             for key, values in keys.items()
         )
@@ -275,6 +387,7 @@ class Statement:
             principal=raw.get("Principal"),
             not_principal=raw.get("NotPrincipal"),
             conditions=conditions,
+            variables=variables,
         )
 
     def grants(self) -> tuple[str, ...]:
@@ -291,9 +404,12 @@ class Statement:
             glob_match(a, action, ignore_case=True) for a in self.not_actions
         ):
             return False
-        if self.resources is not None and not any(arn_match(r, request.resource) for r in self.resources):
+        at = request if self.variables else None
+        if self.resources is not None and not any(arn_match(r, request.resource, at) for r in self.resources):
             return False
-        if self.not_resources is not None and any(arn_match(r, request.resource) for r in self.not_resources):
+        if self.not_resources is not None and any(
+            arn_match(r, request.resource, at) for r in self.not_resources
+        ):
             return False
         if resource_based:
             if self.principal is not None and not _principal_matches(self.principal, request.principal):
@@ -325,7 +441,12 @@ def _parse_cached(name: str, text: str) -> Policy:
         statements = [statements]
     return Policy(
         name,
-        tuple(Statement.parse(s, StatementRef(name, i, s.get("Sid"))) for i, s in enumerate(statements)),
+        tuple(
+            Statement.parse(
+                s, StatementRef(name, i, s.get("Sid")), variables=raw.get("Version") == "2012-10-17"
+            )
+            for i, s in enumerate(statements)
+        ),
     )
 
 

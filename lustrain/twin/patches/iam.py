@@ -6,6 +6,11 @@
   interpreter builds its Lambda client with fixed keys; the twin gives it the credentials of a session of the
   execution role (Principal states.amazonaws.com must be trusted), so lambda:InvokeFunction is authorized
   against that role's policies like every other call.
+- sts:AssumeRole called by a role session (a function assuming another role, with session tags): the target
+  role's trust policy must let the caller's role assume it, and with Tags also allow sts:TagSession (IAM User
+  Guide, "Passing session tags in AWS STS"); else AccessDenied with AWS's wording. The credentials answered are
+  the twin's, of a session that carries the tags (aws:PrincipalTag/<key>), so the calls made with them are
+  authorized as that session. A caller that is not a role session (the person running the twin) gets moto's.
 - Every boto3 call signed with a role session's credentials is authorized (lustrain.twin.iam.enforce), bucket
   policies included. moto's own bucket-policy check is turned off: it treats a statement whose Condition does not
   hold as a Deny, so the stack's "deny unless TLS" statement refused every request.
@@ -14,6 +19,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -21,9 +28,12 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from moto.awslambda.exceptions import InvalidParameterValueException
 from moto.awslambda.models import LambdaBackend
+from moto.core.responses import ActionResult
 from moto.iam.access_control import PermissionResult
 from moto.s3.models import FakeBucket
 from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+from moto.sts.exceptions import STSClientError
+from moto.sts.responses import TokenResponse
 
 from lustrain.twin.iam import enforce
 
@@ -75,6 +85,48 @@ def _intercepting() -> bool:
     return bool(botocore_stubber.enabled)
 
 
+def _session_tags(params: dict[str, Any]) -> dict[str, str]:
+    tags = params.get("Tags") or []
+    if isinstance(tags, dict):  # the query protocol's member list, as moto may hand it over
+        tags = tags.get("member") or []
+    return {str(tag["Key"]): str(tag["Value"]) for tag in tags}
+
+
+def _assume_role(original: Any, self: TokenResponse) -> Any:
+    caller = enforce.principal_of(self.get_access_key())
+    if caller is None:
+        return original(self)
+    params = self._get_params()
+    role_arn = str(params.get("RoleArn", ""))
+    session = str(params.get("RoleSessionName", ""))
+    tags = _session_tags(params)
+    try:
+        principal, credentials = enforce.assume(
+            role_arn, session, service="sts", session_tags=tags, caller=caller
+        )
+    except (enforce.NotAssumable, ValueError):
+        untagged = enforce.trust_allows(role_arn, "sts", caller=caller).allowed
+        action = "sts:TagSession" if tags and untagged else "sts:AssumeRole"
+        raise STSClientError(
+            "AccessDenied",
+            f"User: {caller.arn} is not authorized to perform: {action} on resource: {role_arn}",
+        ) from None
+    role_id = hashlib.sha256(role_arn.encode()).hexdigest()[:17].upper()
+    return ActionResult(
+        {
+            "Credentials": {
+                "AccessKeyId": credentials["AWS_ACCESS_KEY_ID"],
+                "SecretAccessKey": credentials["AWS_SECRET_ACCESS_KEY"],
+                "SessionToken": credentials["AWS_SESSION_TOKEN"],
+                "Expiration": datetime.now(UTC)
+                + timedelta(seconds=int(params.get("DurationSeconds") or 3600)),
+            },
+            "AssumedRoleUser": {"AssumedRoleId": f"AROA{role_id}:{session}", "Arn": principal.arn},
+            "PackedPolicySize": len(tags),
+        }
+    )
+
+
 def _bucket_permission(self: FakeBucket, action: str, resource: str) -> PermissionResult:
     return PermissionResult.NEUTRAL
 
@@ -91,6 +143,13 @@ def install() -> None:
         return _create_function(original_create, self, spec)
 
     LambdaBackend.create_function = create_function  # type: ignore[method-assign]
+    original_assume = TokenResponse.assume_role
+
+    @functools.wraps(original_assume)
+    def assume_role(self: TokenResponse) -> Any:
+        return _assume_role(original_assume, self)
+
+    TokenResponse.assume_role = assume_role  # type: ignore[method-assign]
     original_client = lambda_eval_utils.boto_client_for  # type: ignore[attr-defined]
     lambda_eval_utils.boto_client_for = functools.partial(  # type: ignore[attr-defined]
         _state_machine_client, original_client

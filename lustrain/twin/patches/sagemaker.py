@@ -14,6 +14,10 @@ three of moto's SageMaker response methods and adds one:
   it (its trust policy, with aws:SourceAccount and aws:SourceArn), and for a VpcConfig the role must allow the
   EC2 actions SageMaker creates the instances' network interfaces with; else ValidationException, with AWS's
   text. The job's own calls are then made with the role's credentials (a session named "SageMaker").
+  With SessionChainingConfig {EnableSessionTagChaining: true}, SageMaker takes the session tags of the session
+  that called CreateTrainingJob and passes them when it assumes the execution role, whose trust policy must then
+  also allow sts:TagSession ("Attribute-based access control (ABAC) for multi-tenancy training", SageMaker
+  Developer Guide): the job's calls are authorized as a session carrying those tags (aws:PrincipalTag/<key>).
 - DescribeTrainingJob returns the request as stored and the simulator's progress; ListTrainingJobs (moto's own)
   filters on the live status. A job that does not exist is ValidationException "Requested resource not found."
   (as AWS answers; moto says "Could not find training job ...").
@@ -201,24 +205,42 @@ def _check_unique(backend: SageMakerModelBackend, name: str) -> None:
         )
 
 
-def _check_role(backend: SageMakerModelBackend, request: dict[str, Any], job_arn: str) -> dict[str, str]:
+#: the session of its execution role each job's own calls are made as (by job ARN): its chained session tags
+_SESSIONS: dict[str, Principal] = {}
+
+
+def chained_tags(request: dict[str, Any], caller: Principal | None) -> dict[str, str]:
+    """The session tags SageMaker passes on to the execution role: the creating session's, when the request
+    enables session tag chaining."""
+    chaining = (request.get("SessionChainingConfig") or {}).get("EnableSessionTagChaining")
+    if str(chaining).lower() != "true" or caller is None:
+        return {}
+    return caller.tags
+
+
+def _check_role(
+    backend: SageMakerModelBackend, request: dict[str, Any], job_arn: str, caller: Principal | None = None
+) -> dict[str, str]:
     """The execution role as SageMaker checks it; returns the credentials of the job's session of it."""
     role_arn = str(request.get("RoleArn", ""))
+    tags = chained_tags(request, caller)
     try:
-        _principal, credentials = enforce.assume(
+        principal, credentials = enforce.assume(
             role_arn,
             ROLE_SESSION,
             service=SAGEMAKER_SERVICE,
             source_account=backend.account_id,
             source_arn=job_arn,
+            session_tags=tags,
         )
     except (enforce.NotAssumable, ValueError):
         raise ValidationError(
             f"Could not assume role {role_arn}. Please ensure that the role exists and allows principal "
-            f"'{SAGEMAKER_SERVICE}' to assume the role."
+            f"'{SAGEMAKER_SERVICE}' to assume the role"
+            + (" and to tag the session (sts:TagSession) for session tag chaining." if tags else ".")
         ) from None
+    _SESSIONS[job_arn] = principal
     if request.get("VpcConfig"):
-        principal = Principal.role_session(role_arn, ROLE_SESSION)
         for action in VPC_ACTIONS:
             _request, decision = enforce.decide(
                 principal,
@@ -238,7 +260,7 @@ def _authorize_job(
     job: SimulatedJob, service: str, operation: str, params: dict[str, Any], gates: list[dict[str, Any]]
 ) -> None:
     """A call of the job's own, as its execution role, through the policies on its network path."""
-    principal = Principal.role_session(str(job.request["RoleArn"]), ROLE_SESSION)
+    principal = _SESSIONS.get(job.arn) or Principal.role_session(str(job.request["RoleArn"]), ROLE_SESSION)
     policies = [Policy.parse(f"vpc-endpoint-policy-{i}", gate) for i, gate in enumerate(gates)]
     enforce.authorize_call(principal, service, operation, params, job.region, gates=policies)
 
@@ -283,7 +305,7 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
     with state.lock:  # two concurrent creates must not both fit in the last free instances
         _check_unique(backend, name)
         arn = FakeTrainingJob.arn_formatter(name, backend.account_id, backend.region_name)
-        credentials = _check_role(backend, request, arn)
+        credentials = _check_role(backend, request, arn, enforce.principal_of(self.get_access_key()))
         if faults.consume("start_training", QUOTA_TAKEN_ONCE):
             _refuse_as_taken(backend, request)
         _check_quota(backend, request)
@@ -325,7 +347,9 @@ def stop_training_job(self: SageMakerResponse) -> EmptyResult:
 
 def _list_training_jobs(original: Any, self: SageMakerModelBackend, *args: Any, **kwargs: Any) -> Any:
     state = _state(self)
-    for name, job in state.jobs.items():
+    with state.lock:  # a run's CreateTrainingJob (another thread) may be adding its job meanwhile
+        jobs = list(state.jobs.items())
+    for name, job in jobs:
         if name in self.training_jobs:
             _sync(self.training_jobs[name], job)
     return original(self, *args, **kwargs)
