@@ -149,6 +149,35 @@ def test_teardown_twice_is_safe_and_the_second_deletes_nothing(aws):
     assert second["torn_down"]["deleted"] == first["deleted"] == first["torn_down"]["deleted"]
 
 
+def test_a_rule_another_teardown_revoked_meanwhile_is_gone_as_wanted_and_the_group_still_goes(aws):
+    # two teardowns of one run at once (a retry beside one cut off by its timeout): the other revokes the group's
+    # rules between this one's look at the group and its own revoke, which EC2 then answers InvalidPermission.NotFound
+    from lustrain_core import clients
+
+    document = built()
+    other = ec2()
+    revoked: list[str] = []
+
+    def the_other_teardown_first(params: dict[str, Any], **_: Any) -> None:
+        if not revoked:
+            revoked.append(params["GroupId"])
+            group = other.describe_security_groups(GroupIds=[params["GroupId"]])["SecurityGroups"][0]
+            other.revoke_security_group_ingress(GroupId=params["GroupId"], IpPermissions=group["IpPermissions"])
+
+    clients.client("ec2").meta.events.register(
+        "before-parameter-build.ec2.RevokeSecurityGroupIngress", the_other_teardown_first
+    )
+    try:
+        result = tear_down(document)
+    finally:
+        clients.client("ec2").meta.events.unregister(
+            "before-parameter-build.ec2.RevokeSecurityGroupIngress", the_other_teardown_first
+        )
+
+    assert revoked and result["remaining"] == []
+    assert count_of_job(document["job"]["job_id"]) == NOTHING
+
+
 def tasks_of(fs_id: str) -> list[dict[str, Any]]:
     return [
         t for t in fsx().describe_data_repository_tasks()["DataRepositoryTasks"] if t["FileSystemId"] == fs_id

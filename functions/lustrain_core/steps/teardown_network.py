@@ -1,7 +1,8 @@
 """Teardown's network family: the VPC endpoints (the S3 gateway, and code.secrets' interface endpoints, whose network
-interfaces hold the security group and the subnet), the security group (its self-referencing rules revoked first),
-the route table (disassociated first), the subnet, the VPC, in the registry's NETWORK_ORDER; DependencyViolation
-(interfaces still draining) is retried until the step's time runs out."""
+interfaces hold the security group and the subnet), the security group (its self-referencing rules revoked first,
+one at a time: a rule another teardown revoked meanwhile is gone, as wanted), the route table (disassociated first),
+the subnet, the VPC, in the registry's NETWORK_ORDER; DependencyViolation (interfaces still draining) is retried
+until the step's time runs out."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from botocore.exceptions import ClientError
 from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code, not_found
 from lustrain_core.steps.teardown_base import BUSY, NETWORK_ORDER, Scope
+
+#: EC2's answer to revoking a rule a security group (of a non-default VPC) no longer has (EC2 API reference,
+#: RevokeSecurityGroupIngress / RevokeSecurityGroupEgress).
+RULE_GONE = "InvalidPermission.NotFound"
 
 
 class Network(Scope):
@@ -33,8 +38,14 @@ class Network(Scope):
                     for p in item.get(key, [])
                     if any(pair.get("GroupId") == group_id for pair in p.get("UserIdGroupPairs", []))
                 ]
-                if own:
-                    revoke(GroupId=group_id, IpPermissions=own)
+                for permission in own:
+                    try:
+                        revoke(GroupId=group_id, IpPermissions=[permission])
+                    except ClientError as exc:
+                        # another teardown of the run (a retry beside one cut off by its timeout) revoked it
+                        # between this one's look and its revoke: gone is what was wanted
+                        if error_code(exc) != RULE_GONE:
+                            raise
             self.ec2.delete_security_group(GroupId=group_id)
         elif kind == "vpc_endpoint":
             answer = self.ec2.delete_vpc_endpoints(VpcEndpointIds=[item["VpcEndpointId"]])
