@@ -116,6 +116,8 @@ class SimulatedJob:
         self.log_stream: str | None = None
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        #: the twin was reset: the job's thread ends where it is, saying nothing more (no move, no event)
+        self.discarded = False
         self._done = threading.Event()
         self._process: subprocess.Popen[bytes] | None = None
         self._metric_patterns = [

@@ -67,6 +67,8 @@ ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.c
 FAULT_STEP = "start_training"
 #: The longest a job waits for the Lambda invocation that created it to return (Lambda's maximum timeout).
 CREATOR_WAIT_S = 900.0
+#: How often a job waiting for its creator looks whether it was stopped meanwhile.
+CREATOR_POLL_S = 0.05
 #: How many times the `repeat-events` fault delivers each event.
 REPEATED_EVENT_COPIES = 3
 
@@ -210,6 +212,10 @@ class Simulator:
             jobs = list(self._jobs.values())
         for job in jobs:
             job.request_stop()
+            # a job a test moved to an end by hand (no longer InProgress) is not stopped by request_stop: its
+            # thread would wait out the start delay
+            job.discarded = True
+            job._stop.set()
             kill(job._process)
         with contextlib.suppress(TimeoutError):
             self.wait_all(timeout)
@@ -239,6 +245,16 @@ class _JobRun:
         #: Secrets Manager and SSM as the job's process reaches them, while it runs
         self.secrets: SecretsEndpoints | None = None
 
+    def _wait_for_creator(self) -> None:
+        """Until the invocation that created the job has returned (its events come after its answer, as on AWS),
+        or the job is stopped meanwhile: a stop (or the twin's reset) never waits on a caller that goes on."""
+        creator = self.job.created_by
+        if creator is None or creator is threading.current_thread():
+            return
+        deadline = time.monotonic() + CREATOR_WAIT_S
+        while creator.is_alive() and not self.job._stop.is_set() and time.monotonic() < deadline:
+            creator.join(CREATOR_POLL_S)
+
     def _authorize(self, service: str, operation: str, params: dict[str, Any]) -> None:
         self.parts.authorize(self.job, service, operation, params, self.gates if service == "s3" else [])
 
@@ -252,10 +268,10 @@ class _JobRun:
     def run(self) -> None:
         job = self.job
         try:
-            if job.created_by is not None and job.created_by is not threading.current_thread():
-                job.created_by.join(CREATOR_WAIT_S)
+            self._wait_for_creator()
             if job._stop.wait(self.settings.start_delay_s):
-                self._finish_stopped(upload=False)
+                if not job.discarded:
+                    self._finish_stopped(upload=False)
                 return
             if job.fault == "silent":
                 self._hold_silently()
