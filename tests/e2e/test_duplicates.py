@@ -182,10 +182,12 @@ def test_each_training_event_delivered_three_times_archives_once_and_calls_back_
     _one_run(observed, EVENTS_THRICE)
     # every archived object was written once: a second archive would be a second version
     assert observed.archive_versions[EVENTS_THRICE] == dict.fromkeys(ARCHIVED, 1)
+    # one callback in all: the first delivery that finds the job Completed in SageMaker's DescribeTrainingJob makes
+    # it, whichever event that delivery carries (a late InProgress one included); every later one is a duplicate
+    assert sum(a.get("callback") == "send_task_success" for a in observed.event_answers) == 1
     completed = [a for a in observed.event_answers if a["status"] == "Completed"]
     assert len(completed) == 3
-    assert sum(a.get("callback") == "send_task_success" for a in completed) == 1
-    assert sum(bool(a.get("duplicate")) for a in completed) == 2
+    assert all(a.get("callback") == "send_task_success" or a.get("duplicate") for a in completed), completed
     assert observed.task_succeeded[EVENTS_THRICE] == 1
     assert list(observed.token_status.values()) == ["callback_sent"]
     # the heartbeats came three times each too, and none of them failed
