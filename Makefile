@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SPEC   ?= examples/tiny.yaml
 
-.PHONY: run test install lint validate scan build unit functional e2e bench iam-report clean
+.PHONY: run test suite install lint validate scan build unit functional e2e bench iam-report clean
 
 # aws-sam-cli pins boto3: it gets a virtualenv of its own.
 SAM_VENV := .venv-sam
@@ -55,10 +55,18 @@ scan: install $(CHECKOV)
 build: $(SAM_VENV)/bin/sam
 	$(SAM) build
 
-# Two workers (the machine's cores); a test file stays on one worker, so a module's shared twin is built once.
-PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile
+# Three workers on the machine's two cores (the twin's runs wait on each other as much as they compute: measured,
+# the whole suite took 13.6 minutes on three, 18.4 on two); a test file stays on one worker, so a module's shared
+# twin is built once.
+PYTEST := $(BIN)/python -m pytest -n 3 --dist loadfile
 
-test: install lint validate scan
+# The suite runs beside the checks of the code and the template (lint, then validate and scan, which each install a
+# tool into a virtualenv of its own): from a clean clone those downloads overlap the tests instead of preceding them.
+# Each part's output is printed whole when it ends; any part failing fails `make test`.
+test: install
+	$(MAKE) --no-print-directory -j 2 --output-sync=target suite lint validate scan
+
+suite: install
 	$(PYTEST)
 
 unit: install
