@@ -55,8 +55,8 @@ scan: install $(CHECKOV)
 build: $(SAM_VENV)/bin/sam
 	$(SAM) build
 
-# Three workers on the machine's two cores (the twin's runs wait on each other as much as they compute: measured,
-# the whole suite took 13.6 minutes on three, 18.4 on two); a test file stays on one worker, so a module's shared
+# Three workers on the machine's two cores: the twin's runs wait (polls, stops, the trainer's start) as well as
+# compute, and a third worker keeps both cores busy meanwhile; a test file stays on one worker, so a module's shared
 # twin is built once.
 PYTEST := $(BIN)/python -m pytest -n 3 --dist loadfile
 
