@@ -31,14 +31,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from lustrain_core import recovery
-from lustrain_core.aws_errors import training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.steps import Attempt, Recovery, Run, records
 from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, attempt_budget, attempt_cost_usd
-from lustrain_core.steps.training import training_job_name
+from lustrain_core.steps.training import describe_training_job, training_job_name
 
 #: the stack's ceiling on the wait between two attempts (seconds); unset: the policy's waits as they are
 WAIT_MAX_SETTING = "LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS"
@@ -51,15 +48,6 @@ LIVE = frozenset({"InProgress", "Stopping"})
 
 def _wait_cap(settings: Settings) -> int | None:
     return settings.whole_seconds(WAIT_MAX_SETTING, least=0)
-
-
-def _describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
-    try:
-        return dict(sagemaker.describe_training_job(TrainingJobName=name))
-    except ClientError as exc:
-        if training_job_missing(exc):
-            return None
-        raise
 
 
 def _metric(description: dict[str, Any], name: str) -> int | None:
@@ -75,7 +63,7 @@ def _this_attempt(run: Run, sagemaker: Any, number: int) -> Attempt:
     if number < 1:
         return Attempt(attempt=1, outcome="NotStarted", error=failure.Error, failure_class=failure_class)
     name = training_job_name(run.job.spec.name, run.job.job_id, number)
-    description = _describe(sagemaker, name)
+    description = describe_training_job(sagemaker, name)
     if description is None:
         return Attempt(attempt=number, outcome="NotStarted", error=failure.Error, failure_class=failure_class)
     billable = int(description.get("BillableTimeInSeconds") or 0)

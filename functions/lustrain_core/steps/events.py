@@ -43,13 +43,20 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lustrain_core import recovery
-from lustrain_core.aws_errors import CONDITION_FAILED, error_code, training_job_missing
+from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import EventInvalid, LustrainError
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
-from lustrain_core.steps.training import CALLBACK_SENT, WAITING, get_token_item, token_key, training_job_name
+from lustrain_core.steps.training import (
+    CALLBACK_SENT,
+    WAITING,
+    describe_training_job,
+    get_token_item,
+    token_key,
+    training_job_name,
+)
 
 DETAIL_TYPE = "SageMaker Training Job State Change"
 #: SendTask* answers meaning the execution is no longer waiting for this token
@@ -193,16 +200,6 @@ def not_current(ddb: Any, settings: Settings, item: dict[str, Any], name: str) -
     return None
 
 
-def describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
-    """DescribeTrainingJob's answer, or None where SageMaker knows no such job."""
-    try:
-        return dict(sagemaker.describe_training_job(TrainingJobName=name))
-    except ClientError as exc:
-        if training_job_missing(exc):
-            return None
-        raise
-
-
 def _heartbeat(
     sfn: Any, ddb: Any, settings: Settings, item: dict[str, Any], description: dict[str, Any]
 ) -> dict[str, Any]:
@@ -264,7 +261,7 @@ def on_training_event(
     why = not_current(ddb, settings, item, name)
     if why is not None:
         return {**result, "ignored": True, "reason": why}
-    description = describe(sagemaker, name)
+    description = describe_training_job(sagemaker, name)
     if description is None:
         return {**result, "ignored": True, "reason": f"SageMaker knows no training job {name}"}
     return {**result, **answer(description, item, sfn=sfn, ddb=ddb, s3=s3, settings=settings, claimed=detail)}

@@ -365,13 +365,19 @@ def _next_attempt(ddb: Any, settings: Settings, job_id: str) -> int:
     return int(answer["Attributes"]["training_attempts"]["N"])
 
 
-def _job_status(sagemaker: Any, name: str) -> str | None:
+def describe_training_job(sagemaker: Any, name: str) -> dict[str, Any] | None:
+    """DescribeTrainingJob's answer, or None where SageMaker knows no such job."""
     try:
-        return str(sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"])
+        return dict(sagemaker.describe_training_job(TrainingJobName=name))
     except ClientError as exc:
         if training_job_missing(exc):
             return None
         raise
+
+
+def _job_status(sagemaker: Any, name: str) -> str | None:
+    description = describe_training_job(sagemaker, name)
+    return None if description is None else str(description["TrainingJobStatus"])
 
 
 #: a training job in one of these still holds (or is releasing) its instances
