@@ -9,9 +9,11 @@
 manifest.json is written only once everything else is in place, so a manifest this archive wrote means the archive
 is complete: a repeated event finds it and archives nothing again. A manifest is trusted only when it is one:
 it names this job (job id, training job name, this archive's location) and every object it lists is there, under
-the archive, with the size and sha256 it gives (read back). Anything else found there (a manifest planted by
-whoever could write the prefix, or one of an archive cut short) is not taken for the archive: the archive is
-written again, over it. The sha256 is of the archived bytes, read back after a server-side copy (boto3's managed
+the archive, with the size it gives (HeadObject: a repeated event never reads a model's bytes again). Anything else
+found there (a manifest planted by whoever could write the prefix, or one of an archive cut short) is not taken for
+the archive: the archive is written again, over it. Only the stack's on_training_event may write the archive
+prefix (a training job's role writes only its run's output, and no spec may point into archive/), so its content
+is not hashed a second time. The sha256 is of the archived bytes, read back after a server-side copy (boto3's managed
 copy: multipart beyond 5 GB), as `sha256sum` would print it.
 """
 
@@ -80,8 +82,6 @@ def _is_ours(
         key = uri.removeprefix(f"s3://{bucket}/")
         try:
             if int(s3.head_object(Bucket=bucket, Key=key)["ContentLength"]) != obj.get("size"):
-                return False
-            if _sha256_of(s3, bucket, key) != obj.get("sha256"):
                 return False
         except ClientError as exc:
             if not_found(exc):
