@@ -2,7 +2,9 @@
 And CreateVpcEndpoint keeps two promises moto does not: an interface endpoint with private DNS needs the VPC's
 enableDnsSupport and enableDnsHostnames (CreateVpcEndpoint's PrivateDnsEnabled, EC2 API Reference: "To use a private
 hosted zone, you must set the following VPC attributes to true"), and a ClientToken seen before returns the endpoint
-it made, not a second one ("Ensuring idempotency", EC2 API Reference).
+it made, not a second one ("Ensuring idempotency", EC2 API Reference). DeleteVpcEndpoints of an endpoint already
+deleted deletes nothing more (moto removed its gateway routes a second time and answered InvalidRoute.NotFound, an
+error AWS's DeleteVpcEndpoints does not give; two teardowns of a run at once met it), one delete at a time.
 
 https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSecurityGroup.html: GroupName and Description,
 up to 255 characters of a-z, A-Z, 0-9, spaces and ._-:/()#,@[]+=&;{}!$* in a VPC, and a name may not start with
@@ -13,6 +15,7 @@ InvalidParameterValue.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import regex
@@ -27,9 +30,30 @@ _DESCRIPTION, _ = DOCUMENTED[("ec2", "CreateSecurityGroup", "Description")]
 ALLOWED = "a-zA-Z0-9. _-:/()#,@[]+=&;{}!$*"
 
 
+_deletes = threading.Lock()
+
+
 def install() -> None:
     _install_group_rules()
     _install_endpoint_rules()
+    _install_endpoint_deletes()
+
+
+def _install_endpoint_deletes() -> None:
+    original = VPCBackend.delete_vpc_endpoints
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def delete_vpc_endpoints(self: Any, vpce_ids: list[str] | None = None) -> None:
+        with _deletes:
+            live = [
+                i for i in vpce_ids or [] if getattr(self.vpc_end_points.get(i), "state", None) != "deleted"
+            ]
+            original(self, live)
+
+    setattr(delete_vpc_endpoints, _PATCHED, True)
+    VPCBackend.delete_vpc_endpoints = delete_vpc_endpoints  # type: ignore[method-assign]
 
 
 def _install_endpoint_rules() -> None:
