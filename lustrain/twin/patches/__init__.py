@@ -19,6 +19,7 @@ from lustrain.twin.patches import (
     fsx,
     iam,
     lambda_invoke,
+    loaders,
     service_quotas,
     stepfunctions,
     throttling,
@@ -51,6 +52,7 @@ def install() -> None:
         if _installed:
             return
         check_moto_version()
+        loaders.install()
         lambda_invoke.install()
         throttling.install()
         iam.install()
