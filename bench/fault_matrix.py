@@ -65,6 +65,7 @@ from lustrain.twin.rehearse import (
     ensure_bucket,
     ensure_data,
     execution_history,
+    latest_event_id,
     operator_session,
     registered_job,
     resources_left,
@@ -377,7 +378,7 @@ def _progress(sfn: Any, running: list[str], executions: int, ended: int) -> tupl
     from lustrain.twin.patches import eventbridge
 
     jobs = tuple(sorted((j.name, j.status, j.secondary_status, len(j.events)) for j in simulator.jobs()))
-    histories = sum(len(execution_history(sfn, arn)) for arn in running)
+    histories = sum(latest_event_id(sfn, arn) for arn in running)
     return executions, ended, histories, jobs, len(eventbridge.deliveries())
 
 

@@ -49,7 +49,9 @@ FAST_PARAMETERS: dict[str, str] = {
     "TeardownRetryMaxDelaySeconds": "2",
     "AttemptWaitMaxSeconds": "1",
     "TrainingHeartbeatSeconds": "300",
-    "TrainingTimeoutSeconds": "900",
+    # a run's whole wait for its training job: the heartbeat catches a silent job; this only bounds a job that
+    # reports and never ends, and must outlast a busy machine's slowest run (the fault matrix runs 56 at once)
+    "TrainingTimeoutSeconds": "3600",
     "LogLevel": "WARNING",
     # The buckets the twin's specs (tests/e2e, examples/, bench/) read data from and write results to, allowed as an
     # administrator allows a team's buckets: left empty, the stack allows only its own artifacts bucket's data/
@@ -381,13 +383,14 @@ def _watch(
     execution_arn: str, say: Printer, started: float, timeout_s: float
 ) -> tuple[list[StateRun], list[dict[str, Any]], dict[str, Any]]:
     sfn = operator_session().client("stepfunctions")
-    seen = 0
+    seen = 0  # the id of the last event shown
     states: list[StateRun] = []
     open_states: dict[str, StateRun] = {}
     deadline = time.monotonic() + timeout_s
     while True:
-        history = execution_history(sfn, execution_arn)
-        for event in history[seen:]:
+        fresh = events_after(sfn, execution_arn, seen) if latest_event_id(sfn, execution_arn) > seen else []
+        for event in fresh:
+            seen = event["id"]
             now = time.monotonic() - started
             kind = event["type"]
             details: dict[str, Any] = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
@@ -401,7 +404,6 @@ def _watch(
                 run.seconds, run.outcome = round(now - run.started_s, 1), "ok"
             elif kind in ("TaskFailed", "LambdaFunctionFailed", "ExecutionFailed", "TaskTimedOut"):
                 say(f"{now:6.1f}s  ! {details.get('error', kind)}: {_short(details.get('cause'))}")
-        seen = len(history)
         description = sfn.describe_execution(executionArn=execution_arn)
         if description["status"] != "RUNNING":
             return states, execution_history(sfn, execution_arn), description
@@ -417,6 +419,27 @@ def execution_history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
     for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn):
         events += page["events"]
     return events
+
+
+def events_after(sfn: Any, execution_arn: str, after_id: int, page_size: int = 10) -> list[dict[str, Any]]:
+    """The execution's events after event `after_id`, oldest first: read newest first, only as far back as needed
+    (a watcher that read the whole history on every look read a growing history again and again)."""
+    fresh: list[dict[str, Any]] = []
+    pages = sfn.get_paginator("get_execution_history").paginate(
+        executionArn=execution_arn, reverseOrder=True, PaginationConfig={"PageSize": page_size}
+    )
+    for page in pages:
+        for event in page["events"]:
+            if event["id"] <= after_id:
+                return fresh[::-1]
+            fresh.append(event)
+    return fresh[::-1]
+
+
+def latest_event_id(sfn: Any, execution_arn: str) -> int:
+    """The id of the execution's newest event (0 before its first): what changes while it makes progress."""
+    events = sfn.get_execution_history(executionArn=execution_arn, reverseOrder=True, maxResults=1)["events"]
+    return int(events[0]["id"]) if events else 0
 
 
 def _short(raw: Any, limit: int = 160) -> str:

@@ -14,10 +14,16 @@
   Change" event (source aws.states; detail executionArn, stateMachineArn, name, status RUNNING | SUCCEEDED |
   FAILED | TIMED_OUT | ABORTED, startDate and stopDate in epoch milliseconds, input, output, error, cause, with
   inputDetails/outputDetails {included}): moto emits none, and the teardown of a stopped run starts from it.
+- GetExecutionHistory pages as AWS's does: at most maxResults events a call (0 or none: 100; at most 1000), a
+  nextToken for the rest (a token of another request is InvalidToken), newest first with reverseOrder. moto answers
+  every event in one page, whatever was asked: a watcher that wants only the newest events (`reverseOrder`,
+  `maxResults` 1) had the whole history serialized on every look.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import functools
 import json
@@ -27,7 +33,7 @@ import uuid
 from typing import Any
 
 from moto.core.responses import ActionResult, EmptyResult
-from moto.stepfunctions.exceptions import ExecutionDoesNotExist
+from moto.stepfunctions.exceptions import ExecutionDoesNotExist, InvalidToken
 from moto.stepfunctions.parser.api import ExecutionStatus
 from moto.stepfunctions.parser.asl.eval.environment import Environment
 from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
@@ -75,6 +81,41 @@ def stop_execution(self: StepFunctionResponse) -> ActionResult:
             for endpoint in list(worker.env.callback_pool_manager._pool.values()):
                 endpoint.interrupt_all()
     return ActionResult({"stopDate": execution.stop_date})
+
+
+#: GetExecutionHistory's page size when maxResults is 0 or absent, and its largest (botocore's PageSize, max 1000)
+HISTORY_PAGE_DEFAULT = 100
+HISTORY_PAGE_MAX = 1000
+
+
+def _history_token(arn: str, reverse: bool, offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps([arn, reverse, offset]).encode()).decode()
+
+
+def _history_offset(token: str | None, arn: str, reverse: bool) -> int:
+    if not token:
+        return 0
+    try:
+        token_arn, token_reverse, offset = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise InvalidToken(f"{token} is not a token of GetExecutionHistory") from exc
+    if (token_arn, token_reverse) != (arn, reverse) or not isinstance(offset, int) or offset < 0:
+        raise InvalidToken("the token was given for other arguments: keep all other arguments unchanged")
+    return offset
+
+
+def get_execution_history(self: StepFunctionResponse) -> ActionResult:
+    arn = str(self._get_param("executionArn"))
+    reverse = bool(self._get_param("reverseOrder", False))
+    size = min(self._get_int_param("maxResults") or HISTORY_PAGE_DEFAULT, HISTORY_PAGE_MAX)
+    offset = _history_offset(self._get_param("nextToken"), arn, reverse)
+    events = list(self.stepfunction_backend.get_execution_history(arn)["events"])
+    if reverse:
+        events.reverse()
+    page: dict[str, Any] = {"events": events[offset : offset + size]}
+    if offset + size < len(events):
+        page["nextToken"] = _history_token(arn, reverse, offset + size)
+    return ActionResult(page)
 
 
 def _start_execution(
@@ -166,6 +207,7 @@ def install() -> None:
     Environment.set_error = functools.partialmethod(_set_error, Environment.set_error)  # type: ignore[method-assign,assignment]
     StepFunctionResponse.send_task_failure = send_task_failure  # type: ignore[method-assign]
     StepFunctionResponse.stop_execution = stop_execution  # type: ignore[method-assign]
+    StepFunctionResponse.get_execution_history = get_execution_history  # type: ignore[method-assign]
     original = StepFunctionsParserBackend.start_execution
     StepFunctionsParserBackend.start_execution = functools.partialmethod(  # type: ignore[method-assign,assignment]
         _start_execution, original

@@ -136,3 +136,30 @@ def test_each_status_change_is_announced_on_eventbridge_as_aws_does() -> None:
     assert json.loads(detail["input"]) == {"n": 1} and detail["inputDetails"] == {"included": True}
     assert detail["stopDate"] >= detail["startDate"] > 1_000_000_000_000  # epoch milliseconds
     assert started["detail"]["stopDate"] is None
+
+
+def test_execution_history_pages_as_aws_does_newest_first_when_asked() -> None:
+    states = {f"P{i}": {"Type": "Pass", "Next": f"P{i + 1}"} for i in range(7)}
+    states["P7"] = {"Type": "Pass", "End": True}
+    machine = make_state_machine("paged", {"StartAt": "P0", "States": states})
+    sfn = client("stepfunctions")
+    arn = sfn.start_execution(stateMachineArn=machine, input="{}")["executionArn"]
+    assert wait_execution(arn, sfn)["status"] == "SUCCEEDED"
+
+    everything = [e for page in sfn.get_paginator("get_execution_history").paginate(executionArn=arn)
+                  for e in page["events"]]
+    ids = [e["id"] for e in everything]
+    assert ids == list(range(1, len(ids) + 1)) and len(ids) > 10
+    # at most maxResults a call, a token for the rest, the same events page by page
+    first = sfn.get_execution_history(executionArn=arn, maxResults=4)
+    assert [e["id"] for e in first["events"]] == [1, 2, 3, 4] and first["nextToken"]
+    second = sfn.get_execution_history(executionArn=arn, maxResults=4, nextToken=first["nextToken"])
+    assert [e["id"] for e in second["events"]] == [5, 6, 7, 8]
+    # newest first, one event: what a watcher reads to learn whether anything happened
+    newest = sfn.get_execution_history(executionArn=arn, reverseOrder=True, maxResults=1)
+    assert [e["id"] for e in newest["events"]] == [ids[-1]] and newest["events"][0]["type"] == "ExecutionSucceeded"
+    # the last page has no token; a token given with other arguments is refused
+    last = sfn.get_execution_history(executionArn=arn, maxResults=len(ids))
+    assert "nextToken" not in last
+    with pytest.raises(sfn.exceptions.InvalidToken):
+        sfn.get_execution_history(executionArn=arn, maxResults=4, reverseOrder=True, nextToken=first["nextToken"])

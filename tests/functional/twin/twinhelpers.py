@@ -99,7 +99,5 @@ def wait_execution(execution_arn: str, sfn: Any = None, timeout: float = 30) -> 
 
 
 def history(execution_arn: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = client("stepfunctions").get_execution_history(executionArn=execution_arn)[
-        "events"
-    ]
-    return events
+    pages = client("stepfunctions").get_paginator("get_execution_history").paginate(executionArn=execution_arn)
+    return [event for page in pages for event in page["events"]]
