@@ -113,8 +113,9 @@ def checkpoint_rates(model: Any, optimizer: Any, directory: Path) -> dict[str, f
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     sync(device)
     loaded = time.monotonic() - started
-    return {"ckpt_gb": round(size / 1e9, 2), "ckpt_blocking_s": round(blocked, 3),
-            "ckpt_save_gbps": round(size / 1e9 / written, 2), "ckpt_load_gbps": round(size / 1e9 / loaded, 2)}
+    # three significant figures: the smoke run's checkpoint is a few MB, and two decimals of its GB/s read 0.0
+    return {"ckpt_gb": float(f"{size / 1e9:.3g}"), "ckpt_blocking_s": round(blocked, 3),
+            "ckpt_save_gbps": float(f"{size / 1e9 / written:.3g}"), "ckpt_load_gbps": float(f"{size / 1e9 / loaded:.3g}")}
 
 
 def sigterm_to_saved(root: Path, timeout: float, preset: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Cancel tears down at once, on the twin: a run stopped while its model trains, by `lustrain cancel` or by a bare
-StopExecution (the console, `aws stepfunctions stop-execution`), leaves nothing within a minute.
+StopExecution (the console, `aws stepfunctions stop-execution`), is torn down by the event of its stop, not by the
+sweeper's next round: bench/cancel.py measures how soon (within a minute is the goal), this test what it leaves.
 
 On AWS a stopped execution is ABORTED and runs no Catch; the twin does the same (tests/e2e/test_sweeper.py proves
 that no teardown state runs). What tears the run down is the stack's rule on "Step Functions Execution Status
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -22,10 +22,6 @@ from lustrain.twin.iam import usage
 from lustrain.twin.rehearse import REGION, STACK_NAME, drop, operator_session, twin, until
 
 pytestmark = pytest.mark.slow
-
-#: The goal: a cancelled run holds nothing a minute after the stop.
-CANCEL_TO_CLEAN_S = 60.0
-
 
 def training(sagemaker: Any, name: str) -> str | None:
     """The name of the run's training job once it trains."""
@@ -45,7 +41,7 @@ def collect_notices(sqs: Any, queue_url: str, into: dict[str, dict[str, Any]]) -
     return into
 
 
-def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, long_spec, monkeypatch, capsys, quick_stops):
+def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tmp_path, long_spec, monkeypatch, capsys, quick_stops):
     from lustrain.twin.patches import service_quotas
 
     monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.2")
@@ -80,7 +76,6 @@ def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, l
         assert total == 100_000 and step > 0
 
         # `lustrain cancel` names the run by its spec name; a bare StopExecution gives no error or cause
-        stopped_at = time.monotonic()
         cancelled = operate.cancel(ours, "by-cli")
         sfn.stop_execution(executionArn=bare_arn)
         assert cancelled.execution_arn == by_cli_arn and cancelled.already_ended is None
@@ -91,8 +86,7 @@ def test_a_run_cancelled_while_training_is_torn_down_within_a_minute(tmp_path, l
                    for spec, arn in ((by_cli, by_cli_arn), (bare, bare_arn))}
         for spec in (by_cli, bare):
             until(lambda s=spec: rehearse.resources_left(job_ids[s.name], s)[0] == [] or None,
-                  f"0 resources left of {spec.name}", timeout=CANCEL_TO_CLEAN_S)
-        assert time.monotonic() - stopped_at < CANCEL_TO_CLEAN_S
+                  f"0 resources left of {spec.name}", timeout=60)
         for name, job in jobs.items():
             assert sagemaker.describe_training_job(TrainingJobName=job)["TrainingJobStatus"] == "Stopped", name
 
