@@ -112,13 +112,17 @@ class InstanceType:
         return self.quota_names.spot if spot else self.quota_names.training
 
 
-def _number(name: str, row: dict[str, Any], key: str, *, integer: bool = False, optional: bool = False) -> Any:
+def _number(
+    name: str, row: dict[str, Any], key: str, *, integer: bool = False, optional: bool = False
+) -> Any:
     value = row.get(key)
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or value < 0:
         kind = "a whole number" if integer else "a number"
-        raise CatalogueError(f"{name}: {key} is {value!r}; allowed: {kind}, 0 or more" + (" or null" if optional else ""))
+        raise CatalogueError(
+            f"{name}: {key} is {value!r}; allowed: {kind}, 0 or more" + (" or null" if optional else "")
+        )
     return int(value) if integer else float(value)
 
 
@@ -132,8 +136,10 @@ def parse_row(name: str, row: dict[str, Any]) -> InstanceType:
     missing = _REQUIRED - set(row)
     if unknown or missing:
         raise CatalogueError(
-            f"{name}: " + (f"unknown keys {sorted(unknown)} " if unknown else "")
-            + (f"missing keys {sorted(missing)} " if missing else "") + f"(allowed: {sorted(_FIELDS)})"
+            f"{name}: "
+            + (f"unknown keys {sorted(unknown)} " if unknown else "")
+            + (f"missing keys {sorted(missing)} " if missing else "")
+            + f"(allowed: {sorted(_FIELDS)})"
         )
     gpus = _number(name, row, "gpus", integer=True)
     efa = _number(name, row, "efa_interfaces", integer=True)
@@ -148,7 +154,9 @@ def parse_row(name: str, row: dict[str, Any]) -> InstanceType:
     usable = _number(name, row, "usable_output_gib", optional=True)
     if usable is None:
         if not nvme:
-            raise CatalogueError(f"{name}: usable_output_gib is needed for a type without local NVMe (its EBS volume)")
+            raise CatalogueError(
+                f"{name}: usable_output_gib is needed for a type without local NVMe (its EBS volume)"
+            )
         usable = round(USABLE_NVME_SHARE * nvme * GIB_PER_GB, 1)
     elif nvme and usable > nvme * GIB_PER_GB:
         raise CatalogueError(f"{name}: usable_output_gib {usable} is more than its {nvme} GB of local NVMe")
@@ -164,9 +172,13 @@ def parse_row(name: str, row: dict[str, Any]) -> InstanceType:
         )
     warm = quotas.get("warm_pool")
     if warm is not None and not (isinstance(warm, str) and warm.startswith(f"{name} for ")):
-        raise CatalogueError(f"{name}: quota_names.warm_pool {warm!r} must start with '{name} for ' (or be null)")
+        raise CatalogueError(
+            f"{name}: quota_names.warm_pool {warm!r} must start with '{name} for ' (or be null)"
+        )
     if gpus and row.get("gpu") is None:
-        raise CatalogueError(f"{name}: gpu names the GPU of a type with gpus > 0 (as torch reports it, e.g. H100)")
+        raise CatalogueError(
+            f"{name}: gpu names the GPU of a type with gpus > 0 (as torch reports it, e.g. H100)"
+        )
     return InstanceType(
         name=name,
         gpus=gpus,
@@ -216,4 +228,6 @@ def quota_name(instance_type: str, *, spot: bool, types: dict[str, InstanceType]
     row = (types if types is not None else INSTANCE_TYPES).get(instance_type)
     if row is not None:
         return row.quota_name(spot=spot)
-    return f"{instance_type} for spot training job usage" if spot else f"{instance_type} for training job usage"
+    return (
+        f"{instance_type} for spot training job usage" if spot else f"{instance_type} for training job usage"
+    )
