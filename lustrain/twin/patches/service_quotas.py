@@ -61,7 +61,7 @@ TRAINING_INSTANCE_DEFAULTS: dict[str, float] = {
 }
 
 _USAGES = ("training job", "spot training job")
-_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9][a-z0-9-]*\.[a-z0-9]+$")
 
 
 class InvalidPaginationToken(JsonRESTError):
