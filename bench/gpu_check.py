@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -162,7 +163,8 @@ def main() -> int:
     else:
         device = torch.device("cuda", 0)
         props = torch.cuda.get_device_properties(device)
-        name, memory, peak = props.name, props.total_memory, plan.peak_tflops(props.name) or 989.0
+        # the catalogue's peak for this GPU (lustrain_core/data/instance_types.json); a GPU it lacks has no MFU
+        name, memory, peak = props.name, props.total_memory, plan.peak_tflops(props.name) or math.nan
     say("device", name.replace(" ", "_"))
     say("torch", torch.__version__)
     say("gpu_gib", round(memory / 2**30, 1))

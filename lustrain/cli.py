@@ -389,7 +389,8 @@ def render_plan(name: str, p: Plan) -> str:
         (
             "  IPs needed",
             f"{n.ips_needed} ({n.ips_for_instances} instances + {n.ips_for_filesystem} Lustre "
-            f"+ {n.ips_headroom} headroom; {n.ips_per_instance} per instance)",
+            f"+ {n.ips_headroom} headroom; {n.ips_per_instance} per instance, "
+            f"{n.efa_interfaces} EFA interfaces each)",
         ),
     ]
     if n.reuse_subnet_id:

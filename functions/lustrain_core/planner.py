@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lustrain_core import instance_types
 from lustrain_core.errors import FieldError, SpecInvalid
 from lustrain_core.prices import InstanceType, PriceTable
 from lustrain_core.spec import MAX_STORAGE_GIB, PERSISTENT_THROUGHPUTS, JobSpec
@@ -69,8 +70,9 @@ PERSISTENT_AFTER_HOURS = 72
 
 def quota_name(instance_type: str, *, spot: bool) -> str:
     """The Service Quotas name of the quota a training job's instances count against (the L- code differs between
-    sources): spot and on-demand jobs count against different quotas. The plan and the live check both use this."""
-    return f"{instance_type} for spot training job usage" if spot else f"{instance_type} for training job usage"
+    sources): spot and on-demand jobs count against different quotas, named in the type's catalogue row. The plan
+    and the live check both use this."""
+    return instance_types.quota_name(instance_type, spot=spot)
 
 
 def valid_capacities(upto_gib: float) -> list[int]:
@@ -106,6 +108,8 @@ class NetworkPlan:
     vpc_cidr: str | None
     subnet_cidr: str | None
     reuse_subnet_id: str | None
+    #: the instance type's EFA interfaces (its catalogue row): what ips_per_instance is planned from
+    efa_interfaces: int = 0
 
 
 @dataclass
@@ -149,6 +153,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     #: the trainer's memory plan (lustrain_core.trainer.plan) when the hyperparameters name one of its presets
     memory: dict[str, Any] | None = None
+    #: the instance type's catalogue row as planned (data/instance_types.json)
+    instance: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,7 +178,16 @@ def plan(
         raise SpecInvalid.one(
             "compute.instance_type",
             spec.compute.instance_type,
-            f"unknown to the planner; known: {', '.join(sorted(prices.instance_types))} (add it with --prices)",
+            f"unknown to the planner; known: {', '.join(sorted(prices.instance_types))} (add its row to "
+            "data/instance_types.json, or for this plan with --prices: {\"instance_types\": {type: row}})",
+        )
+    if itype.hourly_usd is None:
+        raise SpecInvalid.one(
+            "compute.instance_type",
+            spec.compute.instance_type,
+            "has no confirmed on-demand price in the instance-type catalogue, so the run cannot be costed or held "
+            f"to a budget: give one with --prices ({{\"instance_hourly_usd\": {{\"{itype.name}\": <$ an hour>}}}}) "
+            "or add hourly_usd, price_as_of and price_source to its row",
         )
 
     memory = _plan_memory(spec, errors)
@@ -206,9 +221,34 @@ def plan(
     quota = {
         "instance_type": spec.compute.instance_type,
         "instances_requested": spec.compute.instance_count,
-        "quota_name": quota_name(spec.compute.instance_type, spot=spec.compute.spot),
+        "quota_name": itype.quota_name(spot=spec.compute.spot),
     }
-    return Plan(net, fs, output, quota, cost, recommendation, warnings, memory)
+    if itype.unconfirmed:
+        warnings.append(
+            f"{itype.name}: not checked against AWS's documentation: {', '.join(itype.unconfirmed)} "
+            "(see its row in data/instance_types.json)"
+        )
+    return Plan(net, fs, output, quota, cost, recommendation, warnings, memory, instance_summary(itype))
+
+
+def instance_summary(itype: InstanceType) -> dict[str, Any]:
+    """The catalogue row's figures the plan rests on, as `lustrain plan --json` shows them."""
+    return {
+        "instance_type": itype.name,
+        "gpus": itype.gpus,
+        "gpu": itype.gpu,
+        "gpu_memory_gib": itype.gpu_memory_gib,
+        "bf16_dense_tflops_per_gpu": itype.bf16_dense_tflops_per_gpu,
+        "efa_interfaces": itype.efa_interfaces,
+        "ips_per_instance": itype.ips,
+        "local_nvme_gb": itype.local_nvme_gb,
+        "usable_output_gib": itype.usable_output_gib,
+        "hourly_usd": itype.hourly_usd,
+        "price_as_of": itype.price_as_of,
+        "price_source": itype.price_source,
+        "quota_names": asdict(itype.quota_names),
+        "unconfirmed": list(itype.unconfirmed),
+    }
 
 
 def _plan_memory(spec: JobSpec, errors: list[FieldError]) -> dict[str, Any] | None:
@@ -411,7 +451,8 @@ def _plan_network(
     needed = for_instances + for_fs + headroom
     if n.subnet_id:
         return NetworkPlan(
-            itype.ips, for_instances, for_fs, headroom, needed, None, None, None, None, n.subnet_id
+            itype.ips, for_instances, for_fs, headroom, needed, None, None, None, None, n.subnet_id,
+            itype.efa_interfaces,
         )
 
     vpc = ipaddress.IPv4Network(n.vpc_cidr)
@@ -461,6 +502,7 @@ def _plan_network(
         n.vpc_cidr,
         subnet,
         None,
+        itype.efa_interfaces,
     )
 
 
@@ -501,7 +543,8 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
     c = spec.compute
     hours = c.max_runtime_hours
     fraction = prices.spot_price_fraction if c.spot else 1.0
-    compute = c.instance_count * itype.hourly_usd * hours * fraction
+    hourly = itype.hourly_usd or 0.0  # plan() refused a type without a price
+    compute = c.instance_count * hourly * hours * fraction
     # the file system lives about as long as the training job, plus its creation and teardown (~1 h)
     filesystem = _fs_monthly_usd(fs, prices) * (hours + 1) / prices.hours_per_month
     control = (
@@ -509,7 +552,8 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
         + LAMBDA_INVOCATIONS_PER_RUN * prices.lambda_per_request_usd
     )
     assumptions = [
-        f"{c.instance_count} x {c.instance_type} at ${itype.hourly_usd}/h for the full max_runtime_hours ({hours} h)",
+        f"{c.instance_count} x {c.instance_type} at ${hourly}/h (as of {itype.price_as_of}) for the full "
+        f"max_runtime_hours ({hours} h)",
         f"file system for {hours + 1:g} h",
     ]
     if c.spot:
@@ -522,7 +566,7 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
         control_plane_usd=round(control, 4),
         total_usd=round(total, 2),
         hourly_usd=round(
-            c.instance_count * itype.hourly_usd * fraction + filesystem / (hours + 1) + network_hourly, 2
+            c.instance_count * hourly * fraction + filesystem / (hours + 1) + network_hourly, 2
         ),
         prices_as_of=prices.as_of,
         assumptions=assumptions,

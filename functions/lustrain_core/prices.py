@@ -1,6 +1,8 @@
 """Dated list prices and instance facts the planner uses. Every figure is overridable (`--prices FILE`).
 
-Prices are us-east-1 on-demand list prices as of the date below; confirm before trusting a budget to the cent.
+Instance types and their prices are rows of the catalogue (data/instance_types.json, lustrain_core.instance_types),
+each with its own price date and source; the other prices are us-east-1 list prices as of the date below. Confirm
+before trusting a budget to the cent.
 """
 
 from __future__ import annotations
@@ -10,37 +12,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from lustrain_core.instance_types import INSTANCE_TYPES as CATALOGUE
+from lustrain_core.instance_types import CatalogueError, InstanceType, parse_row
+
+__all__ = ["INSTANCE_TYPES", "CatalogueError", "InstanceType", "PriceTable"]
+
 PRICES_AS_OF = "2026-11-01"
 
 
-@dataclass(frozen=True)
-class InstanceType:
-    gpus: int
-    #: private IPs the run plans per instance (SageMaker's floor for EFA instances is 5; the field guide plans 6)
-    ips: int
-    #: usable local storage for outputs (p4d: 8 x 1000 GB NVMe, about 6 TB usable per the field guide)
-    usable_output_gib: float
-    hourly_usd: float
-    #: instance types with local NVMe cannot take a VolumeKmsKeyId
-    local_nvme: bool
-    efa: bool
-    #: SageMaker's infrastructure health check (InfraCheckConfig) is turned on for multi-instance jobs of this type:
-    #: the accelerated training families, whose jobs span many hosts joined by EFA
-    infra_check: bool = False
-
-
-_TB = 1e12 / 2**30  # GiB in one TB
-
-INSTANCE_TYPES: dict[str, InstanceType] = {
-    "ml.p4d.24xlarge": InstanceType(8, 6, 6 * _TB, 37.688, local_nvme=True, efa=True, infra_check=True),
-    "ml.p4de.24xlarge": InstanceType(8, 6, 6 * _TB, 47.11, local_nvme=True, efa=True, infra_check=True),
-    "ml.p5.48xlarge": InstanceType(8, 6, 24 * _TB, 113.07, local_nvme=True, efa=True, infra_check=True),
-    "ml.g5.12xlarge": InstanceType(4, 1, 3 * _TB, 7.09, local_nvme=True, efa=False),
-    "ml.g5.48xlarge": InstanceType(8, 6, 6 * _TB, 20.36, local_nvme=True, efa=True),
-    # CPU types: the local rehearsal plans with these
-    "ml.m5.xlarge": InstanceType(0, 1, 30, 0.23, local_nvme=False, efa=False),
-    "ml.c5.xlarge": InstanceType(0, 1, 30, 0.204, local_nvme=False, efa=False),
-}
+#: the catalogue's rows (data/instance_types.json, read by lustrain_core.instance_types), re-exported: the planner
+#: and the steps read instance facts from here
+INSTANCE_TYPES: dict[str, InstanceType] = CATALOGUE
 
 #: FSx for Lustre $ per GB-month, by deployment type and MB/s per TiB
 FSX_GB_MONTH_USD: dict[tuple[str, int], float] = {
@@ -68,9 +50,12 @@ class PriceTable:
     hours_per_month: float = 730.0
 
     def with_overrides(self, overrides: dict[str, Any]) -> PriceTable:
-        """Apply a user's JSON overrides: {"instance_hourly_usd": {type: $}, "fsx_gb_month_usd": {"PERSISTENT_2/250": $},
-        "spot_price_fraction": f, "interface_endpoint_az_hour_usd": $, "as_of": "date"}."""
+        """Apply a user's JSON overrides: {"instance_types": {type: catalogue row}, "instance_hourly_usd": {type: $},
+        "fsx_gb_month_usd": {"PERSISTENT_2/250": $}, "spot_price_fraction": f, "interface_endpoint_az_hour_usd": $,
+        "as_of": "date"}. A row adds a type (or replaces one) for this plan, as a row of data/instance_types.json
+        does for every plan; a price alone is for a type the catalogue has."""
         known = {
+            "instance_types",
             "instance_hourly_usd",
             "fsx_gb_month_usd",
             "spot_price_fraction",
@@ -81,16 +66,27 @@ class PriceTable:
         if unknown:
             raise ValueError(f"unknown price keys {sorted(unknown)}; allowed: {sorted(known)}")
         types = dict(self.instance_types)
+        rows = overrides.get("instance_types", {})
+        if not isinstance(rows, dict):
+            raise ValueError('instance_types is an object {"ml.<type>": {row as in data/instance_types.json}}')
+        for name, row in rows.items():
+            types[name] = parse_row(name, row)
+        as_of = str(overrides.get("as_of", self.as_of))
         for name, usd in overrides.get("instance_hourly_usd", {}).items():
-            base = types.get(name) or InstanceType(8, 6, 6 * _TB, 0.0, local_nvme=True, efa=True)
-            types[name] = replace(base, hourly_usd=float(usd))
+            base = types.get(name)
+            if base is None:
+                raise ValueError(
+                    f"instance_hourly_usd: {name} is not in the catalogue; add its whole row under instance_types "
+                    f"(known: {', '.join(sorted(types))})"
+                )
+            types[name] = replace(base, hourly_usd=float(usd), price_as_of=as_of, price_source="--prices")
         fsx = dict(self.fsx_gb_month_usd)
         for key, usd in overrides.get("fsx_gb_month_usd", {}).items():
             kind, _, rate = key.partition("/")
             fsx[(kind, int(rate))] = float(usd)
         return replace(
             self,
-            as_of=str(overrides.get("as_of", self.as_of)),
+            as_of=as_of,
             instance_types=types,
             fsx_gb_month_usd=fsx,
             spot_price_fraction=float(overrides.get("spot_price_fraction", self.spot_price_fraction)),
@@ -103,7 +99,7 @@ class PriceTable:
         """What SageMaker bills for a job's instances: BillableTimeInSeconds (spot savings already show in it) x the
         instance count x the list price per hour; None for an instance type with no price here."""
         itype = self.instance_types.get(instance_type)
-        if itype is None:
+        if itype is None or itype.hourly_usd is None:
             return None
         return round(instance_count * itype.hourly_usd * billable_seconds / 3600, 2)
 

@@ -54,7 +54,7 @@ class _Section(BaseModel):
 
 
 class Compute(_Section):
-    instance_type: str = Field("ml.p4d.24xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    instance_type: str = Field("ml.p4d.24xlarge", pattern=r"^ml\.[a-z0-9][a-z0-9-]*\.[a-z0-9]+$")
     instance_count: int = Field(2, ge=1, le=1000)
     spot: bool = False
     max_runtime_hours: float = Field(24, gt=0, le=MAX_RUNTIME_HOURS)

@@ -28,6 +28,14 @@ def test_the_control_planes_copy_is_the_trainers(name: str) -> None:
     assert copy.read_text() == source.read_text(), "run scripts/refresh_trainer_plan.py"
 
 
+@pytest.mark.parametrize("where", ["trainer/lustrain_trainer", "functions/lustrain_core/trainer"])
+def test_the_plans_copies_of_the_instance_catalogue_are_the_control_planes(where: str) -> None:
+    source = ROOT / "functions" / "lustrain_core" / "data" / "instance_types.json"
+    assert (ROOT / where / "instance_types.json").read_text() == source.read_text(), (
+        "run scripts/refresh_trainer_plan.py"
+    )
+
+
 def test_the_vocabulary_the_plan_counts_is_the_tokenizers() -> None:
     from lustrain_core.trainer import presets
     from lustrain_trainer.tokenizer import VOCAB_SIZE

@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from . import plan
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -135,15 +137,14 @@ EFA_DEFAULTS: dict[str, str] = {
     # FSDP's all-gathers on their own streams free memory as soon as they are used (torchtitan sets the same).
     "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
 }
-#: the instance types with EFA that these defaults are for
-EFA_INSTANCE_PREFIXES = ("ml.p4d.", "ml.p4de.", "ml.p5.", "ml.p5e.", "ml.p5en.")
 
 
 def apply_network_defaults(env: MutableMapping[str, str]) -> dict[str, str]:
-    """Set the EFA defaults this host lacks, on an EFA instance type (SageMaker's SM_CURRENT_INSTANCE_TYPE) with a
-    GPU; the ones set. Called before the process group starts, when NCCL reads them."""
+    """Set the EFA defaults this host lacks, on an instance type with EFA interfaces (SageMaker's
+    SM_CURRENT_INSTANCE_TYPE, in the catalogue plan.py reads) and a GPU; the ones set. Called before the process
+    group starts, when NCCL reads them."""
     instance_type = env.get("SM_CURRENT_INSTANCE_TYPE", "")
-    if not instance_type.startswith(EFA_INSTANCE_PREFIXES) or not torch.cuda.is_available():
+    if not plan.efa_interfaces(instance_type) or not torch.cuda.is_available():
         return {}
     added = {key: value for key, value in EFA_DEFAULTS.items() if key not in env}
     env.update(added)

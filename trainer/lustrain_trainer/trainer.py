@@ -181,7 +181,9 @@ class Trainer:
         # this process's saves go to directories of their own: a save cut short by a crash is never mixed up with
         # the same step saved again by the next attempt
         self.save_id = f"{distributed.broadcast_int(int.from_bytes(os.urandom(4), 'little'), info):08x}"
-        self.peak_tflops = (plan.peak_tflops(torch.cuda.get_device_name(info.device))
+        # the instance type's catalogue row where SageMaker names it, else the GPU's own name
+        self.peak_tflops = (plan.peak_tflops(torch.cuda.get_device_name(info.device),
+                                             os.environ.get("SM_CURRENT_INSTANCE_TYPE"))
                             if info.device.type == "cuda" else None)
         self.val_plan: BatchPlan | None = None
         if hp.eval_interval and index.splits.get("val"):

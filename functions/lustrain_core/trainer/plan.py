@@ -23,7 +23,9 @@ the write goes on while training does.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 GIB = 1 << 30
@@ -60,24 +62,45 @@ WRITE_RATE_SOURCE = "host NVMe write 8 GB/s (AWS P4d deep dive, fio); device-to-
 SAGEMAKER_STOP_GRACE_S = 120
 TORCHRUN_DEFAULT_GRACE_S = 30
 
+#: The control plane's catalogue of instance types (lustrain_core/data/instance_types.json), copied beside this file
+#: by scripts/refresh_trainer_plan.py: the trainer runs in SageMaker's image without the control plane, and a test
+#: keeps the copies equal. GPUs, their memory and bf16 peak, host memory and the checkpoint rates come from its rows.
+CATALOGUE_FILE = Path(__file__).with_name("instance_types.json")
+CATALOGUE: dict[str, dict[str, Any]] = json.loads(CATALOGUE_FILE.read_text())["instance_types"]
+
+#: the GPU instance types whose rows carry what the plan needs (the checkpoint rates included)
 INSTANCES: dict[str, Hardware] = {
-    "ml.p4d.24xlarge": Hardware(8, 40 * GIB, 1152 * GIB, 8.0, 10.0),
-    "ml.p4de.24xlarge": Hardware(8, 80 * GIB, 1152 * GIB, 8.0, 10.0),
-    "ml.p5.48xlarge": Hardware(8, 80 * GIB, 2048 * GIB, 8.0, 20.0),
-    "ml.p5e.48xlarge": Hardware(8, 141 * GIB, 2048 * GIB, 8.0, 20.0),
+    name: Hardware(row["gpus"], int(row["gpu_memory_gib"] * GIB), int(row["host_memory_gib"] * GIB),
+                   float(row["checkpoint_write_gbps"]), float(row["stage_gbps"]))
+    for name, row in CATALOGUE.items()
+    if row.get("gpus") and row.get("checkpoint_write_gbps") and row.get("stage_gbps")
 }
 DEFAULT_INSTANCE = "ml.p4d.24xlarge"
 
-#: dense bf16 peak by the name torch.cuda.get_device_name() gives, first match wins: what MFU is measured against
-#: (NVIDIA's datasheets: A100 SXM 312 TFLOP/s; H100 and H200 SXM 989, half the 1,979 quoted with sparsity)
-PEAK_TFLOPS_BY_GPU_NAME = (("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("A10G", 125.0), ("L4", 121.0))
+#: dense bf16 TFLOP/s per GPU by the name torch.cuda.get_device_name() contains, first match wins: what MFU is
+#: measured against where the instance type is not known (the catalogue's rows: NVIDIA's datasheets, half the
+#: figures quoted with sparsity)
+PEAK_TFLOPS_BY_GPU_NAME = tuple(dict.fromkeys(
+    (row["gpu"], float(row["bf16_dense_tflops_per_gpu"]))
+    for row in CATALOGUE.values() if row.get("gpu") and row.get("bf16_dense_tflops_per_gpu")
+))
 
 
-def peak_tflops(device_name: str) -> float | None:
+def peak_tflops(device_name: str, instance_type: str | None = None) -> float | None:
+    """The GPU's dense bf16 peak: the instance type's catalogue row (SageMaker's SM_CURRENT_INSTANCE_TYPE) first,
+    else the GPU's name; None for a GPU the catalogue does not know (no MFU then)."""
+    row = CATALOGUE.get(instance_type or "")
+    if row and row.get("bf16_dense_tflops_per_gpu"):
+        return float(row["bf16_dense_tflops_per_gpu"])
     for marker, tflops in PEAK_TFLOPS_BY_GPU_NAME:
         if marker in device_name:
             return tflops
     return None
+
+
+def efa_interfaces(instance_type: str) -> int:
+    """The EFA interfaces of an instance type, from its catalogue row (0: no EFA, or a type it does not know)."""
+    return int(CATALOGUE.get(instance_type, {}).get("efa_interfaces") or 0)
 
 
 @dataclass(frozen=True)

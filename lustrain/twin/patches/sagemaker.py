@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import moto
+from lustrain_core.instance_types import INSTANCE_TYPES
 from moto.core.responses import ActionResult, EmptyResult
 from moto.sagemaker.exceptions import SagemakerClientError, ValidationError
 from moto.sagemaker.models import FakeTrainingJob, SageMakerModelBackend
@@ -48,10 +49,6 @@ _PATCHED = "_lustrain_twin_sagemaker"
 _STATE = "_lustrain_twin_training"
 
 
-#: Instance families whose storage is local NVMe (encrypted by the instance, no EBS volume to give a KMS key):
-#: every family with a "d" (p4d, p4de, g4dn, p3dn, c5d, ...), as the SageMaker Python SDK decides it, and the
-#: NVMe families without one.
-_NVME_FAMILIES = ("g5", "g6", "g6e", "p5", "p5e", "p5en", "trn1", "trn1n", "trn2")
 
 #: AWS's answer to DescribeTrainingJob and StopTrainingJob on a job that does not exist.
 NOT_FOUND = "Requested resource not found."
@@ -94,10 +91,19 @@ def _state(backend: SageMakerModelBackend) -> _TrainingState:
 # --- validation ---------------------------------------------------------------------------------------------
 
 
+def _family(instance_type: str) -> str:
+    return instance_type.removeprefix("ml.").split(".")[0]
+
+
 def has_local_nvme(instance_type: str) -> bool:
-    """Whether an ml.* instance type's storage is local NVMe (so it takes no VolumeKmsKeyId)."""
-    family = instance_type.removeprefix("ml.").split(".")[0]
-    return "d" in family or family in _NVME_FAMILIES
+    """Whether an ml.* instance type's storage is local NVMe (encrypted by the instance, no EBS volume to give a KMS
+    key, so it takes no VolumeKmsKeyId): its row in lustrain's instance catalogue; a type outside it when its family
+    has a "d" (p4d, g4dn, c5d, ...: the SageMaker Python SDK's rule) or a catalogued type of its family has NVMe."""
+    row = INSTANCE_TYPES.get(instance_type)
+    if row is not None:
+        return row.local_nvme
+    family = _family(instance_type)
+    return "d" in family or any(_family(t.name) == family and t.local_nvme for t in INSTANCE_TYPES.values())
 
 
 def _check_volume_key(resources: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 moto 5.2.5 knows ServiceCode vpc only, and neither ListServiceQuotas nor GetAWSDefaultServiceQuota. The twin
 adds ServiceCode "sagemaker" with quotas named as AWS names them ("ml.p4d.24xlarge for training job usage",
-"... for spot training job usage") for the instance types below. Their QuotaCodes are the twin's own
+"... for spot training job usage") for every type of lustrain's instance catalogue (the names its rows give) and
+the few others below. Their QuotaCodes are the twin's own
 (stable, derived from the name): public sources disagree on the real L- codes, which is why callers look a
 quota up by QuotaName.
 
@@ -25,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from lustrain_core.instance_types import INSTANCE_TYPES as CATALOGUE_TYPES
 from moto.core.exceptions import JsonRESTError
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.servicequotas.exceptions import NoSuchResource
@@ -38,7 +40,8 @@ DEFAULT_PAGE_SIZE = 10
 _PATCHED = "_lustrain_twin_quotas"
 _APPLIED = "lustrain_applied_quotas"
 
-#: Instance type -> the twin's default quota for training jobs (on-demand and spot alike).
+#: Instance type -> the twin's default quota for training jobs (on-demand and spot alike); a type of the instance
+#: catalogue that is not here defaults to 0.
 TRAINING_INSTANCE_DEFAULTS: dict[str, float] = {
     "ml.m5.large": 20.0,
     "ml.m5.xlarge": 20.0,
@@ -50,20 +53,15 @@ TRAINING_INSTANCE_DEFAULTS: dict[str, float] = {
     "ml.g4dn.xlarge": 2.0,
     "ml.g5.xlarge": 2.0,
     "ml.g5.2xlarge": 2.0,
-    "ml.g5.12xlarge": 0.0,
-    "ml.g5.48xlarge": 0.0,
     "ml.p3.2xlarge": 1.0,
     "ml.p3.8xlarge": 0.0,
     "ml.p3.16xlarge": 0.0,
     "ml.p3dn.24xlarge": 0.0,
-    "ml.p4d.24xlarge": 0.0,
-    "ml.p4de.24xlarge": 0.0,
-    "ml.p5.48xlarge": 0.0,
     "ml.trn1.32xlarge": 0.0,
 }
 
 _USAGES = ("training job", "spot training job")
-_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9][a-z0-9-]*\.[a-z0-9]+$")
 
 
 class InvalidPaginationToken(JsonRESTError):
@@ -112,6 +110,10 @@ class Quota:
 
 
 def quota_name(instance_type: str, spot: bool = False) -> str:
+    """The name of the type's row in the instance catalogue, else the name AWS gives every type's quota."""
+    row = CATALOGUE_TYPES.get(instance_type)
+    if row is not None:
+        return row.quota_name(spot=spot)
     return f"{instance_type} for {_USAGES[1] if spot else _USAGES[0]} usage"
 
 
@@ -133,7 +135,8 @@ def _training_quotas(instance_type: str, default: float) -> list[Quota]:
 
 
 def _sagemaker_quotas() -> list[Quota]:
-    quotas = [q for kind, value in TRAINING_INSTANCE_DEFAULTS.items() for q in _training_quotas(kind, value)]
+    defaults = {**dict.fromkeys(CATALOGUE_TYPES, 0.0), **TRAINING_INSTANCE_DEFAULTS}
+    quotas = [q for kind, value in defaults.items() for q in _training_quotas(kind, value)]
     return sorted(quotas, key=lambda q: q.name)
 
 

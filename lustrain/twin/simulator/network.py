@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lustrain_core.instance_types import INSTANCE_TYPES
+
 HTTPS = 443
 EPHEMERAL = (1024, 65535)
 
@@ -317,13 +319,10 @@ class NetworkView:
         return any(allows(g.ingress_rules) for g in groups) and any(allows(g.egress_rules) for g in groups)
 
 
-#: The SageMaker instance families whose instances talk over EFA (SageMaker Developer Guide, "Run training jobs
-#: with EFA").
-EFA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6", "trn1", "trn1n", "trn2"})
-
-
 def uses_efa(instance_type: str) -> bool:
-    return instance_type.removeprefix("ml.").split(".")[0] in EFA_FAMILIES
+    """Whether the instance type's row in lustrain's instance catalogue has EFA interfaces (a type outside it: no)."""
+    row = INSTANCE_TYPES.get(instance_type)
+    return row is not None and row.efa
 
 
 def _rules(rules: list[Any]) -> list[_Rule]:
