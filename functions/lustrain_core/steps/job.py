@@ -36,7 +36,7 @@ from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
 from lustrain_core.spec import MAX_SPEC_BYTES, S3_URI_PATTERN, JobSpec, parse_document, validate_spec
-from lustrain_core.steps import records
+from lustrain_core.steps import records, zones
 from lustrain_core.steps.policy import Policy
 
 #: Measuring a prefix lists every object; beyond this many the user must give data.size_gib.
@@ -298,7 +298,14 @@ def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch.
     return launch.Resume(s3_uri=f"s3://{bucket}/{key.removesuffix('.json')}", step=step, run=manifest.get("run"))
 
 
-def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+def check_zones(ec2: Any, spec: JobSpec) -> None:
+    """A new network's zone, before anything exists: network.availability_zone names available zones that offer
+    compute.instance_type (steps/zones.py; a given subnet's zone is checked by create_network)."""
+    if spec.network.subnet_id is None:
+        zones.zone_choices(ec2, spec.compute.instance_type, spec.network.preferred_zones)
+
+
+def register_job(source: SpecSource, *, s3: Any, ddb: Any, ec2: Any, settings: Settings) -> dict[str, Any]:
     """Validate, plan, compile and record a run; returns $.job ({duplicate: true, ...} for a repeated start).
     Nothing is created before every check passed (SpecInvalid, SpecForbidden)."""
     spec = validate_spec(read_spec_document(s3, source))
@@ -308,6 +315,7 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
     policy.check_spec(spec)
     check_locations(s3, spec)
     resume = find_resume(s3, ddb, settings, spec)
+    check_zones(ec2, spec)
 
     data_gib: float | None = None
     extension_bytes: dict[str, int] | None = None

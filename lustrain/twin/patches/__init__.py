@@ -19,6 +19,7 @@ from lustrain.twin.patches import (
     fsx,
     iam,
     lambda_invoke,
+    offerings,
     service_quotas,
     stepfunctions,
     throttling,
@@ -58,6 +59,7 @@ def install() -> None:
         fsx.install()
         eventbridge.install()
         ec2.install()
+        offerings.install()
         validation.install()
         stepfunctions.install()
         if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:
