@@ -25,6 +25,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         s3=clients.client("s3"),
         ddb=clients.client("dynamodb"),
         ec2=clients.client("ec2"),
+        sagemaker=clients.client("sagemaker"),
         settings=Settings.from_env(),
     )
     logger.info("job registered", extra={"job_id": result["job_id"], "duplicate": result["duplicate"]})

@@ -53,6 +53,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: DescribeTrainingPlan's TrainingPlanName: a plan's name, or its ARN (botocore's TrainingPlanNameOrArn)
+TRAINING_PLAN_PATTERN = (
+    r"^(?:arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:[0-9]{12}:training-plan/)?[a-zA-Z0-9](?:-*[a-zA-Z0-9]){0,63}$"
+)
+
+
 class Compute(_Section):
     instance_type: str = Field("ml.p4d.24xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
     instance_count: int = Field(2, ge=1, le=1000)
@@ -64,6 +70,17 @@ class Compute(_Section):
     #: how long the run may wait in the capacity queue (steps/queue.py) for its instances to fit the quota, in
     #: all: 0 refuses at once when they do not fit (QuotaExceeded)
     max_queue_hours: float = Field(DEFAULT_MAX_QUEUE_HOURS, ge=0, le=MAX_QUEUE_HOURS)
+    #: a SageMaker training plan (reserved capacity) the run's instances come from: its name or ARN
+    #: (steps/training_plans.py); the run then waits for the plan's instances, not the on-demand quota
+    training_plan: str | None = Field(None, pattern=TRAINING_PLAN_PATTERN)
+
+    @model_validator(mode="after")
+    def _plan_is_not_spot(self) -> Compute:
+        if self.training_plan is not None and self.spot:
+            raise ValueError(
+                "training_plan runs on the plan's reserved instances, paid up front: spot does not apply (remove one)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _wait_needs_spot(self) -> Compute:
@@ -541,6 +558,8 @@ _PATTERN_HELP = {
     "uri": "an ECR image URI like 123456789012.dkr.ecr.us-east-1.amazonaws.com/repo:tag",
     "file_system_id": "an FSx file system id like fs-0123456789abcdef0",
     "subnet_id": "a subnet id like subnet-0123456789abcdef0",
+    "training_plan": "a SageMaker training plan's name (1 to 64 of a-z, A-Z, 0-9 and -) or its ARN "
+    "(arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME)",
     "mount_path": "an absolute path inside the file system, like /data",
     "entry_point": "a .py file inside code.source, like train.py",
     "secrets": "the ARN of a Secrets Manager secret (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME) or of an SSM "

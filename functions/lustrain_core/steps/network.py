@@ -185,11 +185,20 @@ def security_group_request(job: Job, vpc_id: str) -> dict[str, Any]:
     }
 
 
+def _zone_choices(ec2: Any, job: Job) -> list[zones.Zone]:
+    plan = job.launch.training_plan
+    return zones.zone_choices(
+        ec2,
+        job.spec.compute.instance_type,
+        job.spec.network.preferred_zones,
+        required=plan.availability_zone if plan is not None else None,
+    )
+
+
 def choose_zone(ec2: Any, job: Job) -> str:
-    """The zone of the run's new subnet: the first of network.availability_zone that offers the instance type, or the
-    first zone that offers it (steps/zones.py)."""
-    spec = job.spec
-    return zones.zone_choices(ec2, spec.compute.instance_type, spec.network.preferred_zones)[0].name
+    """The zone of the run's new subnet: its training plan's, else the first of network.availability_zone that offers
+    the instance type, or the first zone that offers it (steps/zones.py)."""
+    return _zone_choices(ec2, job)[0].name
 
 
 def s3_prefix_list(ec2: Any, region: str) -> str:
@@ -455,11 +464,16 @@ def _zone_problems(ec2: Any, job: Job, subnet: dict[str, Any]) -> list[str]:
     not offer the instance type."""
     where = str(subnet["AvailabilityZone"])
     try:
-        choices = zones.zone_choices(ec2, job.spec.compute.instance_type, job.spec.network.preferred_zones)
+        choices = _zone_choices(ec2, job)
     except SpecInvalid as exc:
         return [str(e) for e in exc.errors]
     if any(z.named(where) for z in choices):
         return []
+    if job.launch.training_plan is not None:
+        return [
+            f"network.subnet_id: {subnet['SubnetId']} is in {where}; compute.training_plan's instances are in "
+            f"{job.launch.training_plan.availability_zone}"
+        ]
     if job.spec.network.preferred_zones:
         return [
             f"network.subnet_id: {subnet['SubnetId']} is in {where}, which network.availability_zone does not name"
