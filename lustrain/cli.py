@@ -183,6 +183,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     quota = found.quota
     if quota:
         print(f"  quota:       {quota.get('instances_requested')} x {quota.get('instance_type')} ('{quota.get('quota_name')}')")
+    plan = found.training_plan
+    if plan:
+        now = plan.get("now")
+        live = (
+            f"; now {now['status']}, {now['available_instances']} free, {now['in_use_instances']} in use"
+            if isinstance(now, dict)
+            else f"; {now}"
+            if now
+            else ""
+        )
+        print(
+            f"  plan:        training plan {plan['name']} ({plan['instance_count']} x {plan['instance_type']} in "
+            f"{plan['availability_zone']}, {plan.get('start_time')} to {plan.get('end_time')}{live})"
+        )
     place = found.queue
     if place.get("state") == "queued" and r.state == "RUNNING":
         print(
@@ -421,7 +435,11 @@ def render_plan(name: str, p: Plan) -> str:
         ),
         (
             "quota",
-            f"{p.quota['instances_requested']} x {p.quota['instance_type']} ('{p.quota['quota_name']}')",
+            f"{p.quota['instances_requested']} x {p.quota['instance_type']} ('{p.quota['quota_name']}')"
+            if not p.quota.get("training_plan")
+            else f"{p.quota['instances_requested']} x {p.quota['instance_type']} from training plan "
+            f"{p.quota['training_plan']} (its status, type, count, zone and window are checked when the run "
+            "is registered)",
         ),
         (
             "cost",

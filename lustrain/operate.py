@@ -264,6 +264,8 @@ class RunStatus:
     training_job: dict[str, Any] | None
     cause: str | None
     resources_left: list[dict[str, Any]]
+    #: compute.training_plan as register_job found it (launch.TrainingPlan), with its status and free instances now
+    training_plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -303,6 +305,25 @@ def timeline(history: list[dict[str, Any]]) -> list[StateSpan]:
             )
         )
     return spans
+
+
+def _training_plan(stack: Stack, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's training plan as recorded, and as DescribeTrainingPlan shows it now (when the caller may ask)."""
+    plan = (record.get("launch") or {}).get("training_plan")
+    if not plan:
+        return None
+    shown = dict(plan)
+    try:
+        now = stack.client("sagemaker").describe_training_plan(TrainingPlanName=plan["arn"])
+    except ClientError as exc:
+        shown["now"] = f"not described ({exc.response.get('Error', {}).get('Code')})"
+        return shown
+    shown["now"] = {
+        "status": now.get("Status"),
+        "available_instances": now.get("AvailableInstanceCount"),
+        "in_use_instances": now.get("InUseInstanceCount"),
+    }
+    return shown
 
 
 def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
@@ -348,6 +369,7 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
     error = record.get("error")
     cause = error.get("Cause") if isinstance(error, dict) else (execution or {}).get("cause")
     return RunStatus(
+        training_plan=_training_plan(stack, record),
         run=summary,
         execution_status=(execution or {}).get("status"),
         timeline=timeline(history),

@@ -21,7 +21,12 @@ logger = Logger(service="lustrain")
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     source = job.parse_start(event)
     result = job.register_job(
-        source, s3=clients.client("s3"), ddb=clients.client("dynamodb"), settings=Settings.from_env()
+        source,
+        s3=clients.client("s3"),
+        ddb=clients.client("dynamodb"),
+        ec2=clients.client("ec2"),
+        sagemaker=clients.client("sagemaker"),
+        settings=Settings.from_env(),
     )
     logger.info("job registered", extra={"job_id": result["job_id"], "duplicate": result["duplicate"]})
     return result

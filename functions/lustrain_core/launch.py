@@ -96,6 +96,22 @@ class Resume(_Model):
     run: str | None
 
 
+class TrainingPlan(_Model):
+    """The training plan (reserved capacity) a run's instances come from, as register_job found it
+    (compute.training_plan; DescribeTrainingPlan): the job carries its ARN, the network goes to its zone."""
+
+    arn: str
+    name: str
+    #: the plan's status when the run was registered (Pending | Scheduled | Active)
+    status: str
+    instance_type: str
+    #: the instances the plan reserves of the run's type
+    instance_count: int
+    availability_zone: str
+    start_time: str | None = None
+    end_time: str | None = None
+
+
 class LaunchPlan(_Model):
     version: Literal[1] = 1
     job_id: str
@@ -116,6 +132,7 @@ class LaunchPlan(_Model):
     resume: Resume | None = None
     max_runtime_seconds: int = Field(gt=0)
     max_wait_seconds: int | None = None
+    training_plan: TrainingPlan | None = None
 
     def tags_named(self, name: str) -> list[dict[str, str]]:
         return [*(t.model_dump() for t in self.tags), {"Key": "Name", "Value": name}]
@@ -187,7 +204,12 @@ def check_resumable(spec: JobSpec, manifest: Any, where: str) -> None:
 
 
 def compile_launch(
-    spec: JobSpec, job_id: str, settings: Settings, plan: dict[str, Any], resume: Resume | None = None
+    spec: JobSpec,
+    job_id: str,
+    settings: Settings,
+    plan: dict[str, Any],
+    resume: Resume | None = None,
+    training_plan: TrainingPlan | None = None,
 ) -> LaunchPlan:
     """Every decision of the run, checked against what AWS accepts; SpecInvalid names each field AWS would refuse."""
     from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, filesystem, training
@@ -225,6 +247,7 @@ def compile_launch(
         resume=resume,
         max_runtime_seconds=math.ceil(compute.max_runtime_hours * 3600),
         max_wait_seconds=None if wait is None else math.ceil(wait * 3600),
+        training_plan=training_plan,
     )
     _check_requests(spec, launch, plan, settings)
     return launch
@@ -270,12 +293,13 @@ def registered(
     extension_bytes: dict[str, int] | None = None,
     resume: Resume | None = None,
     plan: dict[str, Any] | None = None,
+    training_plan: TrainingPlan | None = None,
 ) -> dict[str, Any]:
     """$.job's compiled part, as register_job makes it: the normalised spec, its plan and its launch plan (the test
     stubs and the events/ samples are built by this too)."""
     if plan is None:
         plan = planner.plan(spec, data_gib=data_gib, extension_bytes=extension_bytes).to_dict()
-    launch = compile_launch(spec, job_id, settings, plan, resume)
+    launch = compile_launch(spec, job_id, settings, plan, resume, training_plan)
     return {
         "job_id": job_id,
         "spec": spec.model_dump(mode="json"),

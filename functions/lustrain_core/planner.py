@@ -223,6 +223,13 @@ def plan(
         "instances_requested": spec.compute.instance_count,
         "quota_name": itype.quota_name(spot=spec.compute.spot),
     }
+    if spec.compute.training_plan is not None:
+        # reserved capacity (steps/training_plans.py): the run waits for the plan's instances, not this quota
+        quota["training_plan"] = spec.compute.training_plan
+        warnings.append(
+            f"compute.training_plan {spec.compute.training_plan}: the plan's instances are paid up front (its "
+            "UpfrontFee); the compute cost here is at on-demand prices"
+        )
     if itype.unconfirmed:
         warnings.append(
             f"{itype.name}: not checked against AWS's documentation: {', '.join(itype.unconfirmed)} "

@@ -53,6 +53,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: DescribeTrainingPlan's TrainingPlanName: a plan's name, or its ARN (botocore's TrainingPlanNameOrArn)
+TRAINING_PLAN_PATTERN = (
+    r"^(?:arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:[0-9]{12}:training-plan/)?[a-zA-Z0-9](?:-*[a-zA-Z0-9]){0,63}$"
+)
+
+
 class Compute(_Section):
     instance_type: str = Field("ml.p4d.24xlarge", pattern=r"^ml\.[a-z0-9][a-z0-9-]*\.[a-z0-9]+$")
     instance_count: int = Field(2, ge=1, le=1000)
@@ -64,6 +70,17 @@ class Compute(_Section):
     #: how long the run may wait in the capacity queue (steps/queue.py) for its instances to fit the quota, in
     #: all: 0 refuses at once when they do not fit (QuotaExceeded)
     max_queue_hours: float = Field(DEFAULT_MAX_QUEUE_HOURS, ge=0, le=MAX_QUEUE_HOURS)
+    #: a SageMaker training plan (reserved capacity) the run's instances come from: its name or ARN
+    #: (steps/training_plans.py); the run then waits for the plan's instances, not the on-demand quota
+    training_plan: str | None = Field(None, pattern=TRAINING_PLAN_PATTERN)
+
+    @model_validator(mode="after")
+    def _plan_is_not_spot(self) -> Compute:
+        if self.training_plan is not None and self.spot:
+            raise ValueError(
+                "training_plan runs on the plan's reserved instances, paid up front: spot does not apply (remove one)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _wait_needs_spot(self) -> Compute:
@@ -227,10 +244,21 @@ class Filesystem(_Section):
         return self
 
 
+#: an availability zone's name (us-east-1a) or id (use1-az4; DescribeAvailabilityZones' ZoneId)
+ZONE_NAME_PATTERN = r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$"
+ZONE_ID_PATTERN = r"^[a-z]{2,}\d-az\d{1,2}$"
+ZONE_PATTERN = f"{ZONE_NAME_PATTERN}|{ZONE_ID_PATTERN}"
+#: no region has more availability zones than this
+MAX_PREFERRED_ZONES = 10
+
+
 class Network(_Section):
     vpc_cidr: str = "10.80.0.0/16"
     subnet_prefix_length: Literal["auto"] | int = "auto"
-    availability_zone: str = Field("auto", pattern=r"^(auto|[a-z]{2}(-[a-z]+)+-\d[a-z])$")
+    #: auto (a zone that offers compute.instance_type: steps/zones.py), one zone, or several in order of preference;
+    #: each a zone name (us-east-1a: its letter differs between accounts) or a zone id (use1-az4: the same zone in
+    #: every account)
+    availability_zone: str | list[str] = "auto"
     subnet_id: str | None = Field(None, pattern=r"^subnet-[0-9a-f]{8,17}$")
     security_group_ids: list[Annotated[str, Field(pattern=r"^sg-[0-9a-f]{8,17}$")]] = Field(
         default_factory=list, max_length=5
@@ -255,6 +283,30 @@ class Network(_Section):
         if v != "auto" and not 16 <= v <= 28:
             raise ValueError("auto, or a prefix length from 16 to 28")
         return v
+
+    @field_validator("availability_zone", mode="before")
+    @classmethod
+    def _zones(cls, v: Any) -> Any:
+        allowed = (
+            f"auto, an availability zone's name (us-east-1a) or id (use1-az4), or a list of 1 to {MAX_PREFERRED_ZONES} "
+            "of them in order of preference"
+        )
+        if v == "auto":
+            return v
+        zones = v if isinstance(v, list) else [v]
+        if not 1 <= len(zones) <= MAX_PREFERRED_ZONES or not all(
+            isinstance(z, str) and re.fullmatch(ZONE_PATTERN, z) for z in zones
+        ):
+            raise ValueError(allowed)
+        if len(set(zones)) != len(zones):
+            raise ValueError(f"a zone is listed more than once; {allowed}")
+        return v
+
+    @property
+    def preferred_zones(self) -> list[str]:
+        """The zones named by availability_zone in order of preference; [] for auto."""
+        zones = self.availability_zone
+        return [] if zones == "auto" else [zones] if isinstance(zones, str) else list(zones)
 
     @model_validator(mode="after")
     def _reuse_needs_groups(self) -> Network:
@@ -506,8 +558,9 @@ _PATTERN_HELP = {
     "uri": "an ECR image URI like 123456789012.dkr.ecr.us-east-1.amazonaws.com/repo:tag",
     "file_system_id": "an FSx file system id like fs-0123456789abcdef0",
     "subnet_id": "a subnet id like subnet-0123456789abcdef0",
+    "training_plan": "a SageMaker training plan's name (1 to 64 of a-z, A-Z, 0-9 and -) or its ARN "
+    "(arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME)",
     "mount_path": "an absolute path inside the file system, like /data",
-    "availability_zone": "auto, or an availability zone like us-east-1a",
     "entry_point": "a .py file inside code.source, like train.py",
     "secrets": "the ARN of a Secrets Manager secret (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME) or of an SSM "
     "SecureString parameter (arn:aws:ssm:REGION:ACCOUNT:parameter/NAME)",

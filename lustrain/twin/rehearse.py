@@ -169,12 +169,15 @@ def rehearse(
     fsx_timing: dict[str, Any] | None = None,
     inspect: Callable[[Any, Rehearsal], None] | None = None,
     template: dict[str, Any] | None = None,
+    training_plan: dict[str, Any] | None = None,
 ) -> Rehearsal:
     """Rehearse one run; raises SpecInvalid before anything starts if the spec or its plan is invalid.
 
     `fsx_timing` is passed to the twin's `fsx.configure` (default: AVAILABLE at the first poll).
     `inspect(stack, result)` runs before the twin goes away, for benchmarks that read more of it.
     `template` replaces template.yaml's content (a test's changed copy, see stack.copy_template).
+    `training_plan`: for a spec with compute.training_plan, the twin's plan of that name
+    (lustrain.twin.training_plans.create_training_plan's keywords); by default one that carries the run, Active now.
     """
     from lustrain.twin import faults, simulator
     from lustrain.twin.patches import fsx, service_quotas
@@ -191,6 +194,8 @@ def rehearse(
             REGION,
         )
         fsx.configure(**(fsx_timing or {"polls": 1}))
+        if spec.compute.training_plan is not None:
+            _buy_training_plan(spec, training_plan or {}, say)
         for fault in parsed:
             faults.inject(fault.step, fault.fault)
         say(f"twin: stack {stack.name} materialised from template.yaml ({len(stack.resources)} resources)")
@@ -244,6 +249,29 @@ def rehearse(
 
 
 # ---------------------------------------------------------------------------------------------- the steps
+
+
+def _buy_training_plan(spec: JobSpec, given: dict[str, Any], say: Printer) -> None:
+    """The twin's training plan the spec names (AWS sells one from an offering; the twin makes it): by default the
+    run's instances, in the first zone that offers the type, from now for the run's runtime and an hour more."""
+    from lustrain.twin import training_plans
+    from lustrain.twin.patches.offerings import OFFERED_ZONE_IDS
+
+    compute = spec.compute
+    offered = OFFERED_ZONE_IDS.get(REGION, {}).get(compute.instance_type.removeprefix("ml."))
+    zones = boto3.client("ec2", region_name=REGION).describe_availability_zones()["AvailabilityZones"]
+    zone = next((str(z["ZoneName"]) for z in zones if not offered or z["ZoneId"] in offered), f"{REGION}a")
+    plan = {
+        "instance_type": compute.instance_type,
+        "instance_count": compute.instance_count,
+        "availability_zone": zone,
+        "hours": compute.max_runtime_hours + 1,
+        **given,
+    }
+    if "starts_in_s" in plan:  # Scheduled now, Active that many seconds from now
+        plan["start"] = time.time() + float(plan.pop("starts_in_s"))
+    arn = training_plans.create_training_plan(str(compute.training_plan).rsplit("/", 1)[-1], **plan)
+    say(f"twin: training plan {arn}: {plan['instance_count']} x {plan['instance_type']} in {plan['availability_zone']}")
 
 
 def bucket_of(uri: str) -> str:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -36,7 +38,7 @@ from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
 from lustrain_core.spec import MAX_SPEC_BYTES, S3_URI_PATTERN, JobSpec, parse_document, validate_spec
-from lustrain_core.steps import records
+from lustrain_core.steps import records, training_plans, zones
 from lustrain_core.steps.policy import Policy
 
 #: Measuring a prefix lists every object; beyond this many the user must give data.size_gib.
@@ -298,7 +300,25 @@ def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch.
     return launch.Resume(s3_uri=f"s3://{bucket}/{key.removesuffix('.json')}", step=step, run=manifest.get("run"))
 
 
-def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+def check_zones(ec2: Any, spec: JobSpec, training_plan: launch.TrainingPlan | None = None) -> None:
+    """A new network's zone, before anything exists: network.availability_zone names available zones that offer
+    compute.instance_type, and the training plan's zone if the run has one (steps/zones.py; a given subnet's zone
+    is checked by create_network)."""
+    if spec.network.subnet_id is None:
+        required = training_plan.availability_zone if training_plan is not None else None
+        zones.zone_choices(ec2, spec.compute.instance_type, spec.network.preferred_zones, required=required)
+
+
+def register_job(
+    source: SpecSource,
+    *,
+    s3: Any,
+    ddb: Any,
+    ec2: Any,
+    sagemaker: Any,
+    settings: Settings,
+    clock: Callable[[], float] = time.time,
+) -> dict[str, Any]:
     """Validate, plan, compile and record a run; returns $.job ({duplicate: true, ...} for a repeated start).
     Nothing is created before every check passed (SpecInvalid, SpecForbidden)."""
     spec = validate_spec(read_spec_document(s3, source))
@@ -308,6 +328,8 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
     policy.check_spec(spec)
     check_locations(s3, spec)
     resume = find_resume(s3, ddb, settings, spec)
+    training_plan = training_plans.find(sagemaker, spec, clock())
+    check_zones(ec2, spec, training_plan)
 
     data_gib: float | None = None
     extension_bytes: dict[str, int] | None = None
@@ -315,7 +337,7 @@ def register_job(source: SpecSource, *, s3: Any, ddb: Any, settings: Settings) -
         data_gib, extension_bytes = measure_data(s3, spec.data.s3_uri)
     plan = planner.plan(spec, data_gib=data_gib, extension_bytes=extension_bytes).to_dict()
     policy.check_plan(plan)
-    compiled = launch.compile_launch(spec, job_id, settings, plan, resume).model_dump(mode="json")
+    compiled = launch.compile_launch(spec, job_id, settings, plan, resume, training_plan).model_dump(mode="json")
 
     normalised = spec.model_dump(mode="json")
     size = len(json.dumps(normalised)) + len(json.dumps(plan)) + len(json.dumps(compiled))

@@ -42,7 +42,7 @@ from typing import Any
 from lustrain_core.config import Settings
 from lustrain_core.errors import NetworkInvalid, SpecInvalid
 from lustrain_core.prices import INSTANCE_TYPES
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, Network, Resource, Run, records
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, Network, Resource, Run, records, zones
 from lustrain_core.steps.training import inter_container_encryption
 
 LUSTRE_PORT_RANGES = ((988, 988), (1018, 1023))
@@ -185,24 +185,20 @@ def security_group_request(job: Job, vpc_id: str) -> dict[str, Any]:
     }
 
 
-def choose_zone(ec2: Any, wanted: str) -> str:
-    answer = ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
-    zones = sorted(
-        str(z["ZoneName"])
-        for z in answer["AvailabilityZones"]
-        if z.get("ZoneType", "availability-zone") == "availability-zone"
+def _zone_choices(ec2: Any, job: Job) -> list[zones.Zone]:
+    plan = job.launch.training_plan
+    return zones.zone_choices(
+        ec2,
+        job.spec.compute.instance_type,
+        job.spec.network.preferred_zones,
+        required=plan.availability_zone if plan is not None else None,
     )
-    if wanted == "auto":
-        if not zones:
-            raise NetworkInvalid("no availability zone of this region is available")
-        return zones[0]
-    if wanted not in zones:
-        raise SpecInvalid.one(
-            "network.availability_zone",
-            wanted,
-            f"not an available zone of this region; available: {', '.join(zones)}",
-        )
-    return wanted
+
+
+def choose_zone(ec2: Any, job: Job) -> str:
+    """The zone of the run's new subnet: its training plan's, else the first of network.availability_zone that offers
+    the instance type, or the first zone that offers it (steps/zones.py)."""
+    return _zone_choices(ec2, job)[0].name
 
 
 def s3_prefix_list(ec2: Any, region: str) -> str:
@@ -311,7 +307,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
     if subnets:
         subnet = subnets[0]
     else:
-        zone = choose_zone(ec2, job.spec.network.availability_zone)
+        zone = choose_zone(ec2, job)
         subnet = ec2.create_subnet(
             VpcId=vpc_id,
             CidrBlock=str(net.subnet_cidr),
@@ -463,6 +459,32 @@ def _reaches_s3(ec2: Any, table: dict[str, Any], vpc_id: str, region: str) -> st
     return None
 
 
+def _zone_problems(ec2: Any, job: Job, subnet: dict[str, Any]) -> list[str]:
+    """What is wrong with the zone of network.subnet_id: one network.availability_zone does not name, or one that does
+    not offer the instance type."""
+    where = str(subnet["AvailabilityZone"])
+    try:
+        choices = _zone_choices(ec2, job)
+    except SpecInvalid as exc:
+        return [str(e) for e in exc.errors]
+    if any(z.named(where) for z in choices):
+        return []
+    if job.launch.training_plan is not None:
+        return [
+            f"network.subnet_id: {subnet['SubnetId']} is in {where}; compute.training_plan's instances are in "
+            f"{job.launch.training_plan.availability_zone}"
+        ]
+    if job.spec.network.preferred_zones:
+        return [
+            f"network.subnet_id: {subnet['SubnetId']} is in {where}, which network.availability_zone does not name"
+        ]
+    return [
+        f"network.subnet_id: {subnet['SubnetId']} is in {where}, which does not offer "
+        f"{zones.ec2_instance_type(job.spec.compute.instance_type)} (EC2 DescribeInstanceTypeOfferings); zones "
+        f"that do: {', '.join(str(z) for z in choices)}"
+    ]
+
+
 def check_existing_network(ec2: Any, job: Job, settings: Settings) -> Network:
     spec = job.spec.network
     subnet_id = str(spec.subnet_id)
@@ -511,6 +533,7 @@ def check_existing_network(ec2: Any, job: Job, settings: Settings) -> Network:
             "model"
         )
 
+    problems += _zone_problems(ec2, job, subnet)
     table = _route_table_of(ec2, subnet)
     via = _reaches_s3(ec2, table, subnet["VpcId"], settings.region) if table else None
     if via is None:

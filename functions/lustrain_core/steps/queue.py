@@ -44,7 +44,7 @@ from botocore.exceptions import ClientError
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
 from lustrain_core.spec import Compute
-from lustrain_core.steps import Admission, Run, quota, records
+from lustrain_core.steps import Admission, Run, quota, records, training_plans
 
 #: the stack's seconds between two looks at the queue by a waiting run (template: QueuePollSeconds)
 POLL_SETTING = "LUSTRAIN_QUEUE_POLL_SECONDS"
@@ -60,8 +60,26 @@ MAX_LOOKS = 2000
 
 
 def pool_of(compute: Compute) -> str:
-    """The line a run waits in: its instance type and purchase option."""
+    """The line a run waits in: its instance type and purchase option, or its training plan (by the plan's name,
+    unique in the account and region), whose reserved instances it waits for instead of the quota."""
+    if compute.training_plan is not None:
+        return f"{compute.instance_type}#training-plan/{compute.training_plan.rsplit('/', 1)[-1]}"
     return f"{compute.instance_type}#{'spot' if compute.spot else 'on-demand'}"
+
+
+def _measure(job: Any, *, quotas: Any, sagemaker: Any, settings: Settings, held: int) -> dict[str, Any]:
+    """What the run's line admits against: its training plan's instances, else the account's quota."""
+    if job.launch.training_plan is not None:
+        return training_plans.measure(job, sagemaker=sagemaker, held=held)
+    return quota.measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held)
+
+
+def _refusal(job: Any, measured: dict[str, Any], settings: Settings, *, quotas: Any, why: str) -> Exception:
+    if job.launch.training_plan is not None:
+        if not quota.fits_ever(measured):
+            why = f"the plan is {measured.get('plan_status')}: no job can use it"
+        return training_plans.refusal(job, measured, why)
+    return quota.refusal(job, measured, settings, quotas=quotas, why=why)
 
 
 def poll_seconds(settings: Settings, compute: Compute | None = None) -> int:
@@ -247,7 +265,7 @@ def take_place(
             _join(ddb, table, pool, job.job_id, ticket)
             continue  # read the line again, with this run in it
         held = sum(int(h.get("instances") or 0) for h in state["holds"].values())
-        measured = quota.measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held)
+        measured = _measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held)
         since = records.moment(ticket.get("since")) or now
         queued_s = int(ticket.get("before_s") or 0) + max(0, int(now - since))
         ahead = [
@@ -255,7 +273,7 @@ def take_place(
         ]
         if not quota.fits_ever(measured):
             leave(ddb, settings, compute, job.job_id)
-            raise quota.refusal(
+            raise _refusal(
                 job, measured, settings, quotas=quotas, why="more than the whole quota: no wait can make it fit"
             )
         if not ahead and quota.fits_now(measured) and not hold_off:
@@ -281,7 +299,7 @@ def take_place(
                 else f"waited {queued_s} s in the queue, compute.max_queue_hours={compute.max_queue_hours:g} "
                 f"({len(ahead)} run(s) still ahead)"
             )
-            raise quota.refusal(job, measured, settings, quotas=quotas, why=waited)
+            raise _refusal(job, measured, settings, quotas=quotas, why=waited)
         return _waiting(ddb, settings, run, pool, ticket, measured, ahead, queued_s, allowed_s)
     # every try lost a race: others are being admitted or released right now; look again shortly
     return Admission(

@@ -59,6 +59,8 @@ def instances_in_use(sagemaker: Any, instance_type: str, spot: bool) -> int:
                 if bool(job.get("EnableManagedSpotTraining")) != spot:
                     continue
                 resources = job.get("ResourceConfig", {})
+                if resources.get("TrainingPlanArn"):
+                    continue  # on a training plan's reserved instances (steps/training_plans.py)
                 if resources.get("InstanceType") == instance_type:
                     used += int(resources.get("InstanceCount", 0))
                 for group in resources.get("InstanceGroups", []):

@@ -52,7 +52,7 @@ from lustrain_core.errors import (
     TrainingJobCompleted,
     TrainingJobStillRunning,
 )
-from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE
+from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE, TrainingPlan
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
 from lustrain_core.steps import Job, Run, queue, records
@@ -162,7 +162,9 @@ def _stopping_condition(job: Job, budget_runtime_seconds: int | None = None) -> 
     return condition
 
 
-def _resource_config(spec: JobSpec, kms_key_id: str | None) -> dict[str, Any]:
+def _resource_config(
+    spec: JobSpec, kms_key_id: str | None, training_plan: TrainingPlan | None = None
+) -> dict[str, Any]:
     itype = INSTANCE_TYPES.get(spec.compute.instance_type)
     if itype is None:
         raise SpecInvalid.one(
@@ -174,6 +176,8 @@ def _resource_config(spec: JobSpec, kms_key_id: str | None) -> dict[str, Any]:
         "InstanceType": spec.compute.instance_type,
         "InstanceCount": spec.compute.instance_count,
     }
+    if training_plan is not None:  # the reserved capacity the instances come from (compute.training_plan)
+        config["TrainingPlanArn"] = training_plan.arn
     if itype.local_nvme:
         # SageMaker puts everything on the instance's NVMe and refuses a volume key there
         return config
@@ -261,7 +265,7 @@ def request_from(
         },
         "InputDataConfig": _channels(run),
         "OutputDataConfig": output,
-        "ResourceConfig": _resource_config(spec, kms_key_id),
+        "ResourceConfig": _resource_config(spec, kms_key_id, launch.training_plan),
         "VpcConfig": {
             "Subnets": [run.network.subnet_id],
             "SecurityGroupIds": list(run.network.security_group_ids),

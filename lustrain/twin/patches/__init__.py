@@ -20,6 +20,7 @@ from lustrain.twin.patches import (
     iam,
     lambda_invoke,
     loaders,
+    offerings,
     service_quotas,
     stepfunctions,
     throttling,
@@ -60,6 +61,7 @@ def install() -> None:
         fsx.install()
         eventbridge.install()
         ec2.install()
+        offerings.install()
         validation.install()
         stepfunctions.install()
         if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:

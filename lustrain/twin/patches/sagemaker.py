@@ -35,11 +35,12 @@ from typing import Any
 import moto
 from lustrain_core.instance_types import INSTANCE_TYPES
 from moto.core.responses import ActionResult, EmptyResult
+from moto.ec2.exceptions import EC2ClientError
 from moto.sagemaker.exceptions import SagemakerClientError, ValidationError
 from moto.sagemaker.models import FakeTrainingJob, SageMakerModelBackend
 from moto.sagemaker.responses import SageMakerResponse
 
-from lustrain.twin import faults, simulator
+from lustrain.twin import faults, simulator, training_plans
 from lustrain.twin.iam import enforce
 from lustrain.twin.iam.actions import Need
 from lustrain.twin.iam.policy import Policy, Principal
@@ -314,7 +315,11 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
         credentials = _check_role(backend, request, arn, enforce.principal_of(self.get_access_key()))
         if faults.consume("start_training", QUOTA_TAKEN_ONCE):
             _refuse_as_taken(backend, request)
-        _check_quota(backend, request)
+        if (request.get("ResourceConfig") or {}).get("TrainingPlanArn"):
+            # reserved capacity: checked against its plan, not the on-demand quota
+            training_plans.check_job(backend.account_id, backend.region_name, request, _subnet_zones(backend, request))
+        else:
+            _check_quota(backend, request)
         result = original(self)
         fake = backend.training_jobs[name]
         job = SimulatedJob(
@@ -337,6 +342,32 @@ def _describe_training_job(original: Any, self: SageMakerResponse) -> ActionResu
             raise ValidationError(NOT_FOUND)
         return original(self)  # type: ignore[no-any-return]
     return ActionResult(job.describe())
+
+
+def _subnet_zones(backend: SageMakerModelBackend, request: dict[str, Any]) -> list[str]:
+    """The availability zones of a job's VpcConfig subnets (those the twin's EC2 knows)."""
+    from moto.ec2.models import ec2_backends
+
+    ec2 = ec2_backends[backend.account_id][backend.region_name]
+    zones = []
+    for subnet_id in (request.get("VpcConfig") or {}).get("Subnets", []):
+        try:
+            zones.append(str(ec2.get_subnet(subnet_id).availability_zone))
+        except EC2ClientError:
+            continue  # a subnet the twin does not know: SageMaker's own VPC checks are elsewhere
+    return zones
+
+
+def describe_training_plan(self: SageMakerResponse) -> ActionResult:
+    backend = self.sagemaker_backend
+    state = _state(backend)
+    with state.lock:
+        jobs = list(state.jobs.values())
+    return ActionResult(
+        training_plans.describe(
+            backend.account_id, backend.region_name, str(self._get_param("TrainingPlanName")), jobs
+        )
+    )
 
 
 def stop_training_job(self: SageMakerResponse) -> EmptyResult:
@@ -401,5 +432,6 @@ def install() -> None:
     _wrap(SageMakerResponse, "describe_training_job", _describe_training_job)
     _wrap(SageMakerModelBackend, "list_training_jobs", _list_training_jobs)
     SageMakerResponse.stop_training_job = stop_training_job  # type: ignore[attr-defined]
+    SageMakerResponse.describe_training_plan = describe_training_plan  # type: ignore[attr-defined]
     simulator.connect(collaborators())
     setattr(SageMakerResponse, _PATCHED, True)

@@ -1,0 +1,67 @@
+"""A run on a training plan, on the twin: with no on-demand p4d quota at all, the run waits for its plan to start
+(nothing created meanwhile), is admitted against the plan's instances, builds its network in the plan's zone, starts
+its training job with TrainingPlanArn, and ends SUCCEEDED with 0 resources left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lustrain.twin.rehearse import execution_history, operator_session, rehearse, state_outputs
+
+pytestmark = pytest.mark.slow
+
+QUICK = Path(__file__).with_name("quick.yaml")
+PLAN = "reserved-quick"
+
+
+def test_a_run_on_a_training_plan_waits_for_it_and_uses_its_reserved_instances_in_its_zone(tmp_path):
+    doc = yaml.safe_load(QUICK.read_text())
+    doc["name"] = "planned"
+    doc["compute"]["training_plan"] = PLAN
+    path = tmp_path / "planned.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    seen: dict[str, Any] = {}
+
+    def inspect(stack, result):
+        session = operator_session()
+        history = execution_history(session.client("stepfunctions"), result.execution_arn)
+        seen["history"] = history
+        seen["outputs"] = list(state_outputs(history))
+        seen["jobs"] = [
+            session.client("sagemaker").describe_training_job(TrainingJobName=a["training_job_name"])
+            for a in result.attempts
+        ]
+        seen["plan"] = session.client("sagemaker").describe_training_plan(TrainingPlanName=PLAN)
+
+    run = rehearse(
+        path,
+        quota=0,  # no on-demand instances: only the plan's can carry the run
+        # Scheduled when the run is registered, Active half a minute after the plan was bought
+        training_plan={"availability_zone": "us-east-1c", "instance_count": 4, "starts_in_s": 30},
+        inspect=inspect,
+    )
+
+    assert run.status == "SUCCEEDED", run.cause
+    assert run.resources_left == 0, run.leftovers
+    outputs = seen["outputs"]
+    registered = next(o["job"] for o in outputs if isinstance(o.get("job"), dict) and "launch" in o["job"])
+    assert registered["launch"]["training_plan"]["status"] == "Scheduled"
+    looks = [o["quota"] for o in outputs if isinstance(o.get("quota"), dict)]
+    assert looks[0]["admitted"] is False and looks[0]["plan_status"] == "Scheduled"
+    assert looks[-1]["admitted"] is True and looks[-1]["pool"] == f"ml.p4d.24xlarge#training-plan/{PLAN}"
+    # the network was made only after the plan started
+    made = next(
+        e["timestamp"]
+        for e in seen["history"]
+        if e.get("stateEnteredEventDetails", {}).get("name") == "Create the network"
+    )
+    assert made >= seen["plan"]["StartTime"]
+    network = next(o["network"] for o in outputs if isinstance(o.get("network"), dict))
+    assert network["availability_zone"] == "us-east-1c"
+    (job,) = seen["jobs"]
+    assert job["ResourceConfig"]["TrainingPlanArn"] == seen["plan"]["TrainingPlanArn"]
+    assert seen["plan"]["AvailableInstanceCount"] == 4  # the job is done: its instances are the plan's again
