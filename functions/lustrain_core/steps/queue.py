@@ -229,6 +229,8 @@ def take_place(
     # back after SageMaker refused its job: it waits at least one look before it is admitted again, so a quota
     # that SageMaker and the queue count differently cannot spin the run through refusals
     hold_off = previous is not None and previous.admitted and run.recovery.refused
+    # a warm pool that could never be kept is refused before the run waits for anything
+    quota.check_warm_pool(job, quotas=quotas, settings=settings)
 
     measured: dict[str, Any] = {}
     for _ in range(RACE_TRIES):

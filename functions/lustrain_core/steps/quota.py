@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 from lustrain_core.config import Settings
 from lustrain_core.errors import QuotaExceeded, SpecInvalid
-from lustrain_core.steps import Job
+from lustrain_core.steps import Job, warm_pool
 
 SERVICE_CODE = "sagemaker"
 REQUEST_INCREASE = "LUSTRAIN_REQUEST_QUOTA_INCREASE"
@@ -125,11 +125,17 @@ def fits_ever(measured: dict[str, Any]) -> bool:
     return int(measured["requested"]) <= math.floor(float(measured["limit"]))
 
 
-def refusal(job: Job, measured: dict[str, Any], settings: Settings, *, quotas: Any, why: str = "") -> QuotaExceeded:
+def refusal(
+    job: Job, measured: dict[str, Any], settings: Settings, *, quotas: Any, why: str = ""
+) -> QuotaExceeded:
     """QuotaExceeded with the numbers and the command that asks for more (filed too where the stack says so)."""
     compute = job.spec.compute
     code, name, limit = measured["quota_code"], measured["quota_name"], float(measured["limit"])
-    in_use, held, requested = int(measured["in_use"]), int(measured.get("held") or 0), int(measured["requested"])
+    in_use, held, requested = (
+        int(measured["in_use"]),
+        int(measured.get("held") or 0),
+        int(measured["requested"]),
+    )
     desired = in_use + held + requested
     promised = f", {held} promised to queued runs" if held else ""
     message = (
@@ -143,3 +149,33 @@ def refusal(job: Job, measured: dict[str, Any], settings: Settings, *, quotas: A
         filed = _request_increase(quotas, code, desired)
         message += f"; {filed}"
     return QuotaExceeded(message, **measured, desired=desired, increase_requested=filed)
+
+
+def check_warm_pool(job: Job, *, quotas: Any, settings: Settings) -> None:
+    """A run with compute.keep_alive_minutes needs its instances in the "<type> for training warm pool usage"
+    quota (0 until an increase is granted): SageMaker would run the job and keep no pool, so the run is refused
+    before anything exists, with the command that asks for the quota."""
+    compute = job.spec.compute
+    if not compute.keep_alive_minutes:
+        return
+    name = warm_pool.quota_name(compute.instance_type)
+    found = find_quota(quotas, name)
+    code = str(found["QuotaCode"]) if found is not None else None
+    limit = quota_value(quotas, code) if code is not None else 0.0
+    if compute.instance_count <= math.floor(limit):
+        return
+    ask = (
+        increase_command(code, compute.instance_count, settings.region)
+        if code is not None
+        else f"ask AWS Support for the quota '{name}' in {settings.region}"
+    )
+    raise QuotaExceeded(
+        f"compute.keep_alive_minutes={compute.keep_alive_minutes} keeps {compute.instance_count} x "
+        f"{compute.instance_type} in a warm pool, but the quota '{name}' is {limit:g} in {settings.region} "
+        f"(SageMaker would keep no pool). Set compute.keep_alive_minutes: 0, or ask for at least "
+        f"{compute.instance_count}: {ask}",
+        quota_name=name,
+        quota_code=code,
+        limit=limit,
+        requested=compute.instance_count,
+    )

@@ -162,7 +162,7 @@ def _stopping_condition(job: Job, budget_runtime_seconds: int | None = None) -> 
     return condition
 
 
-def _resource_config(spec: JobSpec, kms_key_id: str | None) -> dict[str, Any]:
+def _resource_config(spec: JobSpec, kms_key_id: str | None, keep_alive_seconds: int = 0) -> dict[str, Any]:
     itype = INSTANCE_TYPES.get(spec.compute.instance_type)
     if itype is None:
         raise SpecInvalid.one(
@@ -174,6 +174,9 @@ def _resource_config(spec: JobSpec, kms_key_id: str | None) -> dict[str, Any]:
         "InstanceType": spec.compute.instance_type,
         "InstanceCount": spec.compute.instance_count,
     }
+    if keep_alive_seconds:
+        # the instances stay in a warm pool this long after the job, for the next job of the same shape
+        config["KeepAlivePeriodInSeconds"] = keep_alive_seconds
     if itype.local_nvme:
         # SageMaker puts everything on the instance's NVMe and refuses a volume key there
         return config
@@ -183,6 +186,12 @@ def _resource_config(spec: JobSpec, kms_key_id: str | None) -> dict[str, Any]:
     if kms_key_id:
         config["VolumeKmsKeyId"] = kms_key_id
     return config
+
+
+def resource_config_of(job: Job, settings: Settings) -> dict[str, Any]:
+    """The run's ResourceConfig, with the stack's volume key: also what its warm pool is matched by."""
+    kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
+    return _resource_config(job.spec, kms_key_id, job.launch.keep_alive_seconds)
 
 
 def inter_container_encryption(settings: Settings) -> bool:
@@ -261,7 +270,7 @@ def request_from(
         },
         "InputDataConfig": _channels(run),
         "OutputDataConfig": output,
-        "ResourceConfig": _resource_config(spec, kms_key_id),
+        "ResourceConfig": resource_config_of(job, settings),
         "VpcConfig": {
             "Subnets": [run.network.subnet_id],
             "SecurityGroupIds": list(run.network.security_group_ids),

@@ -192,6 +192,34 @@ def _refuse_as_taken(backend: SageMakerModelBackend, request: dict[str, Any]) ->
     )
 
 
+def _take_warm_pool(backend: SageMakerModelBackend, job: SimulatedJob) -> None:
+    """A job with KeepAlivePeriodInSeconds: whether the warm pool quota lets SageMaker keep its pool ("A warm pool
+    is only created if your warm pool limit has sufficient resources": the twin counts the job's own instances
+    against it), and the Available pool of a matching job it takes over (that job's pool becomes Reused)."""
+    from lustrain.twin.patches import service_quotas
+
+    job.keep_alive_scale = simulator.settings().keep_alive_scale
+    if not job.keep_alive_s:
+        return
+    limit = service_quotas.warm_pool_quota(backend.account_id, backend.region_name, job.instance_type)
+    job.pool_granted = job.instance_count <= limit
+    key = job.match_key()
+    for other in _state(backend).jobs.values():
+        if other.pool_available() and other.match_key() == key:
+            other.hand_pool_to(job.name)
+            job.took_pool = True
+            return
+
+
+def terminate_warm_pool(name: str, account: str = "123456789012", region: str = "us-east-1") -> bool:
+    """End a job's Available warm pool now, as SageMaker's patch update does (or UpdateTrainingJob with a
+    KeepAlivePeriodInSeconds of 0); False when it has none."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    job = _state(sagemaker_backends[account][region]).jobs.get(name)
+    return job is not None and job.terminate_pool()
+
+
 def _count(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -310,10 +338,14 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
             _refuse_as_taken(backend, request)
         _check_quota(backend, request)
         result = original(self)
-        fake = backend.training_jobs[name]
         job = SimulatedJob(
-            request=request, arn=fake.arn, account=backend.account_id, region=backend.region_name
+            request=request,
+            arn=backend.training_jobs[name].arn,
+            account=backend.account_id,
+            region=backend.region_name,
         )
+        _take_warm_pool(backend, job)
+        fake = backend.training_jobs[name]
         job.credentials = credentials
         if faults.current_step() is not None:
             # Called from a handler run in-process (mock_aws): the job's first event waits for it to return.
