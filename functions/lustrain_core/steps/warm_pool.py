@@ -41,6 +41,9 @@ from lustrain_core.steps import Job, Network, records, training
 SHAPE_FIELD = "warm_pool_shape"
 NETWORK_FIELD = "warm_pool_network"
 OFFERED_FIELD = "warm_pool_offered"
+#: the training job whose pool keeps the network (teardown drops an ended job from the ledger; the sweeper's later
+#: looks follow the pool from here)
+JOB_FIELD = "warm_pool_job"
 #: the capacity queue table's items of warm pools are named so (its lines are named `<type>#<purchase option>`)
 OFFER_PREFIX = "warm-pool#"
 #: WarmPoolStatus.Status values of a pool that still holds its instances
@@ -202,8 +205,8 @@ def keep_for_pool(
     offered to the next run of the shape, once (a claimed offer is never offered again by a later sweep). When the
     pool has ended, an offer that still names the run's network is withdrawn."""
     pool_shape = record.get(SHAPE_FIELD)
-    jobs = [r["id"] for r in resources if r["type"] == "training_job"]
-    if not pool_shape or not jobs or sagemaker is None:
+    jobs = [r["id"] for r in resources if r["type"] == "training_job"] or [str(record.get(JOB_FIELD) or "")]
+    if not pool_shape or not jobs[-1] or sagemaker is None:
         return None
     status, holder = pool_status(sagemaker, jobs[-1])
     claimed = record.get(NETWORK_FIELD)
@@ -217,5 +220,5 @@ def keep_for_pool(
     if holder == jobs[-1] and not record.get(OFFERED_FIELD):
         owner = str(claimed.get("owner")) if isinstance(claimed, dict) else job_id
         offer(ddb, settings, str(pool_shape), owner=owner, training_job=holder, network=network)
-        records.set_fields(ddb, settings.jobs_table, job_id, {OFFERED_FIELD: True})
+        records.set_fields(ddb, settings.jobs_table, job_id, {OFFERED_FIELD: True, JOB_FIELD: jobs[-1]})
     return f"the warm pool of training job {holder} ({status}) runs in it"
