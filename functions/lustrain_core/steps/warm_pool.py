@@ -184,10 +184,10 @@ def _network_entry(resources: list[dict[str, str]]) -> dict[str, Any] | None:
     if not ids.get("subnet") or not ids.get("security_group"):
         return None
     return {
-        "vpc_id": (ids.get("vpc") or [None])[0],
+        "vpc_id": next(iter(ids.get("vpc", [])), None),
         "subnet_id": ids["subnet"][0],
         "security_group_ids": ids["security_group"],
-        "route_table_id": (ids.get("route_table") or [None])[0],
+        "route_table_id": next(iter(ids.get("route_table", [])), None),
     }
 
 
