@@ -5,7 +5,8 @@ something and failed before recording it). Each one is checked before it is touc
 `lustrain:job-id` tag and this stack's `lustrain:created-by` tag, so a foreign or untagged resource is never
 deleted, even if its id somehow reached the ledger. A file system the spec keeps (filesystem.keep, or its
 `lustrain:keep` tag when the job record is gone) and one the run reused (filesystem.file_system_id, never
-recorded) stay, and so does the network a kept file system lives in; the report lists what was kept and why.
+recorded) stay, and so does the network a kept file system lives in, or a live warm pool runs in (steps/warm_pool.py:
+the sweeper's later teardowns delete it once the pool has ended); the report lists what was kept and why.
 
 Order, as AWS's dependencies dictate:
 0. training jobs (start_training records {type: training_job, id: <name>} before it creates one): one still
