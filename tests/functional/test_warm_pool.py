@@ -212,3 +212,74 @@ def test_a_run_whose_pool_sagemaker_did_not_keep_deletes_its_network_at_once(aws
         },
     )
     assert "offer" not in offer.get("Item", {})
+
+
+# --------------------------------------------------------------------------- what a pool costs and holds
+
+
+def test_the_pools_kept_time_is_in_the_estimate_and_set_aside_from_each_attempts_budget(aws):
+    from lustrain_core.prices import INSTANCE_TYPES
+    from lustrain_core.steps import Run
+    from lustrain_core.steps.budget import attempt_budget, billed_seconds
+
+    hourly = INSTANCE_TYPES["ml.p4d.24xlarge"].hourly_usd
+    pooled = register(spec(compute={"keep_alive_minutes": 30}, budget={"max_usd": 2000}))
+    plain = register(spec(budget={"max_usd": 2000}), execution="run-2")
+    pool_cost = pooled["job"]["plan"]["cost"]
+    assert pool_cost["warm_pool_usd"] == round(2 * hourly * 0.5, 2)
+    assert pool_cost["total_usd"] == pytest.approx(
+        plain["job"]["plan"]["cost"]["total_usd"] + 2 * hourly * 0.5, abs=0.02
+    )
+    with_pool = attempt_budget(Run.parse(pooled), 0.0, aws)
+    without = attempt_budget(Run.parse(plain), 0.0, aws)
+    assert with_pool is not None and without is not None
+    assert without.left_usd - with_pool.left_usd == pytest.approx(pool_cost["warm_pool_usd"], abs=0.02)
+    # SageMaker bills the pool's retained time like training time (x InstanceCount, which the price applies)
+    described = {
+        "BillableTimeInSeconds": 100,
+        "WarmPoolStatus": {"Status": "Reused", "ResourceRetainedBillableTimeInSeconds": 40},
+    }
+    assert billed_seconds(described) == 140
+
+
+class Pools:
+    """SageMaker's jobs for the quota's count: none running, some with an Available warm pool."""
+
+    def __init__(self, pools: dict[str, int]) -> None:
+        self.pools = pools
+
+    def get_paginator(self, operation: str) -> Any:
+        pools = self.pools
+
+        class Pages:
+            def paginate(
+                self, StatusEquals: str | None = None, WarmPoolStatusEquals: str | None = None
+            ) -> Any:
+                listed = list(pools) if WarmPoolStatusEquals == "Available" else []
+                yield {"TrainingJobSummaries": [{"TrainingJobName": n} for n in listed]}
+
+        return Pages()
+
+    def describe_training_job(self, TrainingJobName: str) -> dict[str, Any]:
+        return {
+            "TrainingJobName": TrainingJobName,
+            "TrainingJobStatus": "Completed",
+            "ResourceConfig": {
+                "InstanceType": "ml.p4d.24xlarge",
+                "InstanceCount": self.pools[TrainingJobName],
+            },
+            "WarmPoolStatus": {"Status": "Available"},
+        }
+
+
+def test_pool_instances_count_against_the_quota_but_a_pool_the_run_takes_over_does_not(aws):
+    from lustrain_core.steps import Run, quota
+
+    service_quotas.set_quota("ml.p4d.24xlarge", 4)
+    service_quotas.set_quota("ml.p4d.24xlarge", 4, warm_pool=True)
+    job = Run.parse(register(spec(compute=POOL))).job
+    quotas = boto3.client("service-quotas", region_name=REGION)
+    kept = quota.measure(job, quotas=quotas, sagemaker=Pools({"other-1": 3}), settings=aws)
+    assert (kept["in_use"], kept["available"]) == (3, 1)
+    taken = quota.measure(job, quotas=quotas, sagemaker=Pools({"same-shape-1": 2}), settings=aws, reusable=2)
+    assert (taken["in_use"], taken["available"]) == (0, 4)

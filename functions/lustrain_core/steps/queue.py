@@ -44,7 +44,7 @@ from botocore.exceptions import ClientError
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
 from lustrain_core.spec import Compute
-from lustrain_core.steps import Admission, Run, quota, records
+from lustrain_core.steps import Admission, Run, quota, records, warm_pool
 
 #: the stack's seconds between two looks at the queue by a waiting run (template: QueuePollSeconds)
 POLL_SETTING = "LUSTRAIN_QUEUE_POLL_SECONDS"
@@ -249,7 +249,14 @@ def take_place(
             _join(ddb, table, pool, job.job_id, ticket)
             continue  # read the line again, with this run in it
         held = sum(int(h.get("instances") or 0) for h in state["holds"].values())
-        measured = quota.measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held)
+        measured = quota.measure(
+            job,
+            quotas=quotas,
+            sagemaker=sagemaker,
+            settings=settings,
+            held=held,
+            reusable=warm_pool.offered_instances(ddb, settings, job),
+        )
         since = records.moment(ticket.get("since")) or now
         queued_s = int(ticket.get("before_s") or 0) + max(0, int(now - since))
         ahead = [

@@ -67,6 +67,21 @@ def instances_in_use(sagemaker: Any, instance_type: str, spot: bool) -> int:
     return used
 
 
+def instances_in_warm_pools(sagemaker: Any, instance_type: str) -> int:
+    """Instances of the type kept in Available warm pools: they count against the training quota too ("All warm
+    pool instance usage counts toward your SageMaker training resource limit")."""
+    kept = 0
+    for page in sagemaker.get_paginator("list_training_jobs").paginate(WarmPoolStatusEquals="Available"):
+        for summary in page.get("TrainingJobSummaries", []):
+            job = sagemaker.describe_training_job(TrainingJobName=summary["TrainingJobName"])
+            if (job.get("WarmPoolStatus") or {}).get("Status") != "Available":
+                continue
+            resources = job.get("ResourceConfig", {})
+            if resources.get("InstanceType") == instance_type:
+                kept += int(resources.get("InstanceCount", 0))
+    return kept
+
+
 def increase_command(code: str, desired: int, region: str) -> str:
     return (
         f"aws service-quotas request-service-quota-increase --service-code {SERVICE_CODE} --quota-code {code} "
@@ -88,9 +103,13 @@ def _request_increase(quotas: Any, code: str, desired: int) -> str:
     return f"an increase to {desired} was requested (request {change.get('Id', '?')}, {change.get('Status', '?')})"
 
 
-def measure(job: Job, *, quotas: Any, sagemaker: Any, settings: Settings, held: int = 0) -> dict[str, Any]:
-    """The quota the run counts against, what running jobs use of it (and `held`: instances the capacity queue
-    has promised to runs whose jobs do not exist yet), what the run asks for and what is left for it."""
+def measure(
+    job: Job, *, quotas: Any, sagemaker: Any, settings: Settings, held: int = 0, reusable: int = 0
+) -> dict[str, Any]:
+    """The quota the run counts against, what running jobs and on-demand warm pools use of it (and `held`:
+    instances the capacity queue has promised to runs whose jobs do not exist yet; `reusable`: instances of a warm
+    pool the run will take over, which move to it rather than add to it), what the run asks for and what is left
+    for it."""
     compute = job.spec.compute
     name = job.launch.quota.name
     quota = find_quota(quotas, name)
@@ -104,6 +123,9 @@ def measure(job: Job, *, quotas: Any, sagemaker: Any, settings: Settings, held: 
     code = str(quota["QuotaCode"])
     limit = quota_value(quotas, code)
     in_use = instances_in_use(sagemaker, compute.instance_type, compute.spot)
+    if not compute.spot:
+        # spot jobs keep no warm pools, and count against a quota of their own
+        in_use += max(0, instances_in_warm_pools(sagemaker, compute.instance_type) - reusable)
     return {
         "quota_code": code,
         "quota_name": name,

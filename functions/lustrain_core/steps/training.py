@@ -56,7 +56,13 @@ from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VA
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
 from lustrain_core.steps import Job, Run, queue, records
-from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, AttemptBudget, attempt_budget, attempt_cost_usd
+from lustrain_core.steps.budget import (
+    MIN_RUNTIME_SECONDS,
+    AttemptBudget,
+    attempt_budget,
+    attempt_cost_usd,
+    billed_seconds,
+)
 from lustrain_core.steps.filesystem import directory_path, output_path
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -472,7 +478,7 @@ def _live_jobs(sagemaker: Any, run: Run, upto: int) -> tuple[list[str], float]:
             raise
         if described.get("TrainingJobStatus") in LIVE:
             live.append(f"{name} ({described['TrainingJobStatus']})")
-        spent += attempt_cost_usd(run, int(described.get("BillableTimeInSeconds") or 0))
+        spent += attempt_cost_usd(run, billed_seconds(described))
     return live, spent
 
 

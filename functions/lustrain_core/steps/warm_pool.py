@@ -135,6 +135,15 @@ def withdraw(ddb: Any, settings: Settings, pool_shape: str, subnet_id: str) -> N
             raise
 
 
+def offered_instances(ddb: Any, settings: Settings, job: Job) -> int:
+    """The instances of a pool offered to the run's shape, which the run will take over (0 when none is)."""
+    if not job.launch.keep_alive_seconds:
+        return 0
+    item = ddb.get_item(TableName=settings.queue_table, Key=_key(shape(job, settings)), ConsistentRead=True)
+    found = records.from_item(item.get("Item") or {})
+    return job.spec.compute.instance_count if isinstance(found.get("offer"), dict) else 0
+
+
 def pool_status(sagemaker: Any, training_job: str) -> tuple[str | None, str]:
     """The status of the pool that descends from a training job (following ReusedByJob to the job that holds it
     now) and that job's name; None when no pool was ever kept (or the job is gone)."""

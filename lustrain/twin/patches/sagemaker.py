@@ -387,6 +387,25 @@ def _list_training_jobs(original: Any, self: SageMakerModelBackend, *args: Any, 
     return original(self, *args, **kwargs)
 
 
+def _list_training_jobs_response(original: Any, self: SageMakerResponse) -> ActionResult:
+    """ListTrainingJobs with each summary's WarmPoolStatus and the WarmPoolStatusEquals filter, which moto ignores
+    (a filter that drops summaries leaves moto's NextToken as it was: pages may come back short, as AWS's may)."""
+    answer = original(self)
+    wanted = self._get_param("WarmPoolStatusEquals")
+    result = dict(answer.result)
+    jobs = _state(self.sagemaker_backend).jobs
+    summaries = []
+    for summary in result.get("TrainingJobSummaries", []):
+        job = jobs.get(str(summary.get("TrainingJobName")))
+        pool = job.warm_pool_status() if job is not None else None
+        if pool is not None:
+            summary = {**summary, "WarmPoolStatus": pool}
+        if wanted is None or (pool or {}).get("Status") == wanted:
+            summaries.append(summary)
+    result["TrainingJobSummaries"] = summaries
+    return ActionResult(result)
+
+
 def _sync(fake: FakeTrainingJob, job: SimulatedJob) -> None:
     """Copy the live status onto moto's record, which moto's own ListTrainingJobs filters and shows."""
     described = job.describe()
@@ -418,6 +437,7 @@ def install() -> None:
         (SageMakerResponse, "create_training_job"),
         (SageMakerResponse, "describe_training_job"),
         (SageMakerModelBackend, "list_training_jobs"),
+        (SageMakerResponse, "list_training_jobs"),
     ):
         if not hasattr(cls, method):
             raise RuntimeError(
@@ -426,6 +446,7 @@ def install() -> None:
     _wrap(SageMakerResponse, "create_training_job", _create_training_job)
     _wrap(SageMakerResponse, "describe_training_job", _describe_training_job)
     _wrap(SageMakerModelBackend, "list_training_jobs", _list_training_jobs)
+    _wrap(SageMakerResponse, "list_training_jobs", _list_training_jobs_response)
     SageMakerResponse.stop_training_job = stop_training_job  # type: ignore[attr-defined]
     simulator.connect(collaborators())
     setattr(SageMakerResponse, _PATCHED, True)
