@@ -29,6 +29,8 @@ the runs behind it; the sweeper's teardown of an abandoned run does the same.
 The pool item (queue table, pk `pool_name`):
 
     pool_name, epoch, waiting: {job_id: {order, instances, since, before_s}}, holds: {job_id: {instances, since}}
+
+The same table holds the warm pools' offers (`warm-pool#<shape>`: steps/warm_pool.py), which have no line.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 The quota is found by its name ("ml.p4d.24xlarge for training job usage"; spot jobs count against "... for spot
 training job usage"), never by a hard-coded L- code: public sources disagree on the codes. Its value is the
 account's applied quota, or AWS's default where none was ever applied. In use = the instances of that type held
-by InProgress and Stopping training jobs of the same kind (spot or on-demand). The capacity queue (steps/queue.py)
+by InProgress and Stopping training jobs of the same kind (spot or on-demand), and for on-demand the instances kept
+in Available warm pools (they count against the training quota too), less those of a pool the run will take over.
+A run with compute.keep_alive_minutes also needs its instances in "<type> for training warm pool usage" (0 by
+default): `check_warm_pool` refuses it at once otherwise. The capacity queue (steps/queue.py)
 measures with it and admits a run when its instances fit; a refusal (QuotaExceeded) carries the numbers and the
 command that asks for more; with LUSTRAIN_REQUEST_QUOTA_INCREASE=true the request is filed too, and the error says
 so.
