@@ -12,19 +12,28 @@ Prints, then ends with `transitions=`, `lambda_invocations=`, `cost_usd=` and `a
 - the control plane's cost per run at list prices: Step Functions transitions, Lambda requests and
   Lambda GB-seconds (from the REPORT lines the functions log, as AWS bills them);
 - the time from FSx AVAILABLE to CreateTrainingJob (target: at most 60 s).
+
+Then `second_run_first_step_s_cold=` and `second_run_first_step_s_warm=`: two runs of one shape in sequence, twice,
+without and with compute.keep_alive_minutes; the real seconds from dropping the second run's spec to its trainer's
+first step. The twin launches a cold job's instances in LAUNCH_S (its own figure, not AWS's: SageMaker's launch
+of a large fleet takes minutes); the warm second run takes the first's pool and network and skips the launch.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import boto3
+import yaml
 from lustrain_core.steps.filesystem import LINK_FIRST_LOOK_SHARE
 
-from lustrain.twin.rehearse import REGION, rehearse
+from lustrain.twin.rehearse import REGION, drop, rehearse, twin, until
 
 SCALE = 10
 FS_CREATION_S = 600
@@ -35,6 +44,9 @@ SFN_PER_TRANSITION = 0.025 / 1000
 LAMBDA_PER_REQUEST = 0.20 / 1_000_000
 LAMBDA_ARM_PER_GB_S = 0.0000133334
 SPEC = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "quick.yaml"
+#: the twin's time to launch a cold job's instances, for the warm pool comparison (real seconds)
+LAUNCH_S = 8.0
+KEEP_ALIVE_MINUTES = 5
 
 
 def main() -> int:
@@ -72,7 +84,61 @@ def main() -> int:
     print(f"lambda_invocations={run.lambda_invocations}")
     print(f"cost_usd={cost:.6f}")
     print(f"available_to_start_s={available_to_start:.0f}")
+    for mode, seconds in warm_pool_starts().items():
+        print(f"second_run_first_step_s_{mode}={seconds:.1f}")
     return 0
+
+
+def warm_pool_starts() -> dict[str, float]:
+    """Drop-to-first-step of the second of two runs of one shape, without (cold) and with (warm) a warm pool."""
+    from lustrain.twin import simulator
+    from lustrain.twin.patches import fsx, service_quotas
+
+    first_step: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def on_line(job_name: str, line: str) -> None:
+        if re.search(r"\bstep=\d+", line):
+            with lock:
+                first_step.setdefault(job_name, time.monotonic())
+
+    before = simulator.settings()
+    simulator.configure(provision_s=LAUNCH_S)
+    unsubscribe = simulator.subscribe(on_line)
+    figures: dict[str, float] = {}
+    try:
+        with twin() as stack, tempfile.TemporaryDirectory() as scratch:
+            service_quotas.set_quota("ml.p4d.24xlarge", 8, REGION)
+            service_quotas.set_quota("ml.p4d.24xlarge", 2, REGION, warm_pool=True)
+            fsx.configure(polls=1)
+            sfn = boto3.client("stepfunctions", region_name=REGION)
+            for mode, minutes in (("cold", 0), ("warm", KEEP_ALIVE_MINUTES)):
+                for run in ("first", "second"):
+                    doc = yaml.safe_load(SPEC.read_text())
+                    doc["name"] = f"{mode}-{run}"
+                    doc["compute"]["keep_alive_minutes"] = minutes
+                    path = Path(scratch) / f"{mode}-{run}.yaml"
+                    path.write_text(yaml.safe_dump(doc))
+                    dropped = time.monotonic()
+                    _, arn = drop(stack, path)
+                    status = until(
+                        lambda arn=arn: _ended(sfn, arn), f"the end of run {mode}-{run}", timeout=600
+                    )
+                    if status != "SUCCEEDED":
+                        raise RuntimeError(f"run {mode}-{run} ended {status}")
+                    if run == "second":
+                        with lock:
+                            second = [t for name, t in first_step.items() if name.startswith(f"{mode}-second-")]
+                        figures[mode] = second[0] - dropped
+    finally:
+        unsubscribe()
+        simulator.configure(**before.__dict__)
+    return figures
+
+
+def _ended(sfn: Any, arn: str) -> str | None:
+    status = str(sfn.describe_execution(executionArn=arn)["status"])
+    return None if status == "RUNNING" else status
 
 
 def _inspect(stack: Any) -> dict[str, float]:

@@ -133,6 +133,8 @@ class LaunchPlan(_Model):
     max_runtime_seconds: int = Field(gt=0)
     max_wait_seconds: int | None = None
     training_plan: TrainingPlan | None = None
+    #: ResourceConfig.KeepAlivePeriodInSeconds (compute.keep_alive_minutes): 0 keeps no warm pool
+    keep_alive_seconds: int = Field(0, ge=0)
 
     def tags_named(self, name: str) -> list[dict[str, str]]:
         return [*(t.model_dump() for t in self.tags), {"Key": "Name", "Value": name}]
@@ -248,6 +250,7 @@ def compile_launch(
         max_runtime_seconds=math.ceil(compute.max_runtime_hours * 3600),
         max_wait_seconds=None if wait is None else math.ceil(wait * 3600),
         training_plan=training_plan,
+        keep_alive_seconds=compute.keep_alive_minutes * 60,
     )
     _check_requests(spec, launch, plan, settings)
     return launch
@@ -384,6 +387,7 @@ _BY_PATH: tuple[tuple[str, str], ...] = (
     ("ResourceConfig.VolumeSizeInGB", "output.expected_size_gib"),
     ("StoppingCondition.MaxRuntimeInSeconds", "compute.max_runtime_hours"),
     ("StoppingCondition.MaxWaitTimeInSeconds", "compute.max_wait_hours"),
+    ("ResourceConfig.KeepAlivePeriodInSeconds", "compute.keep_alive_minutes"),
     ("StorageCapacity", "filesystem.storage_gib"),
     ("FileSystemPath", "filesystem.mount_path"),
     ("CidrBlock", "network.vpc_cidr"),

@@ -140,6 +140,9 @@ class CostPlan:
     assumptions: list[str]
     #: code.secrets' interface endpoints, made with the run's network and gone with it
     network_usd: float = 0.0
+    #: the warm pool's instances, kept compute.keep_alive_minutes after the job (SageMaker bills
+    #: ResourceRetainedBillableTimeInSeconds x InstanceCount at the training price)
+    warm_pool_usd: float = 0.0
 
 
 @dataclass
@@ -566,7 +569,12 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
     if c.spot:
         assumptions.append(f"managed spot at {prices.spot_price_fraction:.0%} of on-demand (varies)")
     network, network_hourly = _endpoints_cost(spec, hours, prices, assumptions)
-    total = compute + filesystem + control + network
+    warm_pool = c.instance_count * hourly * c.keep_alive_minutes / 60
+    if c.keep_alive_minutes:
+        assumptions.append(
+            f"a warm pool of {c.instance_count} x {c.instance_type} kept {c.keep_alive_minutes} min after the job"
+        )
+    total = compute + filesystem + control + network + warm_pool
     return CostPlan(
         compute_usd=round(compute, 2),
         filesystem_usd=round(filesystem, 2),
@@ -578,6 +586,7 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
         prices_as_of=prices.as_of,
         assumptions=assumptions,
         network_usd=round(network, 2),
+        warm_pool_usd=round(warm_pool, 2),
     )
 
 

@@ -31,6 +31,9 @@ SPOT_WAIT_HOURS = 24.0
 #: increase, which is asked for, not waited for)
 DEFAULT_MAX_QUEUE_HOURS = 24.0
 MAX_QUEUE_HOURS = 7 * 24
+#: compute.keep_alive_minutes at most: the SageMaker guide's limit for KeepAlivePeriodInSeconds ("SageMaker managed
+#: warm pools": 3600 s), though botocore's model lets a request ask for 21600 s
+MAX_KEEP_ALIVE_MINUTES = 60
 #: CreateFileSystem's largest StorageCapacity (botocore's model): no one file system holds more, so no size may be
 #: larger (and the planner's sums stay finite)
 MAX_STORAGE_GIB = 2_147_483_647
@@ -70,6 +73,9 @@ class Compute(_Section):
     #: how long the run may wait in the capacity queue (steps/queue.py) for its instances to fit the quota, in
     #: all: 0 refuses at once when they do not fit (QuotaExceeded)
     max_queue_hours: float = Field(DEFAULT_MAX_QUEUE_HOURS, ge=0, le=MAX_QUEUE_HOURS)
+    #: a SageMaker managed warm pool: the instances stay this long after the job for the next run of the same shape
+    #: (ResourceConfig.KeepAlivePeriodInSeconds; steps/warm_pool.py); 0 releases them with the job
+    keep_alive_minutes: int = Field(0, ge=0, le=MAX_KEEP_ALIVE_MINUTES)
     #: a SageMaker training plan (reserved capacity) the run's instances come from: its name or ARN
     #: (steps/training_plans.py); the run then waits for the plan's instances, not the on-demand quota
     training_plan: str | None = Field(None, pattern=TRAINING_PLAN_PATTERN)
@@ -92,6 +98,16 @@ class Compute(_Section):
                     f"max_wait_hours ({self.max_wait_hours}) must be >= max_runtime_hours "
                     f"({self.max_runtime_hours})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _warm_pool_not_spot(self) -> Compute:
+        if self.keep_alive_minutes and self.spot:
+            # "SageMaker managed warm pools cannot be used with spot instances" (the guide's Considerations)
+            raise ValueError(
+                "keep_alive_minutes (a warm pool) cannot be used with spot: SageMaker keeps no warm pool of spot "
+                "instances; set spot: false or keep_alive_minutes: 0"
+            )
         return self
 
     @property

@@ -38,8 +38,13 @@ class Running:
         jobs = self.jobs
 
         class Pages:
-            def paginate(self, StatusEquals: str) -> Any:
-                yield {"TrainingJobSummaries": [{"TrainingJobName": n} for n, j in jobs.items() if j["TrainingJobStatus"] == StatusEquals]}
+            def paginate(self, StatusEquals: str | None = None, WarmPoolStatusEquals: str | None = None) -> Any:
+                def listed(job: dict[str, Any]) -> bool:
+                    if WarmPoolStatusEquals is not None:
+                        return (job.get("WarmPoolStatus") or {}).get("Status") == WarmPoolStatusEquals
+                    return job["TrainingJobStatus"] == StatusEquals
+
+                yield {"TrainingJobSummaries": [{"TrainingJobName": n} for n, j in jobs.items() if listed(j)]}
 
         return Pages()
 

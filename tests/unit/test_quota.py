@@ -75,12 +75,13 @@ class FakeSageMaker:
         fake = self
 
         class Paginator:
-            def paginate(self, StatusEquals: str) -> Any:
-                matching = [
-                    {"TrainingJobName": n}
-                    for n, j in fake.jobs.items()
-                    if j["TrainingJobStatus"] == StatusEquals
-                ]
+            def paginate(self, StatusEquals: str | None = None, WarmPoolStatusEquals: str | None = None) -> Any:
+                def listed(job: dict[str, Any]) -> bool:
+                    if WarmPoolStatusEquals is not None:
+                        return (job.get("WarmPoolStatus") or {}).get("Status") == WarmPoolStatusEquals
+                    return job["TrainingJobStatus"] == StatusEquals
+
+                matching = [{"TrainingJobName": n} for n, j in fake.jobs.items() if listed(j)]
                 for item in matching:
                     yield {"TrainingJobSummaries": [item]}
 

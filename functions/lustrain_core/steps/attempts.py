@@ -34,7 +34,7 @@ from typing import Any
 from lustrain_core import recovery
 from lustrain_core.config import Settings
 from lustrain_core.steps import Attempt, Recovery, Run, records
-from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, attempt_budget, attempt_cost_usd
+from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, attempt_budget, attempt_cost_usd, billed_seconds
 from lustrain_core.steps.training import describe_training_job, training_job_name
 
 #: the stack's ceiling on the wait between two attempts (seconds); unset: the policy's waits as they are
@@ -66,7 +66,7 @@ def _this_attempt(run: Run, sagemaker: Any, number: int) -> Attempt:
     description = describe_training_job(sagemaker, name)
     if description is None:
         return Attempt(attempt=number, outcome="NotStarted", error=failure.Error, failure_class=failure_class)
-    billable = int(description.get("BillableTimeInSeconds") or 0)
+    billable = billed_seconds(description)
     return Attempt(
         attempt=number,
         training_job_name=name,

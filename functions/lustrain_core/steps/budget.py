@@ -4,9 +4,11 @@
 before anything exists (steps/policy.py). While the run goes, it binds each attempt: start_training gives the
 training job a MaxRuntimeInSeconds no longer than what the budget left pays for:
 
-    left     = the budget - what the earlier attempts cost (their BillableTimeInSeconds at list price)
+    left     = the budget - what the earlier attempts cost (their BillableTimeInSeconds, and their warm pools'
+                            ResourceRetainedBillableTimeInSeconds, at list price)
                           - the file system's hour outside training (its creation and teardown, the planner's "+1 h")
                           - the control plane's estimate
+                          - the warm pool the job keeps after it (compute.keep_alive_minutes: billed like training)
     runtime  = left / (the instances' hourly price + the file system's hourly price), at most compute.max_runtime_hours
 
 A job that reaches such a shortened MaxRuntime is stopped by SageMaker, which uploads what it wrote (the trainer
@@ -56,6 +58,15 @@ def attempt_cost_usd(run: Run, billable_seconds: int, prices: PriceTable | None 
     return billed if billed is not None else 0.0
 
 
+def billed_seconds(description: dict[str, Any]) -> int:
+    """The seconds SageMaker bills a job's instances for: its BillableTimeInSeconds and the time its warm pool kept
+    them (WarmPoolStatus.ResourceRetainedBillableTimeInSeconds, billed x InstanceCount like the training)."""
+    pool = description.get("WarmPoolStatus") or {}
+    return int(description.get("BillableTimeInSeconds") or 0) + int(
+        pool.get("ResourceRetainedBillableTimeInSeconds") or 0
+    )
+
+
 @dataclass(frozen=True)
 class AttemptBudget:
     """What the budget leaves the next attempt."""
@@ -83,7 +94,10 @@ def attempt_budget(run: Run, spent_usd: float, settings: Settings) -> AttemptBud
     # training is set aside, the rest runs with the instances
     fs_hourly = filesystem_hourly_usd(run.job.plan, run.job.spec.compute.max_runtime_hours)
     hourly = float(cost.get("hourly_usd") or 0.0)
-    left = limit[0] - spent_usd - fs_hourly - float(cost.get("control_plane_usd") or 0.0)
+    set_aside = (
+        fs_hourly + float(cost.get("control_plane_usd") or 0.0) + float(cost.get("warm_pool_usd") or 0.0)
+    )
+    left = limit[0] - spent_usd - set_aside
     runtime = math.floor(max(0.0, left) / hourly * 3600) if hourly > 0 else run.job.launch.max_runtime_seconds
     return AttemptBudget(
         limit_usd=limit[0],

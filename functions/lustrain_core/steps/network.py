@@ -39,10 +39,23 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
+from botocore.exceptions import ClientError
+
+from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import NetworkInvalid, SpecInvalid
 from lustrain_core.prices import INSTANCE_TYPES
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, Job, Network, Resource, Run, records, zones
+from lustrain_core.steps import (
+    TAG_CREATED_BY,
+    TAG_JOB_ID,
+    Job,
+    Network,
+    Resource,
+    Run,
+    records,
+    warm_pool,
+    zones,
+)
 from lustrain_core.steps.training import inter_container_encryption
 
 LUSTRE_PORT_RANGES = ((988, 988), (1018, 1023))
@@ -572,4 +585,31 @@ def create_network(document: dict[str, Any], *, ec2: Any, ddb: Any, settings: Se
     job = Run.parse(document).job
     if job.spec.network.subnet_id:
         return check_existing_network(ec2, job, settings)
+    if job.launch.keep_alive_seconds:
+        kept = warm_pool_network(ec2, ddb, job, settings)
+        if kept is not None:
+            return kept
     return create_new_network(ec2, ddb, job, settings)
+
+
+def warm_pool_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Network | None:
+    """The network a warm pool of the run's shape kept (steps/warm_pool.py), claimed for this run (or claimed by
+    an earlier try of this step); None when there is none to take, and the run builds its own."""
+    record = records.require(ddb, settings.jobs_table, job.job_id)
+    offered = record.get(warm_pool.NETWORK_FIELD)
+    if not isinstance(offered, dict):
+        pool_shape = warm_pool.shape(job, settings)
+        # the shape, for the run's teardown to offer its pool's network under
+        records.set_fields(ddb, settings.jobs_table, job.job_id, {warm_pool.SHAPE_FIELD: pool_shape})
+        offered = warm_pool.claim(ddb, settings, pool_shape, job.job_id)
+        if offered is None:
+            return None
+        records.set_fields(ddb, settings.jobs_table, job.job_id, {warm_pool.NETWORK_FIELD: offered})
+    kept = warm_pool.network_of(offered)
+    try:
+        ec2.describe_subnets(SubnetIds=[kept.subnet_id])
+    except ClientError as exc:
+        if error_code(exc) != "InvalidSubnetID.NotFound":
+            raise
+        return None  # its pool ended and the network went meanwhile
+    return kept

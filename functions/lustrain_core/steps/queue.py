@@ -29,6 +29,8 @@ the runs behind it; the sweeper's teardown of an abandoned run does the same.
 The pool item (queue table, pk `pool_name`):
 
     pool_name, epoch, waiting: {job_id: {order, instances, since, before_s}}, holds: {job_id: {instances, since}}
+
+The same table holds the warm pools' offers (`warm-pool#<shape>`: steps/warm_pool.py), which have no line.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from botocore.exceptions import ClientError
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
 from lustrain_core.spec import Compute
-from lustrain_core.steps import Admission, Run, quota, records, training_plans
+from lustrain_core.steps import Admission, Run, quota, records, training_plans, warm_pool
 
 #: the stack's seconds between two looks at the queue by a waiting run (template: QueuePollSeconds)
 POLL_SETTING = "LUSTRAIN_QUEUE_POLL_SECONDS"
@@ -67,11 +69,14 @@ def pool_of(compute: Compute) -> str:
     return f"{compute.instance_type}#{'spot' if compute.spot else 'on-demand'}"
 
 
-def _measure(job: Any, *, quotas: Any, sagemaker: Any, settings: Settings, held: int) -> dict[str, Any]:
-    """What the run's line admits against: its training plan's instances, else the account's quota."""
+def _measure(
+    job: Any, *, quotas: Any, sagemaker: Any, settings: Settings, held: int, reusable: int = 0
+) -> dict[str, Any]:
+    """What the run's line admits against: its training plan's instances, else the account's quota (less the
+    instances of a warm pool the run takes over, `reusable`)."""
     if job.launch.training_plan is not None:
         return training_plans.measure(job, sagemaker=sagemaker, held=held)
-    return quota.measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held)
+    return quota.measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held, reusable=reusable)
 
 
 def _refusal(job: Any, measured: dict[str, Any], settings: Settings, *, quotas: Any, why: str) -> Exception:
@@ -247,6 +252,8 @@ def take_place(
     # back after SageMaker refused its job: it waits at least one look before it is admitted again, so a quota
     # that SageMaker and the queue count differently cannot spin the run through refusals
     hold_off = previous is not None and previous.admitted and run.recovery.refused
+    # a warm pool that could never be kept is refused before the run waits for anything
+    quota.check_warm_pool(job, quotas=quotas, settings=settings)
 
     measured: dict[str, Any] = {}
     for _ in range(RACE_TRIES):
@@ -265,7 +272,14 @@ def take_place(
             _join(ddb, table, pool, job.job_id, ticket)
             continue  # read the line again, with this run in it
         held = sum(int(h.get("instances") or 0) for h in state["holds"].values())
-        measured = _measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held)
+        measured = _measure(
+            job,
+            quotas=quotas,
+            sagemaker=sagemaker,
+            settings=settings,
+            held=held,
+            reusable=warm_pool.offered_instances(ddb, settings, job),
+        )
         since = records.moment(ticket.get("since")) or now
         queued_s = int(ticket.get("before_s") or 0) + max(0, int(now - since))
         ahead = [

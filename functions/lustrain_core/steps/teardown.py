@@ -5,7 +5,8 @@ something and failed before recording it). Each one is checked before it is touc
 `lustrain:job-id` tag and this stack's `lustrain:created-by` tag, so a foreign or untagged resource is never
 deleted, even if its id somehow reached the ledger. A file system the spec keeps (filesystem.keep, or its
 `lustrain:keep` tag when the job record is gone) and one the run reused (filesystem.file_system_id, never
-recorded) stay, and so does the network a kept file system lives in; the report lists what was kept and why.
+recorded) stay, and so does the network a kept file system lives in, or a live warm pool runs in (steps/warm_pool.py:
+the sweeper's later teardowns delete it once the pool has ended); the report lists what was kept and why.
 
 Order, as AWS's dependencies dictate:
 0. training jobs (start_training records {type: training_job, id: <name>} before it creates one): one still
@@ -35,7 +36,7 @@ from lustrain_core import resources as registry
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid, TeardownIncomplete
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, queue, records
+from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, queue, records, warm_pool
 from lustrain_core.steps import filesystem as fsx_step
 from lustrain_core.steps.teardown_base import (
     BUSY,
@@ -171,7 +172,10 @@ def teardown_job(
             if r["type"] != TRAINING_JOB
         ]
     else:
-        problems += _delete_storage_and_network(work, resources, keep, export)
+        pool = (
+            warm_pool.keep_for_pool(sagemaker, ddb, settings, job_id, record, resources) if record else None
+        )
+        problems += _delete_storage_and_network(work, resources, keep, export, pool)
 
     gone = {
         (r["type"], r["id"]) for r in work.report.deleted + work.report.already_gone + work.report.stopped
@@ -227,7 +231,11 @@ def _merged(earlier: Any, now: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _delete_storage_and_network(
-    work: Teardown, resources: list[dict[str, str]], keep: bool, export: dict[str, Any]
+    work: Teardown,
+    resources: list[dict[str, str]],
+    keep: bool,
+    export: dict[str, Any],
+    warm_pool_reason: str | None = None,
 ) -> list[str]:
     """File systems (after their export), links on reused ones, then the network; what still blocks."""
     problems: list[str] = []
@@ -256,6 +264,9 @@ def _delete_storage_and_network(
         # a kept file system lives in this network: deleting its subnet or group would strand it
         reason = f"the kept file system {', '.join(kept_fs)} lives in it"
         work.report.kept += [{**r, "reason": reason} for r in network]
+    elif warm_pool_reason:
+        # the next run of the pool's shape must find the same subnet and security group to reuse it
+        work.report.kept += [{**r, "reason": warm_pool_reason} for r in network]
     else:
         problems += work.delete_network(network)
     return problems

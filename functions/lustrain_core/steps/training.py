@@ -56,7 +56,13 @@ from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VA
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
 from lustrain_core.steps import Job, Run, queue, records
-from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, AttemptBudget, attempt_budget, attempt_cost_usd
+from lustrain_core.steps.budget import (
+    MIN_RUNTIME_SECONDS,
+    AttemptBudget,
+    attempt_budget,
+    attempt_cost_usd,
+    billed_seconds,
+)
 from lustrain_core.steps.filesystem import directory_path, output_path
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -163,7 +169,7 @@ def _stopping_condition(job: Job, budget_runtime_seconds: int | None = None) -> 
 
 
 def _resource_config(
-    spec: JobSpec, kms_key_id: str | None, training_plan: TrainingPlan | None = None
+    spec: JobSpec, kms_key_id: str | None, training_plan: TrainingPlan | None = None, keep_alive_seconds: int = 0
 ) -> dict[str, Any]:
     itype = INSTANCE_TYPES.get(spec.compute.instance_type)
     if itype is None:
@@ -178,6 +184,9 @@ def _resource_config(
     }
     if training_plan is not None:  # the reserved capacity the instances come from (compute.training_plan)
         config["TrainingPlanArn"] = training_plan.arn
+    if keep_alive_seconds:
+        # the instances stay in a warm pool this long after the job, for the next job of the same shape
+        config["KeepAlivePeriodInSeconds"] = keep_alive_seconds
     if itype.local_nvme:
         # SageMaker puts everything on the instance's NVMe and refuses a volume key there
         return config
@@ -187,6 +196,12 @@ def _resource_config(
     if kms_key_id:
         config["VolumeKmsKeyId"] = kms_key_id
     return config
+
+
+def resource_config_of(job: Job, settings: Settings) -> dict[str, Any]:
+    """The run's ResourceConfig, with the stack's volume key: also what its warm pool is matched by."""
+    kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
+    return _resource_config(job.spec, kms_key_id, job.launch.training_plan, job.launch.keep_alive_seconds)
 
 
 def inter_container_encryption(settings: Settings) -> bool:
@@ -265,7 +280,7 @@ def request_from(
         },
         "InputDataConfig": _channels(run),
         "OutputDataConfig": output,
-        "ResourceConfig": _resource_config(spec, kms_key_id, launch.training_plan),
+        "ResourceConfig": resource_config_of(job, settings),
         "VpcConfig": {
             "Subnets": [run.network.subnet_id],
             "SecurityGroupIds": list(run.network.security_group_ids),
@@ -467,7 +482,7 @@ def _live_jobs(sagemaker: Any, run: Run, upto: int) -> tuple[list[str], float]:
             raise
         if described.get("TrainingJobStatus") in LIVE:
             live.append(f"{name} ({described['TrainingJobStatus']})")
-        spent += attempt_cost_usd(run, int(described.get("BillableTimeInSeconds") or 0))
+        spent += attempt_cost_usd(run, billed_seconds(described))
     return live, spent
 
 

@@ -25,4 +25,4 @@ def shared_loader(search_path_string: str | None = None) -> botocore.loaders.Loa
 
 
 def install() -> None:
-    botocore.session.create_loader = shared_loader  # type: ignore[assignment]
+    botocore.session.create_loader = shared_loader

@@ -199,6 +199,34 @@ def _refuse_as_taken(backend: SageMakerModelBackend, request: dict[str, Any]) ->
     )
 
 
+def _take_warm_pool(backend: SageMakerModelBackend, job: SimulatedJob) -> None:
+    """A job with KeepAlivePeriodInSeconds: whether the warm pool quota lets SageMaker keep its pool ("A warm pool
+    is only created if your warm pool limit has sufficient resources": the twin counts the job's own instances
+    against it), and the Available pool of a matching job it takes over (that job's pool becomes Reused)."""
+    from lustrain.twin.patches import service_quotas
+
+    job.keep_alive_scale = simulator.settings().keep_alive_scale
+    if not job.keep_alive_s:
+        return
+    limit = service_quotas.warm_pool_quota(backend.account_id, backend.region_name, job.instance_type)
+    job.pool_granted = job.instance_count <= limit
+    key = job.match_key()
+    for other in _state(backend).jobs.values():
+        if other.pool_available() and other.match_key() == key:
+            other.hand_pool_to(job.name)
+            job.took_pool = True
+            return
+
+
+def terminate_warm_pool(name: str, account: str = "123456789012", region: str = "us-east-1") -> bool:
+    """End a job's Available warm pool now, as SageMaker's patch update does (or UpdateTrainingJob with a
+    KeepAlivePeriodInSeconds of 0); False when it has none."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    job = _state(sagemaker_backends[account][region]).jobs.get(name)
+    return job is not None and job.terminate_pool()
+
+
 def _count(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -321,10 +349,14 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
         else:
             _check_quota(backend, request)
         result = original(self)
-        fake = backend.training_jobs[name]
         job = SimulatedJob(
-            request=request, arn=fake.arn, account=backend.account_id, region=backend.region_name
+            request=request,
+            arn=backend.training_jobs[name].arn,
+            account=backend.account_id,
+            region=backend.region_name,
         )
+        _take_warm_pool(backend, job)
+        fake = backend.training_jobs[name]
         job.credentials = credentials
         if faults.current_step() is not None:
             # Called from a handler run in-process (mock_aws): the job's first event waits for it to return.
@@ -392,6 +424,25 @@ def _list_training_jobs(original: Any, self: SageMakerModelBackend, *args: Any, 
     return original(self, *args, **kwargs)
 
 
+def _list_training_jobs_response(original: Any, self: SageMakerResponse) -> ActionResult:
+    """ListTrainingJobs with each summary's WarmPoolStatus and the WarmPoolStatusEquals filter, which moto ignores
+    (a filter that drops summaries leaves moto's NextToken as it was: pages may come back short, as AWS's may)."""
+    answer = original(self)
+    wanted = self._get_param("WarmPoolStatusEquals")
+    result = dict(answer.result)
+    jobs = _state(self.sagemaker_backend).jobs
+    summaries = []
+    for summary in result.get("TrainingJobSummaries", []):
+        job = jobs.get(str(summary.get("TrainingJobName")))
+        pool = job.warm_pool_status() if job is not None else None
+        if pool is not None:
+            summary = {**summary, "WarmPoolStatus": pool}
+        if wanted is None or (pool or {}).get("Status") == wanted:
+            summaries.append(summary)
+    result["TrainingJobSummaries"] = summaries
+    return ActionResult(result)
+
+
 def _sync(fake: FakeTrainingJob, job: SimulatedJob) -> None:
     """Copy the live status onto moto's record, which moto's own ListTrainingJobs filters and shows."""
     described = job.describe()
@@ -423,6 +474,7 @@ def install() -> None:
         (SageMakerResponse, "create_training_job"),
         (SageMakerResponse, "describe_training_job"),
         (SageMakerModelBackend, "list_training_jobs"),
+        (SageMakerResponse, "list_training_jobs"),
     ):
         if not hasattr(cls, method):
             raise RuntimeError(
@@ -431,6 +483,7 @@ def install() -> None:
     _wrap(SageMakerResponse, "create_training_job", _create_training_job)
     _wrap(SageMakerResponse, "describe_training_job", _describe_training_job)
     _wrap(SageMakerModelBackend, "list_training_jobs", _list_training_jobs)
+    _wrap(SageMakerResponse, "list_training_jobs", _list_training_jobs_response)
     SageMakerResponse.stop_training_job = stop_training_job  # type: ignore[attr-defined]
     SageMakerResponse.describe_training_plan = describe_training_plan  # type: ignore[attr-defined]
     simulator.connect(collaborators())

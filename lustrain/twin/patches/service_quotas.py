@@ -134,10 +134,32 @@ def _training_quotas(instance_type: str, default: float) -> list[Quota]:
     ]
 
 
+def warm_pool_quota_name(instance_type: str) -> str:
+    return f"{instance_type} for training warm pool usage"
+
+
+def _warm_pool_quota(instance_type: str) -> Quota:
+    # "The default resource limit for warm pools is 0" (SageMaker guide, "Request a warm pool quota increase")
+    name = warm_pool_quota_name(instance_type)
+    return Quota("sagemaker", "Amazon SageMaker", _code_for(name), name, 0.0)
+
+
 def _sagemaker_quotas() -> list[Quota]:
     defaults = {**dict.fromkeys(CATALOGUE_TYPES, 0.0), **TRAINING_INSTANCE_DEFAULTS}
     quotas = [q for kind, value in defaults.items() for q in _training_quotas(kind, value)]
+    quotas += [_warm_pool_quota(kind) for kind in defaults]
     return sorted(quotas, key=lambda q: q.name)
+
+
+def warm_pool_quota(account_id: str, region: str, instance_type: str) -> float:
+    """The applied (else default) warm pool quota of an instance type; 0 for a type the twin does not list."""
+    name = warm_pool_quota_name(instance_type)
+    for quota in CATALOG["sagemaker"]:
+        if quota.name == name:
+            return float(
+                servicequotas_backends[account_id][region].get_service_quota("sagemaker", quota.code)["Value"]
+            )
+    return 0.0
 
 
 def _vpc_quotas() -> list[Quota]:
@@ -270,8 +292,10 @@ def set_quota(
     region: str = "us-east-1",
     account_id: str = DEFAULT_ACCOUNT_ID,
     spot: bool = False,
+    warm_pool: bool = False,
 ) -> str:
-    """Apply a SageMaker training quota for `instance_type` in one account and region; returns its QuotaCode.
+    """Apply a SageMaker training quota for `instance_type` in one account and region (its warm pool quota with
+    `warm_pool`); returns its QuotaCode.
 
     An instance type the twin does not list yet (AWS has quotas for every one) joins the list, default 0.
     """
@@ -281,8 +305,11 @@ def set_quota(
         raise ValueError(f"a quota value cannot be negative (got {value})")
     sagemaker = CATALOG["sagemaker"]
     if not any(q.name == quota_name(instance_type) for q in sagemaker):
-        sagemaker[:] = sorted([*sagemaker, *_training_quotas(instance_type, 0.0)], key=lambda q: q.name)
-    code = _code_for(quota_name(instance_type, spot))
+        sagemaker[:] = sorted(
+            [*sagemaker, *_training_quotas(instance_type, 0.0), _warm_pool_quota(instance_type)],
+            key=lambda q: q.name,
+        )
+    code = _code_for(warm_pool_quota_name(instance_type) if warm_pool else quota_name(instance_type, spot))
     _applied(servicequotas_backends[account_id][region])[code] = float(value)
     return code
 

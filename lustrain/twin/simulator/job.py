@@ -11,7 +11,7 @@ import re
 import subprocess
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,21 @@ TERMINAL = frozenset({"Completed", "Failed", "Stopped"})
 FAILURE_REASON_MAX = 1024
 #: The session name of the execution role's credentials SageMaker uses for a job's own calls.
 ROLE_SESSION = "SageMaker"
+#: What a warm pool is matched by ("SageMaker managed warm pools", Matching training jobs): these request values
+#: must be identical (VpcConfig's lists compared as sets)
+WARM_POOL_MATCH = (
+    "RoleArn",
+    "ResourceConfig.InstanceCount",
+    "ResourceConfig.InstanceType",
+    "ResourceConfig.VolumeKmsKeyId",
+    "ResourceConfig.VolumeSizeInGB",
+    "VpcConfig.SecurityGroupIds",
+    "VpcConfig.Subnets",
+    "EnableInterContainerTrafficEncryption",
+    "EnableNetworkIsolation",
+)
+#: Failures that still keep a pool (the guide: an algorithm or client error); any other may have harmed the cluster
+_POOL_KEEPING_FAILURES = ("AlgorithmError", "ClientError")
 
 #: SageMaker's StatusMessage for each secondary status (as seen in DescribeTrainingJob).
 _STATUS_MESSAGES = {
@@ -120,6 +135,18 @@ class SimulatedJob:
         self.discarded = False
         self._done = threading.Event()
         self._process: subprocess.Popen[bytes] | None = None
+        #: the warm pool: how long it is kept (KeepAlivePeriodInSeconds), whether the warm pool quota let SageMaker
+        #: keep it, whether this job took a matching pool over, and what became of its own
+        self.keep_alive_s = int(
+            (self.request.get("ResourceConfig") or {}).get("KeepAlivePeriodInSeconds") or 0
+        )
+        self.pool_granted = False
+        self.took_pool = False
+        self.reused_by: str | None = None
+        self.reused_at: datetime | None = None
+        self.pool_terminated_at: datetime | None = None
+        #: twin seconds per second of KeepAlivePeriodInSeconds (the simulator's keep_alive_scale)
+        self.keep_alive_scale = 1.0
         self._metric_patterns = [
             (d["Name"], re.compile(d["Regex"]))
             for d in self.request.get("AlgorithmSpecification", {}).get("MetricDefinitions", [])
@@ -173,7 +200,84 @@ class SimulatedJob:
                 ]
             if self.model_artifacts:
                 out["ModelArtifacts"] = {"S3ModelArtifacts": self.model_artifacts}
+            pool = self.warm_pool_status()
+            if pool is not None:
+                out["WarmPoolStatus"] = pool
             return out
+
+    # --- the warm pool ---------------------------------------------------------------------------------------
+
+    def match_key(self) -> tuple[Any, ...]:
+        """The request values a warm pool is matched by."""
+        values: list[Any] = []
+        for path in WARM_POOL_MATCH:
+            value: Any = self.request
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            values.append(tuple(sorted(value)) if isinstance(value, list) else value)
+        return tuple(values)
+
+    def _pool_kept(self) -> bool:
+        if not (self.keep_alive_s and self.pool_granted and self.status in TERMINAL):
+            return False
+        if self.status == "Failed":
+            return (self.failure_reason or "").startswith(_POOL_KEEPING_FAILURES)
+        # a job stopped before its cluster was launched has no pool to keep
+        return self.status == "Completed" or self.training_start_time is not None
+
+    def pool_expiry(self) -> datetime | None:
+        if not self._pool_kept() or self.training_end_time is None:
+            return None
+        return self.training_end_time + timedelta(seconds=self.keep_alive_s * self.keep_alive_scale)
+
+    def pool_available(self, at: datetime | None = None) -> bool:
+        with self._lock:
+            expiry = self.pool_expiry()
+            moment = at or now()
+            return (
+                expiry is not None
+                and self.reused_by is None
+                and self.pool_terminated_at is None
+                and moment < expiry
+            )
+
+    def warm_pool_status(self) -> dict[str, Any] | None:
+        """DescribeTrainingJob's WarmPoolStatus: absent for a job that keeps no pool and took none."""
+        if not self.keep_alive_s:
+            return None
+        if self.status not in TERMINAL:
+            return {"Status": "InUse"} if self.took_pool else None
+        end = self.training_end_time or now()
+
+        def billed(until: datetime) -> int:
+            return max(0, round((until - end).total_seconds() / self.keep_alive_scale))
+
+        expiry = self.pool_expiry()
+        if expiry is None:
+            return {"Status": "Terminated", "ResourceRetainedBillableTimeInSeconds": 0}
+        if self.reused_by is not None and self.reused_at is not None:
+            return {
+                "Status": "Reused",
+                "ResourceRetainedBillableTimeInSeconds": billed(self.reused_at),
+                "ReusedByJob": self.reused_by,
+            }
+        ended = min(expiry, self.pool_terminated_at or expiry)
+        moment = now()
+        if moment < ended:
+            return {"Status": "Available", "ResourceRetainedBillableTimeInSeconds": billed(moment)}
+        return {"Status": "Terminated", "ResourceRetainedBillableTimeInSeconds": billed(ended)}
+
+    def hand_pool_to(self, name: str) -> None:
+        with self._lock:
+            self.reused_by, self.reused_at = name, now()
+
+    def terminate_pool(self) -> bool:
+        """The pool ends before its time (SageMaker's patch update, or a KeepAlivePeriodInSeconds set to 0)."""
+        with self._lock:
+            if not self.pool_available():
+                return False
+            self.pool_terminated_at = now()
+            return True
 
     def event_detail(self) -> dict[str, Any]:
         """The `detail` of the EventBridge event: the description, times as epoch-ms strings, Tags as a map."""

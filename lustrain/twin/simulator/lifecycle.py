@@ -108,6 +108,11 @@ class Settings:
     work_root: Path | None = None
     #: What the `stopped` fault leaves of MaxRuntimeInSeconds: the job is stopped this long after training starts.
     stopped_fault_runtime_s: float = 1.0
+    #: Seconds a cold job spends launching its instances (Starting) before it downloads; a job that takes a warm
+    #: pool over skips them, which is what a warm pool buys
+    provision_s: float = 0.0
+    #: Twin seconds per second of KeepAlivePeriodInSeconds: how long a warm pool waits for the next job here
+    keep_alive_scale: float = 1.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -119,6 +124,8 @@ class Settings:
             stop_grace_s=float(env.get("LUSTRAIN_TWIN_SM_STOP_GRACE", defaults.stop_grace_s)),
             max_processes=max(1, int(env.get("LUSTRAIN_TWIN_SM_MAX_PROCESSES", defaults.max_processes))),
             work_root=Path(root) if root else None,
+            provision_s=float(env.get("LUSTRAIN_TWIN_SM_PROVISION_S", defaults.provision_s)),
+            keep_alive_scale=float(env.get("LUSTRAIN_TWIN_SM_KEEP_ALIVE_SCALE", defaults.keep_alive_scale)),
         )
 
 
@@ -269,7 +276,8 @@ class _JobRun:
         job = self.job
         try:
             self._wait_for_creator()
-            if job._stop.wait(self.settings.start_delay_s):
+            launching = 0.0 if job.took_pool else self.settings.provision_s
+            if job._stop.wait(self.settings.start_delay_s + launching):
                 if not job.discarded:
                     self._finish_stopped(upload=False)
                 return
