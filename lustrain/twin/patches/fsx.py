@@ -18,7 +18,8 @@ moto 5.2.5's FSx stores what CreateFileSystem was given and nothing more. For LU
   and refuses DeleteFileSystem with BadRequest while a task is PENDING or EXECUTING, as AWS documents;
 - keeps what training jobs wrote on a file system (`store_files`, `stored_files`: the files a read-write channel
   left, which a later job's mount shows) until the file system is deleted; an EXPORT_TO_REPOSITORY task copies
-  those under its Paths (relative to the root, as the API takes them; none: the whole file system) to the S3
+  those under its Paths (relative to the root, as the API takes them; none: the whole file system), as they were
+  when it was created, to the S3
   prefix of the association linking them (an ImportPath file system's: its ExportPath) when it reaches SUCCEEDED,
   and ends FAILED, with FailureDetails, when a path lies under no link ("If a path that you provide isn't valid,
   the task fails": CreateDataRepositoryTask's API reference); Status counts the files;
@@ -317,6 +318,9 @@ class Task:
 
     failure: str | None = None
     counts: tuple[int, int] = (0, 0)  # files exported, files that failed
+    #: the files the task works on, as they were when it was created (FSx starts on them at once; a later
+    #: change on the file system is the next export's)
+    files: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def lifecycle(self) -> str:
@@ -373,7 +377,7 @@ def _export(task: Task) -> str | None:
     for path in wanted:
         if not any(link == path or link in path.parents or path in link.parents for link, _ in links):
             return f"Path {path.relative_to('/')} is not within a path linked to a data repository"
-    files = _state(task.backend).files.get(task.file_system_id, {})
+    files = task.files
     # FSx's service-linked role writes the linked buckets (not a job's role)
     storage = JobStorage(task.backend.account_id, lambda service, operation, params: None)
     done, failed = 0, 0
@@ -825,7 +829,12 @@ def create_data_repository_task(
             "task has completed, then create the new task.",
         )
     task = Task(
-        backend=self, task_type=task_type, file_system_id=file_system_id, paths=paths or [], report=report
+        backend=self,
+        task_type=task_type,
+        file_system_id=file_system_id,
+        paths=paths or [],
+        report=report,
+        files=dict(state.files.get(file_system_id, {})),
     )
     state.tasks[task.task_id] = task
     if tags:
