@@ -412,6 +412,15 @@ def render_plan(name: str, p: Plan) -> str:
             ("  why", f.reason),
         ]
     rows.append(("  GPU demand", f"{f.demand_mb_s:,.0f} MB/s"))
+    if f.checkpoints:
+        c = f.checkpoints
+        rows.append(
+            (
+                "  checkpoints",
+                f"{c['held_at_once']} x {c['state_gb']:,.1f} GB on Lustre ({c['kept_gib']:,.0f} GiB); each written "
+                f"in {c['target_write_s']} s needs {c['burst_mb_s']:,.0f} MB/s",
+            )
+        )
     rows += [
         (
             "output",
