@@ -413,12 +413,12 @@ def render_plan(name: str, p: Plan) -> str:
         ]
     rows.append(("  GPU demand", f"{f.demand_mb_s:,.0f} MB/s"))
     if f.checkpoints:
-        c = f.checkpoints
+        ck = f.checkpoints
         rows.append(
             (
                 "  checkpoints",
-                f"{c['held_at_once']} x {c['state_gb']:,.1f} GB on Lustre ({c['kept_gib']:,.0f} GiB); each written "
-                f"in {c['target_write_s']} s needs {c['burst_mb_s']:,.0f} MB/s",
+                f"{ck['held_at_once']} x {ck['state_gb']:,.1f} GB on Lustre ({ck['kept_gib']:,.0f} GiB); each written "
+                f"in {ck['target_write_s']} s needs {ck['burst_mb_s']:,.0f} MB/s",
             )
         )
     rows += [
