@@ -361,7 +361,8 @@ def _plan_filesystem(
         )
         reason = (
             f"cheapest {kind} that holds {need_gib:,.0f} GiB and serves {serves}: "
-            f"{capacity} GiB at {per_tib} MB/s/TiB = {throughput:,.0f} MB/s, sized by {by}"
+            f"{capacity} GiB at {per_tib} MB/s/TiB = {throughput:,.0f} MB/s, sized by "
+            + (f"throughput for {by}" if for_throughput > need_gib and by != "the smallest capacity FSx offers" else by)
         )
     if capacity > MAX_STORAGE_GIB:
         errors.append(

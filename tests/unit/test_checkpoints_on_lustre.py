@@ -45,7 +45,7 @@ def test_a_70b_runs_checkpoint_bursts_decide_lustres_size_and_its_checkpoints_ar
     assert ckpt["burst_mb_s"] == pytest.approx(
         ckpt["state_gb"] * 1000 / planner.CHECKPOINT_WRITE_TARGET_S, rel=1e-3
     )
-    assert fs.decided_by == "checkpoint bursts" and "sized by checkpoint bursts" in fs.reason
+    assert fs.decided_by == "checkpoint bursts" and "sized by throughput for checkpoint bursts" in fs.reason
     # the file system writes a checkpoint within the target and holds all three
     assert fs.throughput_mb_s >= fs.demand_mb_s >= ckpt["burst_mb_s"]
     assert fs.storage_gib >= ckpt["kept_gib"]
