@@ -9,7 +9,7 @@ from typing import Any
 import boto3
 import pytest
 from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register, spec
-from lustrain_core.errors import SpecInvalid
+from lustrain_core.errors import SpecInvalid, TeardownIncomplete
 from lustrain_core.launch import checkpoint_location
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps import exports
@@ -278,3 +278,29 @@ def test_the_twins_export_of_a_path_under_no_link_fails_as_fsx_does(aws):
     (task,) = settled(fs_id)
     assert task["Lifecycle"] == "FAILED"
     assert "not within a path linked" in task["FailureDetails"]["Message"]
+
+
+class ReserveLeft:
+    """A Lambda context with only its reserve left: teardown may not wait at all."""
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 30_000
+
+
+def test_an_export_still_running_ends_the_teardown_incomplete_with_the_file_system_there(aws):
+    """Each further look at a long export is one more try of the state machine's Teardown task (its Retry on
+    TeardownIncomplete, counted by tests/unit/test_history_budget.py): never a delete before the export ends."""
+    from handlers import teardown as handler
+
+    document = built(spec(checkpoints=ON_LUSTRE))
+    fs_id = document["filesystem"]["file_system_id"]
+    checkpoint_written(document, {"step-000000004.json": b"{}"})
+    twin_fsx.configure(polls=1000)  # the export takes longer than this invocation may wait
+
+    with pytest.raises(TeardownIncomplete) as incomplete:
+        handler.handler(document, ReserveLeft())
+
+    assert "export" in str(incomplete.value) and "still running" in str(incomplete.value)
+    (task,) = tasks_of(fs_id)
+    assert (label(task), task["Lifecycle"]) == ("teardown", "PENDING")
+    assert fsx().describe_file_systems(FileSystemIds=[fs_id])["FileSystems"][0]["Lifecycle"] == "AVAILABLE"
