@@ -225,8 +225,6 @@ def _checkpoint_link(spec: JobSpec, job_id: str, mount: str) -> Link | None:
             f"with output.to_filesystem the checkpoints need a prefix of their own, outside output.s3_uri "
             f"{spec.output.s3_uri}: set checkpoints.s3_uri (for example s3://<bucket>/checkpoints/)",
         )
-    if spec.filesystem.deployment_type == "scratch" and spec.filesystem.file_system_id is None:
-        pass  # SCRATCH_2 takes DRAs on Lustre 2.12 and later; every file system lustrain creates is 2.15
     return Link(checkpoint_path(job_id), s3_uri, "checkpoints")
 
 
