@@ -427,6 +427,15 @@ def render_plan(name: str, p: Plan) -> str:
             ("  why", f.reason),
         ]
     rows.append(("  GPU demand", f"{f.demand_mb_s:,.0f} MB/s"))
+    if f.checkpoints:
+        ck = f.checkpoints
+        rows.append(
+            (
+                "  checkpoints",
+                f"{ck['held_at_once']} x {ck['state_gb']:,.1f} GB on Lustre ({ck['kept_gib']:,.0f} GiB); each written "
+                f"in {ck['target_write_s']} s needs {ck['burst_mb_s']:,.0f} MB/s",
+            )
+        )
     rows += [
         (
             "output",

@@ -20,7 +20,11 @@ logger = Logger(service="lustrain")
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     decided = attempts.next_attempt(
-        event, sagemaker=clients.client("sagemaker"), ddb=clients.client("dynamodb"), settings=Settings.from_env()
+        event,
+        sagemaker=clients.client("sagemaker"),
+        ddb=clients.client("dynamodb"),
+        settings=Settings.from_env(),
+        fsx=clients.client("fsx"),
     )
     result = dumped(decided)
     logger.info("next attempt decided", extra={"recovery": {k: v for k, v in result.items() if k != "attempts"}})

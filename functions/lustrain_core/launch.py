@@ -69,6 +69,8 @@ class Names(_Model):
     link_data: str
     link_output: str
     training_job: str
+    #: the link of checkpoints.to_filesystem (absent from plans made before it existed)
+    link_checkpoints: str | None = None
 
 
 class Link(_Model):
@@ -76,7 +78,7 @@ class Link(_Model):
 
     path: str
     s3_uri: str
-    purpose: Literal["data", "output"]
+    purpose: Literal["data", "output", "checkpoints"]
 
 
 class Quota(_Model):
@@ -127,6 +129,8 @@ class LaunchPlan(_Model):
     link_method: Literal["dra", "import_path"]
     links: list[Link]
     output_path: str | None
+    #: where the run's checkpoints live on its file system (checkpoints.to_filesystem), else None
+    checkpoint_path: str | None = None
     quota: Quota
     checkpoint_s3_uri: str
     resume: Resume | None = None
@@ -160,6 +164,7 @@ def names_of(job_id: str) -> Names:
         link_data=f"{job_id}-link-data",
         link_output=f"{job_id}-link-output",
         training_job=f"{job_id}-training",
+        link_checkpoints=f"{job_id}-link-checkpoints",
     )
 
 
@@ -239,6 +244,7 @@ def compile_launch(
         link_method=links.method,
         links=[Link(path=link.path, s3_uri=link.s3_uri, purpose=link.purpose) for link in links.links],
         output_path=links.output_path,
+        checkpoint_path=links.checkpoint_path,
         quota=Quota(
             name=planner.quota_name(compute.instance_type, spot=compute.spot),
             instance_type=compute.instance_type,

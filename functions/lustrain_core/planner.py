@@ -66,6 +66,14 @@ STATE_TRANSITIONS_PER_RUN = 30
 LAMBDA_INVOCATIONS_PER_RUN = 15
 #: runs longer than this are better off on a file system that survives a file-server failure
 PERSISTENT_AFTER_HOURS = 72
+#: checkpoints.to_filesystem: one checkpoint's write should take at most this long at the file system's
+#: throughput. A stop (StopTrainingJob, spot reclaim, max runtime) gives the job 120 s after SIGTERM and torchrun's
+#: workers 110 s of it (steps/training.py's TORCH_ELASTIC_SHUTDOWN_TIMEOUT); in that time the trainer finishes the
+#: write in flight, then stages and writes its stop-time checkpoint (trainer plan's stop_to_saved_s): two writes
+#: and a staging copy of a few seconds fit 110 s when each write takes at most 50 s.
+CHECKPOINT_WRITE_TARGET_S = 50
+#: checkpoints the trainer keeps (trainer/lustrain_trainer/hparams.py's keep_checkpoints default)
+TRAINER_KEEP_CHECKPOINTS = 2
 
 
 def quota_name(instance_type: str, *, spot: bool) -> str:
@@ -127,6 +135,11 @@ class FilesystemPlan:
     reason: str
     #: the cheapest valid file system of each deployment type for the same data and demand, side by side
     alternatives: list[dict[str, Any]] = field(default_factory=list)
+    #: checkpoints.to_filesystem: one checkpoint's size, how many the file system holds, the burst's MB/s
+    checkpoints: dict[str, Any] | None = None
+    #: what set the capacity: "the data", "data ingest", "checkpoint bursts", "checkpoints kept", "the smallest
+    #: capacity FSx offers", or "as given"
+    decided_by: str | None = None
 
 
 @dataclass
@@ -194,7 +207,7 @@ def plan(
         )
 
     memory = _plan_memory(spec, errors)
-    fs = _plan_filesystem(spec, itype, data_gib, extension_bytes, prices, errors, warnings)
+    fs = _plan_filesystem(spec, itype, data_gib, extension_bytes, prices, errors, warnings, memory)
     net = _plan_network(spec, itype, fs, errors)
     output = _plan_output(spec, itype, errors)
     cost = _plan_cost(spec, itype, fs, prices)
@@ -296,11 +309,16 @@ def _plan_filesystem(
     prices: PriceTable,
     errors: list[FieldError],
     warnings: list[str],
+    memory: dict[str, Any] | None = None,
 ) -> FilesystemPlan:
     f = spec.filesystem
     kind = "SCRATCH_2" if f.deployment_type == "scratch" else "PERSISTENT_2"
     devices = max(itype.gpus, 1)
-    demand = spec.compute.instance_count * devices * spec.data.ingest_mb_s_per_gpu
+    ingest = spec.compute.instance_count * devices * spec.data.ingest_mb_s_per_gpu
+    checkpoints = _plan_checkpoints(spec, memory, warnings)
+    burst = checkpoints["burst_mb_s"] if checkpoints else 0.0
+    # a checkpoint is written in the background while training goes on reading its data: both at once
+    demand = ingest + burst
     if f.file_system_id:
         return FilesystemPlan(
             kind,
@@ -324,7 +342,8 @@ def _plan_filesystem(
     ratio = _compression_ratio(f.compression, extension_bytes)
     stored = (data or 0.0) / ratio
     output_on_fs = spec.output.expected_size_gib if spec.output.to_filesystem else 0.0
-    need_gib = (stored + output_on_fs) * (1 + FS_FREE_FRACTION)
+    checkpoints_gib = checkpoints["kept_gib"] if checkpoints else 0.0
+    need_gib = (stored + output_on_fs + checkpoints_gib) * (1 + FS_FREE_FRACTION)
 
     tiers = [SCRATCH_MB_S_PER_TIB] if kind == "SCRATCH_2" else list(PERSISTENT_THROUGHPUTS)
     if f.throughput_per_tib != "auto":
@@ -361,7 +380,8 @@ def _plan_filesystem(
                     "filesystem.storage_gib",
                     f.storage_gib,
                     f"too small: the data needs {need_gib:,.0f} GiB ({stored:,.0f} GiB stored after "
-                    f"{f.compression} compression, plus output and {FS_FREE_FRACTION:.0%} free); "
+                    f"{f.compression} compression, plus output, {checkpoints_gib:,.0f} GiB of checkpoints and "
+                    f"{FS_FREE_FRACTION:.0%} free); "
                     f"the smallest that fits is {smallest_capacity(need_gib)}",
                 )
             )
@@ -373,6 +393,7 @@ def _plan_filesystem(
                 "GPUs will wait on data (raise filesystem.storage_gib or throughput_per_tib)"
             )
         reason = f"{capacity} GiB as given at {per_tib} MB/s per TiB"
+        decided_by = "as given"
     else:
         cheapest = _cheapest(kind, need_gib, demand, prices, spec.compute.max_runtime_hours, tiers)
         capacity, per_tib = cheapest["storage_gib"], cheapest["throughput_per_tib"]
@@ -380,11 +401,18 @@ def _plan_filesystem(
         for_throughput = demand * 1024 / per_tib
         if max(need_gib, for_throughput) <= 1200:
             by = "the smallest capacity FSx offers"
+        elif for_throughput > need_gib:
+            by = "checkpoint bursts" if burst > ingest else "data ingest"
         else:
-            by = "throughput" if for_throughput > need_gib else "the data"
+            by = "checkpoints kept" if checkpoints_gib > stored + output_on_fs else "the data"
+        decided_by = by
+        serves = f"{demand:,.0f} MB/s" + (
+            f" ({ingest:,.0f} MB/s of data ingest + {burst:,.0f} MB/s of checkpoint bursts)" if burst else ""
+        )
         reason = (
-            f"cheapest {kind} that holds {need_gib:,.0f} GiB and serves {demand:,.0f} MB/s: "
-            f"{capacity} GiB at {per_tib} MB/s/TiB = {throughput:,.0f} MB/s, sized by {by}"
+            f"cheapest {kind} that holds {need_gib:,.0f} GiB and serves {serves}: "
+            f"{capacity} GiB at {per_tib} MB/s/TiB = {throughput:,.0f} MB/s, sized by "
+            + (f"throughput for {by}" if for_throughput > need_gib and by != "the smallest capacity FSx offers" else by)
         )
     if capacity > MAX_STORAGE_GIB:
         errors.append(
@@ -412,7 +440,42 @@ def _plan_filesystem(
         compression=f.compression.upper(),
         reuse_file_system_id=None,
         reason=reason,
+        checkpoints=checkpoints,
+        decided_by=decided_by,
     )
+
+
+def _plan_checkpoints(spec: JobSpec, memory: dict[str, Any] | None, warnings: list[str]) -> dict[str, Any] | None:
+    """checkpoints.to_filesystem's share of the file system: the checkpoints it holds at once (the kept ones and
+    the one being written, which the trainer prunes the oldest after) and the throughput that writes one within
+    CHECKPOINT_WRITE_TARGET_S. The size is the trainer's memory plan's (12 bytes a parameter: fp32 weights and
+    both Adam moments; a 70B model's is about 840 GB); without one (a script that is not lustrain's trainer, or
+    no preset) the checkpoints are not sized and the plan says so."""
+    if not spec.checkpoints.to_filesystem:
+        return None
+    if memory is None or "checkpoint_gb" not in memory:
+        warnings.append(
+            "checkpoints.to_filesystem: the checkpoints' size is unknown (code.hyperparameters name none of the "
+            "trainer's presets), so Lustre is sized for the data alone: set filesystem.storage_gib to hold the "
+            "checkpoints kept"
+        )
+        return None
+    state_gb = float(memory["checkpoint_gb"])
+    raw = str(dict(spec.code.hyperparameters).get("keep_checkpoints", TRAINER_KEEP_CHECKPOINTS))
+    try:
+        keep = max(1, int(float(raw)))
+    except ValueError:
+        keep = TRAINER_KEEP_CHECKPOINTS
+    held = keep + 1
+    state_gib = state_gb * 1e9 / 2**30
+    return {
+        "state_gb": round(state_gb, 1),
+        "kept": keep,
+        "held_at_once": held,
+        "kept_gib": round(held * state_gib, 1),
+        "target_write_s": CHECKPOINT_WRITE_TARGET_S,
+        "burst_mb_s": round(state_gb * 1e3 / CHECKPOINT_WRITE_TARGET_S, 1),
+    }
 
 
 def _cheapest(

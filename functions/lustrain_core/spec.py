@@ -348,6 +348,10 @@ class Checkpoints(_Section):
     s3_uri: S3Uri | None = None
     #: continue the training of an earlier run: its job id, or the s3:// prefix holding its checkpoints
     resume_from: str | None = Field(None, min_length=1, max_length=1024)
+    #: write the sharded checkpoints to the run's Lustre file system (a read-write channel) instead of the
+    #: instance's disk and SageMaker's checkpoint sync; exported to s3_uri at the end of each attempt and before the
+    #: file system is deleted (steps/filesystem.py, "Checkpoints on the file system")
+    to_filesystem: bool = False
 
     @field_validator("resume_from")
     @classmethod

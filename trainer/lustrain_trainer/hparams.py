@@ -107,6 +107,8 @@ class Hosts:
 
 PATH_ARGS = ("data", "checkpoint_dir", "model_dir", "output_data_dir")
 SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
+#: the read-write Lustre channel lustrain gives the job for its checkpoints (checkpoints.to_filesystem)
+CHECKPOINT_CHANNEL_VARIABLE = "SM_CHANNEL_CHECKPOINTS"
 LOCAL_RUN_DIR = Path("runs") / "trainer"
 
 # Minimum allowed value of each numeric hyperparameter (inclusive), so a typo fails before a long job does.
@@ -192,7 +194,8 @@ def _parser() -> argparse.ArgumentParser:
                             dest=f.name, default=None, metavar="VALUE", help=HELP[f.name])
     parser.add_argument("--data", default=None, help="token shard directory (default: $SM_CHANNEL_TRAINING)")
     parser.add_argument("--checkpoint_dir", "--checkpoint-dir", dest="checkpoint_dir", default=None,
-                        help="default: $SM_CHECKPOINT_DIR, /opt/ml/checkpoints under SageMaker, "
+                        help="default: $SM_CHANNEL_CHECKPOINTS (lustrain's Lustre channel), $SM_CHECKPOINT_DIR, "
+                             "/opt/ml/checkpoints under SageMaker, "
                              "else runs/trainer/checkpoints")
     parser.add_argument("--model_dir", "--model-dir", dest="model_dir", default=None,
                         help="default: $SM_MODEL_DIR, else runs/trainer/model")
@@ -257,7 +260,9 @@ def resolve_paths(given: dict[str, str | None], env: Mapping[str, str], warnings
         # Some launchers pass the S3 destination as model_dir; SageMaker uploads SM_MODEL_DIR there itself.
         warnings.append(f"ignoring model_dir {model}: the model is written to SM_MODEL_DIR and uploaded from it")
         model = None
-    checkpoints = given["checkpoint_dir"] or env.get("SM_CHECKPOINT_DIR") or (
+    # a "checkpoints" channel is the run's Lustre directory (checkpoints.to_filesystem): written there, not to
+    # /opt/ml/checkpoints, which SageMaker would sync to S3
+    checkpoints = given["checkpoint_dir"] or env.get(CHECKPOINT_CHANNEL_VARIABLE) or env.get("SM_CHECKPOINT_DIR") or (
         SAGEMAKER_CHECKPOINTS if in_sagemaker else str(LOCAL_RUN_DIR / "checkpoints"))
     return RunPaths(
         data=Path(data),

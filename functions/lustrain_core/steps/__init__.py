@@ -98,7 +98,7 @@ class LinkState(_Shape):
     lifecycle: str | None = None
     association_id: str | None = None
     s3_uri: str | None = None
-    purpose: Literal["data", "output"] | None = None
+    purpose: Literal["data", "output", "checkpoints"] | None = None
 
 
 class Filesystem(_Shape):
@@ -113,6 +113,8 @@ class Filesystem(_Shape):
     directory_path: str | None = None
     output_path: str | None = None
     output_directory_path: str | None = None
+    checkpoint_path: str | None = None
+    checkpoint_directory_path: str | None = None
     deployment_type: str | None = None
     created: bool = False
     links: list[LinkState] = Field(default_factory=list)
@@ -211,6 +213,8 @@ class Recovery(_Shape):
     refusals: NonNegativeInt = 0
     #: the latest end was such a refusal (the queue then counts the time since the admission as queued)
     refused: bool = False
+    #: the export task of the checkpoints the latest attempt left on Lustre (checkpoints.to_filesystem)
+    checkpoint_export: str | None = None
 
 
 #: The parts of the state document besides $.job that steps read, and the step that makes each.

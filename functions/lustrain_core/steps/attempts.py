@@ -12,7 +12,10 @@ The state machine's Catch on the training task puts the attempt's end in $.failu
    MaxRuntimeInSeconds to what the budget leaves);
 3. returns $.recovery: the attempts so far with this one appended, `retry`, and `wait_seconds` (the class's
    wait, capped by the stack's LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS);
-4. notes in the record that the attempt was judged (`judged_attempt`): a later event of its job is a replay
+4. with checkpoints.to_filesystem, starts the export of the run's checkpoint directory to S3 (steps/exports.py)
+   once the attempt's job has ended, and names its task in $.recovery.checkpoint_export: the next attempt resumes
+   from Lustre and does not wait for it; teardown's own export, which it does wait for, comes last;
+5. notes in the record that the attempt was judged (`judged_attempt`): a later event of its job is a replay
    (on_training_event ignores it) and the next start_training starts a new attempt rather than adopting this one.
 
 No attempt starts beside a live one. If DescribeTrainingJob says the attempt's job is still InProgress or
@@ -33,7 +36,7 @@ from typing import Any
 
 from lustrain_core import recovery
 from lustrain_core.config import Settings
-from lustrain_core.steps import Attempt, Recovery, Run, records
+from lustrain_core.steps import Attempt, Recovery, Run, exports, records
 from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, attempt_budget, attempt_cost_usd, billed_seconds
 from lustrain_core.steps.training import describe_training_job, training_job_name
 
@@ -111,7 +114,9 @@ def decide(
     return True, wait, f"{failure_class} is retried: attempt {ran + 1} of {most} in {wait} s"
 
 
-def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings: Settings) -> Recovery:
+def next_attempt(
+    document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings: Settings, fsx: Any = None
+) -> Recovery:
     """The run's attempts with the one that just ended, and whether another starts (and after how long)."""
     run = Run.parse(document, "failure")
     record = records.require(ddb, settings.jobs_table, run.job.job_id)
@@ -119,9 +124,29 @@ def next_attempt(document: dict[str, Any], *, sagemaker: Any, ddb: Any, settings
     earlier = [a for a in run.recovery.attempts if a.attempt != number]
     attempt = _this_attempt(run, sagemaker, number)
     decided = _decided(run, attempt, earlier, settings)
+    task = _export_checkpoints(run, attempt, fsx, settings)
+    if task is not None:
+        decided = decided.model_copy(update={"checkpoint_export": task})
     if number >= 1:
         records.set_fields(ddb, settings.jobs_table, run.job.job_id, {"judged_attempt": number})
     return decided
+
+
+def _export_checkpoints(run: Run, attempt: Attempt, fsx: Any, settings: Settings) -> str | None:
+    """Start the export of the run's checkpoints on Lustre to S3 after an attempt that ran and ended; its task id."""
+    spec = run.job.spec
+    fs = run.sections.filesystem
+    if not spec.checkpoints.to_filesystem or fs is None or fs.checkpoint_path is None:
+        return None
+    if attempt.training_job_name is None or attempt.outcome in LIVE:
+        # no job wrote there, or one still does (an export now would take a checkpoint half written)
+        return None
+    if fsx is None:
+        raise ValueError("next_attempt needs an FSx client to export checkpoints.to_filesystem's checkpoints")
+    label = exports.ATTEMPT_LABEL.format(number=attempt.attempt)
+    return exports.start_export(
+        fsx, fs.file_system_id, [fs.checkpoint_path], run.job.job_id, settings.stack_name, label
+    )
 
 
 def _decided(run: Run, attempt: Attempt, earlier: list[Attempt], settings: Settings) -> Recovery:

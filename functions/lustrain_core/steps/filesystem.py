@@ -32,6 +32,17 @@ The job writes under OUTPUT_ROOT/<job id> (`output_path`), linked by a second DR
 AutoExport (NEW, CHANGED, DELETED). The job record notes `export_on_teardown`, and teardown runs an
 EXPORT_TO_REPOSITORY task over that path and waits for it before anything is deleted.
 
+Checkpoints on the file system (checkpoints.to_filesystem)
+-----------------------------------------------------------
+The trainer writes its sharded checkpoints under CHECKPOINT_ROOT/<job id> (`checkpoint_path`), a read-write
+channel (SM_CHANNEL_CHECKPOINTS), instead of /opt/ml/checkpoints and SageMaker's checkpoint sync: a checkpoint's
+burst lands at Lustre's throughput, not S3's upload pace. A third DRA links that path to the run's checkpoint
+prefix (launch.checkpoint_location) with neither AutoImport nor AutoExport: nothing travels to S3 while the job
+trains. The checkpoints reach S3 by EXPORT_TO_REPOSITORY tasks over that path: next_attempt starts one when an
+attempt ends (steps/attempts.py), and teardown runs one and waits for it to succeed before the file system is
+deleted (`export_on_teardown` lists both paths). A later attempt of the run mounts the same directory and resumes
+from it; a later run (checkpoints.resume_from) resumes from S3, where the exports put them.
+
 The links are created by check_filesystem once the file system is AVAILABLE (FSx refuses a DRA before). The run's
 `lifecycle` is AVAILABLE only when the file system and each link are; meanwhile it reads CREATING, and
 `file_system_lifecycle` and `links` say which part is pending.
@@ -69,6 +80,8 @@ from lustrain_core.steps import (
 
 #: Where a job's output lives on a file system when output.to_filesystem is true (one directory per job).
 OUTPUT_ROOT = "/lustrain-output"
+#: Where a job's checkpoints live on a file system when checkpoints.to_filesystem is true (one directory per job).
+CHECKPOINT_ROOT = "/lustrain-checkpoints"
 #: FileSystemTypeVersion of every file system lustrain creates (left out, FSx makes SCRATCH_2 a Lustre 2.10)
 LUSTRE_VERSION = "2.15"
 FAILED_LIFECYCLES = frozenset({"FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"})
@@ -98,6 +111,10 @@ def output_path(job_id: str) -> str:
     return f"{OUTPUT_ROOT}/{job_id}"
 
 
+def checkpoint_path(job_id: str) -> str:
+    return f"{CHECKPOINT_ROOT}/{job_id}"
+
+
 def _norm(path: str) -> str:
     return path.rstrip("/") or "/"
 
@@ -117,7 +134,7 @@ class Link:
 
     path: str
     s3_uri: str
-    purpose: str  # "data" | "output"
+    purpose: str  # "data" | "output" | "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -125,10 +142,16 @@ class LinkPlan:
     method: str  # "import_path" | "dra"
     links: tuple[Link, ...]
     output_path: str | None
+    checkpoint_path: str | None = None
 
     @property
     def dra_links(self) -> tuple[Link, ...]:
-        return tuple(link for link in self.links if self.method == "dra" or link.purpose == "output")
+        return tuple(link for link in self.links if self.method == "dra" or link.purpose != "data")
+
+    @property
+    def export_paths(self) -> list[str]:
+        """The paths whose files reach S3 only by an export (output and checkpoints written to Lustre)."""
+        return [path for path in (self.output_path, self.checkpoint_path) if path]
 
 
 def link_for(spec: JobSpec, job_id: str) -> LinkPlan:
@@ -155,11 +178,59 @@ def link_for(spec: JobSpec, job_id: str) -> LinkPlan:
                 spec.filesystem.mount_path,
                 f"{OUTPUT_ROOT} is where lustrain writes output on the file system: choose another path",
             )
+    ckpt = _checkpoint_link(spec, job_id, mount)
     links = [Link(mount, spec.data.s3_uri, "data")]
     if out is not None:
         links.append(Link(out, spec.output.s3_uri, "output"))
-    scratch_at_root = spec.filesystem.deployment_type == "scratch" and mount == "/" and out is None
-    return LinkPlan("import_path" if scratch_at_root else "dra", tuple(links), out)
+    if ckpt is not None:
+        links.append(ckpt)
+    scratch_at_root = (
+        spec.filesystem.deployment_type == "scratch" and mount == "/" and out is None and ckpt is None
+    )
+    return LinkPlan(
+        "import_path" if scratch_at_root else "dra",
+        tuple(links),
+        out,
+        ckpt.path if ckpt is not None else None,
+    )
+
+
+def _checkpoint_link(spec: JobSpec, job_id: str, mount: str) -> Link | None:
+    """The DRA of checkpoints.to_filesystem: the run's checkpoint directory <-> its checkpoint prefix in S3."""
+    if not spec.checkpoints.to_filesystem:
+        return None
+    from lustrain_core.launch import checkpoint_location
+
+    field = "checkpoints.to_filesystem"
+    if mount == "/":
+        raise SpecInvalid.one(
+            "filesystem.mount_path",
+            spec.filesystem.mount_path,
+            'a link at "/" must be the file system\'s only one, and checkpoints.to_filesystem needs a second for '
+            "the checkpoints: use a mount_path like /data",
+        )
+    if _overlaps(mount, CHECKPOINT_ROOT):
+        raise SpecInvalid.one(
+            "filesystem.mount_path",
+            spec.filesystem.mount_path,
+            f"{CHECKPOINT_ROOT} is where lustrain writes checkpoints on the file system: choose another path",
+        )
+    s3_uri = checkpoint_location(spec, job_id)
+    if spec.output.to_filesystem and _s3_overlaps(s3_uri, spec.output.s3_uri):
+        # each DRA of a file system links its own S3 prefix (CreateDataRepositoryAssociation's API reference:
+        # "a unique S3 bucket or prefix"); the output's link would hold the checkpoints' prefix inside its own
+        raise SpecInvalid.one(
+            field,
+            True,
+            f"with output.to_filesystem the checkpoints need a prefix of their own, outside output.s3_uri "
+            f"{spec.output.s3_uri}: set checkpoints.s3_uri (for example s3://<bucket>/checkpoints/)",
+        )
+    return Link(checkpoint_path(job_id), s3_uri, "checkpoints")
+
+
+def _s3_overlaps(a: str, b: str) -> bool:
+    a, b = _prefix(a), _prefix(b)
+    return a.startswith(b) or b.startswith(a)
 
 
 def create_request(job: Job, network: Network, settings: Settings) -> dict[str, Any]:
@@ -202,6 +273,10 @@ def dra_request(job: Job, file_system_id: str, link: Link, settings: Settings) -
     s3: dict[str, Any] = {"AutoImportPolicy": {"Events": ALL_EVENTS}}
     if link.purpose == "output":
         s3 = {"AutoExportPolicy": {"Events": ALL_EVENTS}}
+    if link.purpose == "checkpoints":
+        # neither way automatically: a checkpoint burst must not turn into S3 traffic while the job trains; the
+        # exports (EXPORT_TO_REPOSITORY) send them at the end of each attempt and before the file system goes
+        s3 = {"AutoImportPolicy": {"Events": []}, "AutoExportPolicy": {"Events": []}}
     token = hashlib.sha256(f"{job.job_id}:{file_system_id}:{link.path}".encode()).hexdigest()[:32]
     return {
         "FileSystemId": file_system_id,
@@ -352,6 +427,7 @@ def _result(
 ) -> Filesystem:
     mount = _mount_name(fs)
     out = output_path(job.job_id) if job.spec.output.to_filesystem else None
+    ckpt = checkpoint_path(job.job_id) if job.spec.checkpoints.to_filesystem else None
     return Filesystem(
         file_system_id=fs["FileSystemId"],
         lifecycle="AVAILABLE"
@@ -364,6 +440,8 @@ def _result(
         directory_path=directory_path(mount, job.spec.filesystem.mount_path) if mount else None,
         output_path=out,
         output_directory_path=directory_path(mount, out) if mount and out else None,
+        checkpoint_path=ckpt,
+        checkpoint_directory_path=directory_path(mount, ckpt) if mount and ckpt else None,
         deployment_type=fs.get("LustreConfiguration", {}).get("DeploymentType"),
         created=created,
         links=links,
@@ -382,9 +460,9 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
     links = link_for(job.spec, job.job_id)
     if job.spec.filesystem.file_system_id:
         fs = validate_reuse(fsx, job, network)
-        if links.output_path:
-            _note_export(ddb, settings, job, fs["FileSystemId"], links.output_path)
-        ready = links.output_path is None
+        if links.export_paths:
+            _note_export(ddb, settings, job, fs["FileSystemId"], links.export_paths)
+        ready = not links.export_paths
         return _result(
             job,
             fs,
@@ -404,8 +482,8 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
     records.add_resources(
         ddb, settings.jobs_table, job.job_id, [{"type": "file_system", "id": fs["FileSystemId"]}]
     )
-    if links.output_path:
-        _note_export(ddb, settings, job, fs["FileSystemId"], links.output_path)
+    if links.export_paths:
+        _note_export(ddb, settings, job, fs["FileSystemId"], links.export_paths)
     if fs.get("Lifecycle") in FAILED_LIFECYCLES:
         raise FileSystemFailed(
             f"file system {fs['FileSystemId']} is {fs['Lifecycle']}: {_failure(fs)}",
@@ -417,12 +495,12 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
     return _result(job, fs, created=True, polls=0, wait_seconds=first, links=[], ready=False)
 
 
-def _note_export(ddb: Any, settings: Settings, job: Job, file_system_id: str, path: str) -> None:
+def _note_export(ddb: Any, settings: Settings, job: Job, file_system_id: str, paths: list[str]) -> None:
     records.set_fields(
         ddb,
         settings.jobs_table,
         job.job_id,
-        {"export_on_teardown": {"file_system_id": file_system_id, "paths": [path]}},
+        {"export_on_teardown": {"file_system_id": file_system_id, "paths": paths}},
     )
 
 
@@ -432,7 +510,7 @@ def ensure_links(fsx: Any, ddb: Any, settings: Settings, job: Job, fs: dict[str,
     wanted = (
         plan.dra_links
         if job.spec.filesystem.file_system_id is None
-        else tuple(link for link in plan.links if link.purpose == "output")
+        else tuple(link for link in plan.links if link.purpose != "data")
     )
     if not wanted:
         return []

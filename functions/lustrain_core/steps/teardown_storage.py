@@ -9,7 +9,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import error_code, not_found
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
+from lustrain_core.steps import exports, tag_dict
 from lustrain_core.steps import filesystem as fsx_step
 from lustrain_core.steps.teardown_base import BUSY, RUNNING_TASK, SETTLING_FS, Scope
 
@@ -29,7 +29,15 @@ class FileSystems(Scope):
         """Run this job's export of `paths` to S3 and wait for it; None when done, else why not."""
         while True:
             tasks = self._tasks(fs_id)
-            mine = [t for t in tasks if t.get("Type") == "EXPORT_TO_REPOSITORY" and self.ours(t.get("Tags"))]
+            # the teardown's own export: one an attempt's end started (exports.ATTEMPT_LABEL) may have run before
+            # the last attempt wrote its checkpoints, so its success says nothing about what is in S3 now
+            mine = [
+                t
+                for t in tasks
+                if t.get("Type") == "EXPORT_TO_REPOSITORY"
+                and self.ours(t.get("Tags"))
+                and exports.label_of(t) == exports.TEARDOWN_LABEL
+            ]
             if any(t["Lifecycle"] == "SUCCEEDED" for t in mine):
                 return None
             failed = [t for t in mine if t["Lifecycle"] in {"FAILED", "CANCELED"}]
@@ -40,15 +48,9 @@ class FileSystems(Scope):
             if not running:
                 try:
                     self.fsx.create_data_repository_task(
-                        Type="EXPORT_TO_REPOSITORY",
-                        FileSystemId=fs_id,
-                        Paths=[p.lstrip("/") for p in paths],
-                        Report={"Enabled": False},
-                        ClientRequestToken=f"{self.job_id}-export"[:63],
-                        Tags=[
-                            {"Key": TAG_JOB_ID, "Value": self.job_id},
-                            {"Key": TAG_CREATED_BY, "Value": self.settings.stack_name},
-                        ],
+                        **exports.export_request(
+                            fs_id, paths, self.job_id, self.settings.stack_name, exports.TEARDOWN_LABEL
+                        )
                     )
                 except ClientError as exc:
                     if error_code(exc) not in BUSY:

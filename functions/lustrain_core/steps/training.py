@@ -63,7 +63,7 @@ from lustrain_core.steps.budget import (
     attempt_cost_usd,
     billed_seconds,
 )
-from lustrain_core.steps.filesystem import directory_path, output_path
+from lustrain_core.steps.filesystem import checkpoint_path, directory_path, output_path
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 MAX_NAME = 63
@@ -71,6 +71,9 @@ TRAINING_CHANNEL = "training"
 #: with output.to_filesystem the job writes under this channel (SM_CHANNEL_OUTPUT), exported to S3 at teardown
 OUTPUT_CHANNEL = "output"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+#: with checkpoints.to_filesystem the trainer writes its checkpoints under this read-write channel
+#: (SM_CHANNEL_CHECKPOINTS) on the run's file system, and the job has no CheckpointConfig
+CHECKPOINT_CHANNEL = "checkpoints"
 #: SageMaker's own default volume; EBS-only instance types need one sized for model, output and checkpoints
 DEFAULT_VOLUME_GIB = 30
 #: the tokens item outlives the longest possible run by this much, then DynamoDB's TTL removes it
@@ -237,6 +240,9 @@ def _channels(run: Run) -> list[dict[str, Any]]:
     channels = [channel(TRAINING_CHANNEL, spec.filesystem.mount_path, "rw" if to_fs else "ro")]
     if to_fs:
         channels.append(channel(OUTPUT_CHANNEL, output_path(job.job_id), "rw"))
+    if spec.checkpoints.to_filesystem:
+        # the same directory for every attempt of the run: a new attempt resumes from what the last one wrote
+        channels.append(channel(CHECKPOINT_CHANNEL, checkpoint_path(job.job_id), "rw"))
     resume = job.launch.resume
     if resume is not None:
         # the checkpoint this run continues (its manifest step-N.json and shards), copied to every instance at start
@@ -286,7 +292,6 @@ def request_from(
             "SecurityGroupIds": list(run.network.security_group_ids),
         },
         "StoppingCondition": _stopping_condition(job, budget_runtime_seconds),
-        "CheckpointConfig": {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
         "EnableInterContainerTrafficEncryption": inter_container_encryption(settings),
         "EnableManagedSpotTraining": spec.compute.spot,
         "Environment": environment,
@@ -296,6 +301,9 @@ def request_from(
         # code, checkpoints and results
         "SessionChainingConfig": {"EnableSessionTagChaining": True},
     }
+    if not spec.checkpoints.to_filesystem:
+        # SageMaker syncs LocalPath to S3 while the job runs and back at its start (and at a spot restart)
+        request["CheckpointConfig"] = {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH}
     if spec.compute.spot:
         # spot capacity can be reclaimed: SageMaker restarts the job in place from its last checkpoint this many
         # times before the run's own attempts (the run policy) count

@@ -16,6 +16,13 @@ moto 5.2.5's FSx stores what CreateFileSystem was given and nothing more. For LU
 - implements Create/Describe/DeleteDataRepositoryAssociation (CREATING -> AVAILABLE, DELETING -> gone) and
   Create/DescribeDataRepositoryTasks (PENDING -> EXECUTING -> SUCCEEDED, advanced by DescribeDataRepositoryTasks),
   and refuses DeleteFileSystem with BadRequest while a task is PENDING or EXECUTING, as AWS documents;
+- keeps what training jobs wrote on a file system (`store_files`, `stored_files`: the files a read-write channel
+  left, which a later job's mount shows) until the file system is deleted; an EXPORT_TO_REPOSITORY task copies
+  those under its Paths (relative to the root, as the API takes them; none: the whole file system), as they were
+  when it was created, to the S3
+  prefix of the association linking them (an ImportPath file system's: its ExportPath) when it reaches SUCCEEDED,
+  and ends FAILED, with FailureDetails, when a path lies under no link ("If a path that you provide isn't valid,
+  the task fails": CreateDataRepositoryTask's API reference); Status counts the files;
 - makes CreateFileSystem idempotent on ClientRequestToken (same token, same parameters -> the same file system);
 - keeps the Lustre version (FileSystemTypeVersion) as AWS sets it: the one asked for (2.10, 2.12 or 2.15; 2.10 not
   on PERSISTENT_2), else the API reference's default, 2.10, or 2.12 on PERSISTENT_2 (2.15 with a
@@ -33,6 +40,7 @@ import string
 import time
 from dataclasses import dataclass, field
 from ipaddress import ip_network
+from pathlib import PurePosixPath
 from typing import Any
 
 from moto.core.exceptions import JsonRESTError
@@ -308,17 +316,31 @@ class Task:
     def running(self) -> bool:
         return self.clock.state in ("PENDING", "EXECUTING")
 
+    failure: str | None = None
+    counts: tuple[int, int] = (0, 0)  # files exported, files that failed
+    #: the files the task works on, as they were when it was created (FSx starts on them at once; a later
+    #: change on the file system is the next export's)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def lifecycle(self) -> str:
+        return "FAILED" if self.failure is not None else self.clock.state
+
     def observe(self) -> None:
+        if self.failure is not None:
+            return
         state = self.clock.observe()
         if state != "PENDING" and self.start_time is None:
             self.start_time = time.time()
         if state == "SUCCEEDED" and self.end_time is None:
+            if self.task_type == "EXPORT_TO_REPOSITORY":
+                self.failure = _export(self)
             self.end_time = time.time()
 
     def to_dict(self) -> dict[str, Any]:
         described: dict[str, Any] = {
             "TaskId": self.task_id,
-            "Lifecycle": self.clock.state,
+            "Lifecycle": self.lifecycle,
             "Type": self.task_type,
             "CreationTime": self.creation_time,
             "ResourceARN": self.resource_arn,
@@ -327,9 +349,9 @@ class Task:
             "Paths": self.paths,
             "Report": self.report,
             "Status": {
-                "TotalCount": 0,
-                "SucceededCount": 0,
-                "FailedCount": 0,
+                "TotalCount": sum(self.counts),
+                "SucceededCount": self.counts[0],
+                "FailedCount": self.counts[1],
                 "LastUpdatedTime": self.end_time or self.start_time or self.creation_time,
             },
         }
@@ -337,7 +359,43 @@ class Task:
             described["StartTime"] = self.start_time
         if self.end_time is not None:
             described["EndTime"] = self.end_time
+        if self.failure is not None:
+            described["FailureDetails"] = {"Message": self.failure}
         return described
+
+
+def _export(task: Task) -> str | None:
+    """An export's work, done as it ends: the stored files under its Paths to their links' S3 prefixes; None when
+    every path is exported, else why the task failed."""
+    from lustrain.twin.simulator.storage import JobStorage, MissingBucket, as_dir_prefix, split_s3_uri
+
+    links = sorted(
+        ((PurePosixPath("/", p), uri) for p, uri in _links_of(task.backend, task.file_system_id).items()),
+        key=lambda item: -len(item[0].parts),
+    )
+    wanted = [PurePosixPath("/", p) for p in task.paths] or [PurePosixPath("/")]
+    for path in wanted:
+        if not any(link == path or link in path.parents or path in link.parents for link, _ in links):
+            return f"Path {path.relative_to('/')} is not within a path linked to a data repository"
+    files = task.files
+    # FSx's service-linked role writes the linked buckets (not a job's role)
+    storage = JobStorage(task.backend.account_id, lambda service, operation, params: None)
+    done, failed = 0, 0
+    for name, data in sorted(files.items()):
+        in_fs = PurePosixPath(name)
+        if not any(w == in_fs or w in in_fs.parents for w in wanted):
+            continue
+        link = next(((lk, uri) for lk, uri in links if lk == in_fs or lk in in_fs.parents), None)
+        if link is None:
+            continue  # outside every link: nothing to export it to
+        bucket, prefix = split_s3_uri(link[1])
+        try:
+            storage.put(bucket, as_dir_prefix(prefix) + in_fs.relative_to(link[0]).as_posix(), data)
+            done += 1
+        except MissingBucket:
+            failed += 1
+    task.counts = (done, failed)
+    return None if failed == 0 else f"{failed} of {done + failed} files failed to export"
 
 
 @dataclass
@@ -347,6 +405,8 @@ class _State:
     associations: dict[str, Association] = field(default_factory=dict)
     tasks: dict[str, Task] = field(default_factory=dict)
     tokens: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: what jobs wrote on each file system: {file system id: {absolute path in it: bytes}}
+    files: dict[str, dict[str, bytes]] = field(default_factory=dict)
 
 
 def _state(backend: FSxBackend) -> _State:
@@ -608,6 +668,7 @@ def describe_file_systems(self: FSxBackend, file_system_ids: list[str] | None) -
 def _forget(backend: FSxBackend, file_system: LustreFileSystem) -> None:
     state = _state(backend)
     backend.file_systems.pop(file_system.file_system_id, None)
+    state.files.pop(file_system.file_system_id, None)
     for association in [
         a for a in state.associations.values() if a.file_system_id == file_system.file_system_id
     ]:
@@ -768,7 +829,12 @@ def create_data_repository_task(
             "task has completed, then create the new task.",
         )
     task = Task(
-        backend=self, task_type=task_type, file_system_id=file_system_id, paths=paths or [], report=report
+        backend=self,
+        task_type=task_type,
+        file_system_id=file_system_id,
+        paths=paths or [],
+        report=report,
+        files=dict(state.files.get(file_system_id, {})),
     )
     state.tasks[task.task_id] = task
     if tags:
@@ -790,7 +856,7 @@ def describe_data_repository_tasks(
     return [
         t
         for t in wanted
-        if _filtered(filters, {"file-system-id": t.file_system_id, "task-lifecycle": t.clock.state})
+        if _filtered(filters, {"file-system-id": t.file_system_id, "task-lifecycle": t.lifecycle})
     ]
 
 
@@ -804,21 +870,65 @@ def _filtered(filters: list[dict[str, Any]] | None, values: dict[str, str]) -> b
     return True
 
 
-def linked_paths(file_system_id: str) -> dict[str, str]:
-    """Which S3 prefix is linked at which path of a file system: {file_system_path: s3_uri}."""
+def _backend_of(file_system_id: str) -> FSxBackend:
     for account in fsx_backends.values():
         for backend in account.values():
-            if file_system_id not in backend.file_systems:
-                continue
-            file_system = _lustre(backend, file_system_id)
-            if file_system.import_path:
-                return {"/": file_system.import_path}
-            return {
-                a.file_system_path: a.data_repository_path
-                for a in _state(backend).associations.values()
-                if a.file_system_id == file_system_id and a.clock.state != "DELETING"
-            }
+            if file_system_id in backend.file_systems:
+                return backend
     raise KeyError(f"no FSx for Lustre file system {file_system_id} in the twin")
+
+
+def _links_of(backend: FSxBackend, file_system_id: str, *, exporting: bool = False) -> dict[str, str]:
+    """{file_system_path: s3_uri} of a file system's live links (where an export goes: an ImportPath file system's
+    ExportPath); `exporting`: only those whose AutoExportPolicy has events."""
+    file_system = _lustre(backend, file_system_id)
+    if file_system.import_path:
+        return {"/": str(file_system.lustre.get("ExportPath") or file_system.import_path)}
+    return {
+        a.file_system_path: a.data_repository_path
+        for a in _state(backend).associations.values()
+        if a.file_system_id == file_system_id
+        and a.clock.state != "DELETING"
+        and (not exporting or (a.s3.get("AutoExportPolicy") or {}).get("Events"))
+    }
+
+
+def linked_paths(file_system_id: str) -> dict[str, str]:
+    """Which S3 prefix is linked at which path of a file system: {file_system_path: s3_uri}."""
+    backend = _backend_of(file_system_id)
+    if _lustre(backend, file_system_id).import_path:
+        return {"/": str(_lustre(backend, file_system_id).import_path)}
+    return _links_of(backend, file_system_id)
+
+
+def auto_exported_paths(file_system_id: str) -> dict[str, str]:
+    """The links of a file system that export what is written under them by themselves (AutoExportPolicy)."""
+    backend = _backend_of(file_system_id)
+    if _lustre(backend, file_system_id).import_path:
+        return {}
+    return _links_of(backend, file_system_id, exporting=True)
+
+
+def store_files(file_system_id: str, files: dict[str, bytes], deleted: list[str]) -> None:
+    """Keep what a job wrote on the file system ({absolute path in it: bytes}) until it is deleted, and forget
+    what it deleted."""
+    backend = _backend_of(file_system_id)
+    kept = _state(backend).files.setdefault(file_system_id, {})
+    for name in deleted:
+        kept.pop(name, None)
+    kept.update(files)
+
+
+def stored_files(file_system_id: str, under: str) -> dict[str, bytes]:
+    """What jobs wrote on the file system at or below `under`: {path relative to `under`: bytes}."""
+    backend = _backend_of(file_system_id)
+    root = PurePosixPath("/", under)
+    found = {}
+    for name, data in _state(backend).files.get(file_system_id, {}).items():
+        path = PurePosixPath(name)
+        if root in path.parents:
+            found[path.relative_to(root).as_posix()] = data
+    return found
 
 
 def association_file_system(account: str, region: str, association_id: str) -> str | None:

@@ -45,6 +45,7 @@ from lustrain.twin.iam import enforce
 from lustrain.twin.iam.actions import Need
 from lustrain.twin.iam.policy import Policy, Principal
 from lustrain.twin.simulator import ROLE_SESSION, Collaborators, SimulatedJob
+from lustrain.twin.simulator.mounts import LustreFiles
 
 _PATCHED = "_lustrain_twin_sagemaker"
 _STATE = "_lustrain_twin_training"
@@ -322,6 +323,9 @@ def collaborators() -> Collaborators:
         linked_paths=fsx.linked_paths,
         environment=lambda_invoke.environment_copy,
         authorize=_authorize_job,
+        lustre_files=LustreFiles(
+            read=fsx.stored_files, store=fsx.store_files, auto_exported=fsx.auto_exported_paths
+        ),
     )
 
 

@@ -87,6 +87,8 @@ class Collaborators:
     #: this machine's environment, the base of the trainer's
     environment: Callable[[], dict[str, str]]
     authorize: JobAuthorize
+    #: what jobs wrote on the file systems (None: nothing stays after a job)
+    lustre_files: mounts.LustreFiles | None = None
 
 
 @dataclass(frozen=True)
@@ -444,6 +446,7 @@ class _JobRun:
                     describe=self.parts.describe_file_system,
                     linked_paths=self.parts.linked_paths,
                     fsx_storage=self.fsx_storage,
+                    files=self.parts.lustre_files,
                 )
                 self.mounts.append(mount)
             elif "S3DataSource" in source:
@@ -463,6 +466,8 @@ class _JobRun:
     def _export(self) -> None:
         """What the job wrote in its read-write Lustre channels reaches their linked S3 prefixes (AutoExport)."""
         for mount in self.mounts:
+            if self.parts.lustre_files is not None:
+                mounts.keep_changes(mount, self.parts.lustre_files)
             mounts.export_changes(mount, self.fsx_storage)
 
     def _checkpoint_s3(self) -> str | None:

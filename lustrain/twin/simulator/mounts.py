@@ -5,8 +5,10 @@ DirectoryPath: the objects of the S3 prefixes linked to it (an ImportPath, or da
 copied by FSx (its service-linked role reads the linked buckets, not the job's role). As on SageMaker,
 DirectoryPath must start with "/<MountName>", the file system must be AVAILABLE, and the directory must exist:
 a linked path exists as soon as its link does, empty or not. What the job writes in a read-write channel under a
-link whose AutoExport is on is exported to the linked prefix when the job ends (`export_channels`), as FSx
-exports new and changed files.
+link whose AutoExport is on is exported to the linked prefix when the job ends (`export_changes`), as FSx
+exports new and changed files. Whatever a job writes in a read-write channel stays on the file system
+(`LustreFiles.store`) and a later job's mount shows it (a later attempt resumes from the checkpoints the last one
+left there); under a link without AutoExport it reaches S3 only by an export task (patches/fsx.py).
 
 An S3 channel is downloaded as the job's execution role (storage.JobStorage).
 """
@@ -34,6 +36,18 @@ DescribeFileSystem = Callable[[str, str, str], "dict[str, Any] | None"]
 LinkedPaths = Callable[[str], dict[str, str]]
 
 
+@dataclass(frozen=True)
+class LustreFiles:
+    """What the file systems hold beyond their S3 links: the files jobs wrote (patches/fsx.py keeps them)."""
+
+    #: read(file system id, path in it) -> {path relative to it: bytes}
+    read: Callable[[str, str], dict[str, bytes]]
+    #: store(file system id, {absolute path in it: bytes}, [absolute paths deleted])
+    store: Callable[[str, dict[str, bytes], list[str]], None]
+    #: auto_exported(file system id) -> {path: s3 URI} of the links whose AutoExportPolicy has events
+    auto_exported: Callable[[str], dict[str, str]]
+
+
 def mount_error(file_system_id: str, directory_path: str, cause: str, remedy: str) -> JobFailure:
     # The shape of SageMaker's own mount failures ("ClientError: Unable to mount file system: <id>, directory
     # path: <path>. <cause>. Please ensure <remedy>"), as AWS reports them for FSx and EFS channels.
@@ -52,6 +66,7 @@ def mount_lustre(
     describe: DescribeFileSystem,
     linked_paths: LinkedPaths,
     fsx_storage: JobStorage,
+    files: LustreFiles | None = None,
 ) -> Mount:
     """Fill `target` as the channel's mount shows it; JobFailure with SageMaker's mount error when it cannot."""
     fs_id = str(source.get("FileSystemId", ""))
@@ -91,7 +106,12 @@ def mount_lustre(
         )
     inside = PurePosixPath("/", *parts[2:])
     links = linked_paths(fs_id)
-    if not fill_from_links(links, inside, target, fsx_storage):
+    found = fill_from_links(links, inside, target, fsx_storage)
+    if files is not None:
+        # what earlier jobs wrote there (newer than anything in S3: Lustre is where they wrote it)
+        for relative, data in files.read(fs_id, str(inside)).items():
+            write_below(target, relative, data)
+    if not found:
         raise mount_error(
             fs_id,
             path,
@@ -99,18 +119,23 @@ def mount_lustre(
             f"that {inside} exists in the file system: it must be, or lie under, a path linked to an S3 "
             "data repository that holds objects",
         )
-    return Mount(target, inside, links, source.get("FileSystemAccessMode") == "rw", _snapshot(target))
+    exporting = files.auto_exported(fs_id) if files is not None else links
+    return Mount(
+        target, inside, exporting, source.get("FileSystemAccessMode") == "rw", _snapshot(target), fs_id
+    )
 
 
 @dataclass(frozen=True)
 class Mount:
-    """A mounted Lustre channel: where it is here, where in the file system, its links, what it held at first."""
+    """A mounted Lustre channel: where it is here, where in the file system, its links that export by themselves,
+    what it held at first, and its file system."""
 
     target: Path
     inside: PurePosixPath
     links: dict[str, str]
     writable: bool
     before: dict[str, tuple[int, int]]
+    file_system_id: str = ""
 
     def changes(self) -> list[Path]:
         """The files the job wrote or changed in the channel (what FSx's AutoExport NEW and CHANGED export)."""
@@ -125,6 +150,21 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
             stat = path.stat()
             found[path.relative_to(root).as_posix()] = (stat.st_size, stat.st_mtime_ns)
     return found
+
+
+def keep_changes(mount: Mount, files: LustreFiles) -> int:
+    """What the job wrote in a read-write channel stays on the file system, and what it deleted goes (the trainer
+    prunes old checkpoints); how many files changed."""
+    if not mount.writable:
+        return 0
+    changed = {
+        str(mount.inside / path.relative_to(mount.target).as_posix()): path.read_bytes()
+        for path in mount.changes()
+    }
+    now = _snapshot(mount.target)
+    deleted = [str(mount.inside / rel) for rel in mount.before if rel not in now]
+    files.store(mount.file_system_id, changed, deleted)
+    return len(changed) + len(deleted)
 
 
 def export_changes(mount: Mount, storage: JobStorage) -> int:
