@@ -19,6 +19,7 @@ from lustrain.twin.patches import (
     fsx,
     iam,
     lambda_invoke,
+    s3,
     service_quotas,
     stepfunctions,
     throttling,
@@ -60,6 +61,7 @@ def install() -> None:
         ec2.install()
         validation.install()
         stepfunctions.install()
+        s3.install()
         if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:
             importlib.import_module(f"{__name__}.sagemaker").install()
         _installed = True
