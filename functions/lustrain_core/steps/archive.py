@@ -178,20 +178,20 @@ def _one(s3: Any, uri: str, location: str, role: str) -> list[dict[str, Any]]:
 
 def job_outputs(s3: Any, model_uri: str, location: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The objects SageMaker uploaded for a job whose S3ModelArtifacts is `model_uri`, and the locations expected
-    but absent: model.tar.gz and output.tar.gz beside it, or the model/ and data/ prefixes (CompressionType NONE)."""
+    but absent: model.tar.gz and output.tar.gz beside it (GZIP: SageMaker tars even an empty /opt/ml/output/data),
+    or the model/ and data/ prefixes (NONE: an empty /opt/ml/output/data leaves no object, and is not missing)."""
     found: list[dict[str, Any]] = []
     missing: list[str] = []
     if model_uri.endswith("/"):
-        wanted = [(model_uri, "model"), (job_output_dir(model_uri) + "data/", "output")]
+        wanted = [(model_uri, "model", True), (job_output_dir(model_uri) + "data/", "output", False)]
         look = _listed
     else:
-        wanted = [(model_uri, "model"), (job_output_dir(model_uri) + "output.tar.gz", "output")]
+        wanted = [(model_uri, "model", True), (job_output_dir(model_uri) + "output.tar.gz", "output", True)]
         look = _one
-    for uri, role in wanted:
+    for uri, role, expected in wanted:
         objects = look(s3, uri, location, role)
-        if objects:
-            found.extend(objects)
-        else:
+        found.extend(objects)
+        if not objects and expected:
             missing.append(uri)
     return found, missing
 

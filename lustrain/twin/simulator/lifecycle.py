@@ -1,7 +1,8 @@
 """A training job's life, in a thread of its own, as SageMaker lives it.
 
     InProgress/Starting -> Downloading (code, the Lustre "mount", S3 channels, checkpoints) -> Training (the
-    entry point) -> Uploading (model.tar.gz, output.tar.gz, checkpoints) -> Completed | Failed | Stopped
+    entry point) -> Uploading (model.tar.gz, output.tar.gz, or their files for CompressionType NONE; checkpoints)
+    -> Completed | Failed | Stopped
 
 Each phase moves the job on or raises JobFailure with the FailureReason SageMaker would give. What the job needs
 from the rest of the twin is handed in (`Collaborators`): the EventBridge to emit on, FSx's descriptions and
