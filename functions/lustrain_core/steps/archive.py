@@ -14,9 +14,10 @@ a Lambda's 900 s either), and nothing is read back to be hashed. Each object's i
 with it (HeadObject with ChecksumMode ENABLED): S3 validates a checksum the uploader sends and stores it, and
 computes a full-object CRC64NVME itself for an object uploaded without one (S3 User Guide, "Checking object
 integrity"). The manifest records that checksum (its algorithm, value and type: FULL_OBJECT, or COMPOSITE for a
-multipart upload's checksum of part checksums), the ETag and the size. The archive's time is one ListObjectsV2
-page per thousand objects and one HeadObject per object, whatever their size. A model a job of an older run
-uploaded outside the archive (its results location) is listed where it is, with its checksum, and not copied.
+multipart upload's checksum of part checksums), the ETag, the version and the size. The archive's time is one
+ListObjectsV2 page per thousand objects and one HeadObject per object, whatever their size. A model a job of an
+older run uploaded outside the archive (its results location) is listed where it is, with its checksum, and not
+copied.
 
 manifest.json is written only once everything else is in place, so a manifest this archive wrote means the archive
 is complete: a repeated event finds it and archives nothing again. A manifest is trusted only when it is one:
@@ -154,6 +155,8 @@ def _entry(bucket: str, key: str, head: dict[str, Any], location: str, role: str
         "size": int(head["ContentLength"]),
         "etag": str(head.get("ETag", "")).strip('"'),
         "checksum": checksum_of(head),
+        # the artifacts bucket is versioned: the version archived stays readable if the key is written again
+        "version_id": head.get("VersionId"),
     }
 
 
