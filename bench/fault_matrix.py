@@ -575,7 +575,7 @@ def run_group(group: list[Case], parameters: dict[str, str], say: Printer) -> li
         results = []
         for case in group:
             runs = [e for e in ended if e.name == case.name]
-            archive = [o["key"] for o in archived_objects(stack, runs[0].job_id)[1]]
+            archive = [o["key"].rsplit("/", 1)[-1] for o in archived_objects(stack, runs[0].job_id)[1]]
             # `quota` is read, never consumed: it took effect if check_quota refused a run the account has room for
             took_effect = (
                 (case.name, case.step, case.fault) in fired

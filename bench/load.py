@@ -178,7 +178,10 @@ def _teardown_report(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _model_of(s3: Any, archive_bucket: str, job_id: str) -> dict[str, Any]:
-    body = s3.get_object(Bucket=archive_bucket, Key=f"archive/{job_id}/model.tar.gz")["Body"].read()
+    # SageMaker uploaded it under the archive's jobs/<training job>/output/
+    listed = s3.list_objects_v2(Bucket=archive_bucket, Prefix=f"archive/{job_id}/jobs/").get("Contents", [])
+    key = next(o["Key"] for o in listed if o["Key"].endswith("/output/model.tar.gz"))
+    body = s3.get_object(Bucket=archive_bucket, Key=key)["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
         member = archive.extractfile("model.pt")
         return dict(json.loads(member.read())) if member is not None else {}

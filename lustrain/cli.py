@@ -442,6 +442,7 @@ def render_plan(name: str, p: Plan) -> str:
             f"{p.output['s3_uri']} ({p.output['expected_size_gib']:g} GiB; local usable "
             f"{p.output['local_usable_gib']:,.0f} GiB{'; via Lustre' if p.output['to_filesystem'] else ''})",
         ),
+        ("  model upload", f"{p.output['compression']}: {p.output['compression_why']}"),
         (
             "quota",
             f"{p.quota['instances_requested']} x {p.quota['instance_type']} ('{p.quota['quota_name']}')"

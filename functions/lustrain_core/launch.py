@@ -133,6 +133,10 @@ class LaunchPlan(_Model):
     checkpoint_path: str | None = None
     quota: Quota
     checkpoint_s3_uri: str
+    #: OutputDataConfig: SageMaker uploads the model straight under the run's archive (training.model_output_path;
+    #: None in a run registered before: its results location), tarred and gzipped or as its files
+    model_output_s3_uri: str | None = None
+    output_compression: Literal["GZIP", "NONE"] = "GZIP"
     resume: Resume | None = None
     max_runtime_seconds: int = Field(gt=0)
     max_wait_seconds: int | None = None
@@ -252,6 +256,10 @@ def compile_launch(
             spot=compute.spot,
         ),
         checkpoint_s3_uri=checkpoint_location(spec, job_id),
+        model_output_s3_uri=training.model_output_path(settings, job_id),
+        output_compression=planner.output_compression(spec, *planner.model_bytes(spec, plan.get("memory")))[
+            0
+        ],
         resume=resume,
         max_runtime_seconds=math.ceil(compute.max_runtime_hours * 3600),
         max_wait_seconds=None if wait is None else math.ceil(wait * 3600),

@@ -209,7 +209,7 @@ def plan(
     memory = _plan_memory(spec, errors)
     fs = _plan_filesystem(spec, itype, data_gib, extension_bytes, prices, errors, warnings, memory)
     net = _plan_network(spec, itype, fs, errors)
-    output = _plan_output(spec, itype, errors)
+    output = _plan_output(spec, itype, errors, memory)
     cost = _plan_cost(spec, itype, fs, prices)
     recommendation = _recommend(spec, fs)
     if (
@@ -583,8 +583,47 @@ def _prefix_for(needed: int) -> int:
     return next(p for p in range(28, 0, -1) if usable_ips(p) >= needed)
 
 
-def _plan_output(spec: JobSpec, itype: InstanceType, errors: list[FieldError]) -> dict[str, Any]:
+#: a model above this is uploaded uncompressed unless output.compression says otherwise (output_compression)
+GZIP_MAX_MODEL_GIB = 10.0
+#: the bytes per parameter of the model lustrain's trainer writes to /opt/ml/model (fp32 weights)
+MODEL_BYTES_PER_PARAMETER = 4
+
+
+def model_bytes(spec: JobSpec, memory: dict[str, Any] | None) -> tuple[int, str]:
+    """The model's size as the planner knows it, and whence: the trainer preset's parameters (fp32 weights) when
+    the memory plan knows the model, else output.expected_size_gib."""
+    if memory and str(memory.get("parameters", "")).isdigit():
+        parameters = int(memory["parameters"])
+        return (
+            parameters * MODEL_BYTES_PER_PARAMETER,
+            f"{parameters:,} parameters x {MODEL_BYTES_PER_PARAMETER} bytes",
+        )
+    return int(spec.output.expected_size_gib * 2**30), "output.expected_size_gib"
+
+
+def output_compression(spec: JobSpec, size: int, source: str) -> tuple[str, str]:
+    """OutputDataConfig.CompressionType, and why. SageMaker tars and gzips /opt/ml/model on one instance before
+    it uploads it, one stream at a time, while every instance of the job bills; model weights hardly compress.
+    Above GZIP_MAX_MODEL_GIB that costs the fleet minutes to hours (hundreds of GB), so the model goes up as its
+    files (NONE: a prefix of files, uploaded in parallel); below, one model.tar.gz is handier and quick."""
+    gib = size / 2**30
+    if spec.output.compression is not None:
+        return spec.output.compression.upper(), f"output.compression: {spec.output.compression}"
+    if gib > GZIP_MAX_MODEL_GIB:
+        return "NONE", (
+            f"the model is about {gib:,.1f} GiB ({source}), above {GZIP_MAX_MODEL_GIB:g} GiB: uploaded as its files, "
+            "not tarred and gzipped on one instance while the fleet bills (set output.compression: gzip for one "
+            "model.tar.gz)"
+        )
+    return "GZIP", f"the model is about {gib:,.1f} GiB ({source}): one model.tar.gz"
+
+
+def _plan_output(
+    spec: JobSpec, itype: InstanceType, errors: list[FieldError], memory: dict[str, Any] | None = None
+) -> dict[str, Any]:
     o = spec.output
+    size, source = model_bytes(spec, memory)
+    compression, why = output_compression(spec, size, source)
     if o.expected_size_gib > itype.usable_output_gib and not o.to_filesystem:
         errors.append(
             FieldError(
@@ -600,6 +639,9 @@ def _plan_output(spec: JobSpec, itype: InstanceType, errors: list[FieldError]) -
         "expected_size_gib": o.expected_size_gib,
         "local_usable_gib": round(itype.usable_output_gib, 1),
         "to_filesystem": o.to_filesystem,
+        "model_bytes": size,
+        "compression": compression,
+        "compression_why": why,
         # each run's own: register_job appends its job id (launch.checkpoint_location)
         "checkpoints_s3_uri": f"{spec.checkpoints_base.rstrip('/')}/<job id>/checkpoints/",
     }

@@ -337,6 +337,9 @@ class Output(_Section):
     s3_uri: S3Uri
     expected_size_gib: float = Field(10, ge=0, le=MAX_STORAGE_GIB)
     to_filesystem: bool = False
+    #: how SageMaker uploads the model (OutputDataConfig.CompressionType): one model.tar.gz (gzip) or the model's
+    #: files as they are (none); unset: chosen by the model's size (planner.output_compression)
+    compression: Literal["gzip", "none"] | None = None
 
 
 #: An earlier run's job id (register_job's `<spec name>-<8 hex>`).

@@ -48,7 +48,7 @@ class Observed:
     executions: dict[str, list[fault_matrix.Ended]]
     job_records: dict[str, list[str]]
     training_jobs: dict[str, list[str]]
-    #: archive key (relative to archive/<job id>/) -> how many versions of it exist, per spec name
+    #: archived object's name (its key's last part) -> how many versions of it exist, per spec name
     archive_versions: dict[str, dict[str, int]]
     #: on_training_event's answers to the deliveries of EVENTS_THRICE's job
     event_answers: list[dict[str, Any]]
@@ -116,7 +116,7 @@ def observed() -> Observed:
                 Bucket=stack.outputs["ArtifactsBucketName"], Prefix=f"archive/{name}-"
             ).get("Versions", [])
             for version in listed:
-                key = version["Key"].split("/", 2)[2]
+                key = version["Key"].rsplit("/", 1)[-1]  # the model lies under jobs/<training job>/output/
                 versions[name][key] = versions[name].get(key, 0) + 1
         answers = [
             json.loads(d.result)

@@ -24,4 +24,4 @@ def test_each_example_rehearses_to_an_archived_model_and_leaves_nothing(name, tm
 
     assert run.status == "SUCCEEDED", (run.error, run.cause)
     assert run.resources_left == 0, run.leftovers
-    assert "model.tar.gz" in {o["key"] for o in run.archive_objects}
+    assert "model.tar.gz" in {o["key"].rsplit("/", 1)[-1] for o in run.archive_objects}

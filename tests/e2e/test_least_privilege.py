@@ -126,7 +126,8 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
     SageMaker chains the tag to the job's session of its execution role (SessionChainingConfig), and the role's S3
     grants name the tag. The run's own job wrote its model and checkpoints that way; a job of another run (the
     session SageMaker hands a job of run "intruder-0123abcd") is refused, naming the action and the object, when
-    it reads or writes this run's code, checkpoints or results, or plants a manifest in its archive."""
+    it reads or writes this run's code, checkpoints or results (its model, under the run's archive), or plants a
+    manifest in its archive; the run's own job session may not write the archive's manifest either."""
     from lustrain.twin.iam.policy import Principal
     from lustrain.twin.rehearse import operator_session
     from lustrain.twin.simulator import ROLE_SESSION
@@ -144,6 +145,9 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
             for bucket in (artifacts, "lustrain-example-results")
         }
         job_id = result.job_id
+        model_key = next(
+            k for k in keys[artifacts] if k.startswith(f"archive/{job_id}/jobs/") and k.endswith("/output/model.tar.gz")
+        )
         targets = {
             "code": (
                 "s3:GetObject",
@@ -155,11 +159,9 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
                 "lustrain-example-results",
                 next(k for k in keys["lustrain-example-results"] if f"/{job_id}/checkpoints/" in k),
             ),
-            "model": (
-                "s3:GetObject",
-                "lustrain-example-results",
-                next(k for k in keys["lustrain-example-results"] if k.endswith("/output/model.tar.gz")),
-            ),
+            # SageMaker uploaded the model under the run's archive (archive/<job id>/jobs/), nothing copied it
+            "model": ("s3:GetObject", artifacts, model_key),
+            "model-overwrite": ("s3:PutObject", artifacts, model_key),
             "archive": ("s3:PutObject", artifacts, f"archive/{job_id}/manifest.json"),
         }
         _intruder, credentials = enforce.assume(
@@ -193,6 +195,26 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
                 )
         seen["refused"] = refused
         seen["targets"] = targets
+        # the run's own job session writes its model under jobs/, never the archive's own files
+        _own, own_credentials = enforce.assume(
+            role,
+            ROLE_SESSION,
+            service="sagemaker.amazonaws.com",
+            source_account=Principal.role_session(role, ROLE_SESSION).account,
+            session_tags={"lustrain-run": job_id},
+        )
+        as_run = boto3.client(
+            "s3",
+            region_name="us-east-1",
+            aws_access_key_id=own_credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=own_credentials["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=own_credentials["AWS_SESSION_TOKEN"],
+        )
+        try:
+            as_run.put_object(Bucket=artifacts, Key=f"archive/{job_id}/manifest.json", Body=b"planted")
+            seen["own_manifest"] = "written"
+        except ClientError as exc:
+            seen["own_manifest"] = exc.response["Error"]["Code"]
         # its own run's part of the results location is the intruder's to write
         as_intruder.put_object(
             Bucket="lustrain-example-results", Key="quick/intruder-0123abcd/x", Body=b"own"
@@ -202,6 +224,7 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
 
     assert run.status == "SUCCEEDED", (run.error, run.cause)
     assert seen["own_sessions"] == {(("lustrain-run", run.job_id),)}
+    assert seen["own_manifest"] == "AccessDenied"
     assert set(seen["refused"]) == set(seen["targets"]), (
         f"not refused: {set(seen['targets']) - set(seen['refused'])}"
     )

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lustrain.cli import main
 from lustrain.twin.rehearse import rehearse
@@ -20,13 +21,32 @@ def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind():
 
     assert run.status == "SUCCEEDED", (run.error, run.cause)
     assert run.resources_left == 0, run.leftovers
-    archived = {o["key"] for o in run.archive_objects}
+    archived = {o["key"].rsplit("/", 1)[-1] for o in run.archive_objects}
     assert {"model.tar.gz", "manifest.json", "describe_training_job.json", "final_metrics.json"} <= archived
     entered = [s.name for s in run.states]
     assert entered[0] == "Register the job" and "Start the training job" in entered
     assert "Tear down the run" in entered
     assert any("train_loss=" in line for line in run.training_log_tail)
     assert run.transitions <= 30 and run.lambda_invocations <= 15
+
+
+def test_an_uncompressed_model_is_archived_as_its_files(tmp_path):
+    """output.compression: none: SageMaker (the twin) uploads /opt/ml/model's files under the archive's
+    jobs/<training job>/output/model/, and the manifest lists each with its size and S3's checksum."""
+    spec = yaml.safe_load(QUICK.read_text())
+    spec["output"]["compression"] = "none"
+    path = tmp_path / "quick-none.yaml"
+    path.write_text(yaml.safe_dump(spec))
+
+    run = rehearse(path)
+
+    assert run.status == "SUCCEEDED", (run.error, run.cause)
+    assert run.resources_left == 0, run.leftovers
+    keys = {o["key"] for o in run.archive_objects}
+    assert "model.tar.gz" not in {k.rsplit("/", 1)[-1] for k in keys}
+    model_files = {k.split("/output/model/", 1)[1] for k in keys if "/output/model/" in k}
+    assert {"model.pt", "config.json"} <= model_files, keys
+    assert "manifest.json" in keys
 
 
 # Every injected fault, and throttling at every step, runs in tests/e2e/test_fault_matrix.py (the same state

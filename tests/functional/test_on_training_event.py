@@ -10,17 +10,18 @@ are recorded as sent. Forged and replayed events change nothing.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
 import pytest
+from botocore.config import Config
 from botocore.stub import ANY, Stubber
 from infra_support import REGION, invoke
 from lustrain_core import clients
 from lustrain_core.errors import AwsThrottled
+from lustrain_core.steps.job import split_s3_uri
 from training_support import (
     RESULTS_BUCKET,
     TOKEN,
@@ -30,6 +31,8 @@ from training_support import (
     token_item,
     training_input,
 )
+
+from lustrain.twin.patches.s3 import crc64nvme_base64
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 MODEL = b"model weights " * 1000
@@ -58,21 +61,32 @@ def state_change(name: str, status: str, **detail) -> dict:
     return event
 
 
-def completed_description(name: str) -> dict:
-    """What DescribeTrainingJob says once the job has completed, its artifacts in the results bucket."""
+def uploader():
+    """An S3 client that sends no checksum of its own, as an uploader that does not: S3 adds its CRC64NVME."""
+    return boto3.client("s3", region_name=REGION, config=Config(request_checksum_calculation="when_required"))
+
+
+def completed_description(name: str, bucket: str | None = None) -> dict:
+    """What DescribeTrainingJob says once the job has completed, its artifacts where SageMaker uploaded them
+    (its OutputDataConfig.S3OutputPath: the run's archive; `bucket`: a results bucket, as an older run's)."""
     described = boto3.client("sagemaker", region_name=REGION).describe_training_job(TrainingJobName=name)
     described.pop("ResponseMetadata")
-    prefix = f"tiny/{name}/output/"
-    s3 = boto3.client("s3", region_name=REGION)
-    s3.create_bucket(Bucket=RESULTS_BUCKET)
-    s3.put_object(Bucket=RESULTS_BUCKET, Key=prefix + "model.tar.gz", Body=MODEL)
-    s3.put_object(Bucket=RESULTS_BUCKET, Key=prefix + "output.tar.gz", Body=OUTPUT)
+    if bucket is None:
+        bucket, base = split_s3_uri(described["OutputDataConfig"]["S3OutputPath"], "S3OutputPath")
+    else:
+        base = "tiny/"
+    prefix = f"{base}{name}/output/"
+    s3 = uploader()
+    if bucket == RESULTS_BUCKET:
+        s3.create_bucket(Bucket=RESULTS_BUCKET)
+    s3.put_object(Bucket=bucket, Key=prefix + "model.tar.gz", Body=MODEL)
+    s3.put_object(Bucket=bucket, Key=prefix + "output.tar.gz", Body=OUTPUT)
     end = datetime(2026, 11, 21, 6, 35, tzinfo=UTC)
     described.update(
         TrainingJobStatus="Completed",
         SecondaryStatus="Completed",
         TrainingEndTime=end,
-        ModelArtifacts={"S3ModelArtifacts": f"s3://{RESULTS_BUCKET}/{prefix}model.tar.gz"},
+        ModelArtifacts={"S3ModelArtifacts": f"s3://{bucket}/{prefix}model.tar.gz"},
         FinalMetricDataList=[
             {"MetricName": "train_loss", "Value": 2.31, "Timestamp": end},
             {"MetricName": "tokens_per_second", "Value": 412000.0, "Timestamp": end},
@@ -140,16 +154,19 @@ def test_three_deliveries_of_completed_archive_once_and_call_back_once(started):
     assert token_item(settings.tokens_table, name)["status"] == "callback_sent"
 
 
-def test_the_manifest_lists_every_archived_object_with_its_size_and_sha256(started):
+def test_the_manifest_lists_every_archived_object_with_its_size_and_s3s_checksum(started):
+    """The model is archived where SageMaker uploaded it (under the archive's jobs/), nothing copied; each object
+    is listed with its size and the checksum S3 keeps with it, which is the CRC64NVME of its bytes."""
     settings, name, job_id = started["settings"], started["name"], started["job_id"]
-    with stub_describe(completed_description(name)):
+    with stub_describe(completed_description(name)), calls_of(clients.client("s3")) as s3_calls:
         invoke("on_training_event", state_change(name, "Completed"))
 
     stored = archive_listing(settings, job_id)
     manifest = json.loads(stored.pop("manifest.json"))
+    job_output = f"jobs/{name}/output/"
     assert set(stored) == {
-        "model.tar.gz",
-        "output.tar.gz",
+        job_output + "model.tar.gz",
+        job_output + "output.tar.gz",
         "describe_training_job.json",
         "final_metrics.json",
     }
@@ -157,9 +174,20 @@ def test_the_manifest_lists_every_archived_object_with_its_size_and_sha256(start
     assert set(listed) == set(stored)
     for key, body in stored.items():
         assert listed[key]["size"] == len(body)
-        assert listed[key]["sha256"] == hashlib.sha256(body).hexdigest()
         assert listed[key]["s3_uri"] == f"s3://{settings.artifacts_bucket}/archive/{job_id}/{key}"
-    assert stored["model.tar.gz"] == MODEL and stored["output.tar.gz"] == OUTPUT
+        assert listed[key]["checksum"]["value"]
+    for key in (job_output + "model.tar.gz", job_output + "output.tar.gz"):
+        assert listed[key]["checksum"] == {
+            "algorithm": "CRC64NVME",
+            "value": crc64nvme_base64(stored[key]),
+            "type": "FULL_OBJECT",
+        }
+    assert {listed[job_output + "model.tar.gz"]["role"], listed[job_output + "output.tar.gz"]["role"]} == {
+        "model",
+        "output",
+    }
+    assert stored[job_output + "model.tar.gz"] == MODEL and stored[job_output + "output.tar.gz"] == OUTPUT
+    assert not [op for op, _ in s3_calls if op in {"CopyObject", "UploadPartCopy"}]
     description = json.loads(stored["describe_training_job.json"])
     assert description["TrainingJobName"] == name
     assert description["TrainingEndTime"] == "2026-11-21T06:35:00+00:00"
@@ -197,14 +225,14 @@ def test_a_planted_manifest_does_not_stop_the_real_archive(started):
     assert answered["callback"] == "send_task_success"
     stored = archive_listing(settings, job_id)
     manifest = json.loads(stored.pop("manifest.json"))
-    assert stored["model.tar.gz"] == MODEL
+    assert stored[f"jobs/{name}/output/model.tar.gz"] == MODEL
     assert {entry["name"] for entry in manifest["objects"]} == set(stored)
     assert manifest != planted
 
 
 def test_an_archive_found_complete_is_not_written_again(started):
     """The event repeated after the archive was written but before the callback was recorded (a crash between
-    them): the manifest this archive wrote is recognised and nothing is copied again."""
+    them): the manifest this archive wrote is recognised and nothing is written again."""
     settings, name, job_id = started["settings"], started["name"], started["job_id"]
     from lustrain_core.steps.archive import archive_training_job
 

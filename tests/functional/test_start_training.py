@@ -79,7 +79,7 @@ def test_the_job_is_created_in_a_launcher_session_tagged_with_the_run(p4d_quota,
     described = boto3.client("sagemaker", region_name=REGION).describe_training_job(
         TrainingJobName=result["training_job_name"]
     )
-    assert described["OutputDataConfig"]["S3OutputPath"].endswith(f"/{job_id}/")
+    assert described["OutputDataConfig"]["S3OutputPath"].endswith(f"/archive/{job_id}/jobs/")
 
 
 def test_the_token_and_the_ledger_entry_are_written_before_the_job_exists(p4d_quota):

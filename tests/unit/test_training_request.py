@@ -204,8 +204,12 @@ def test_network_output_checkpoints_role_and_tags():
         "Subnets": ["subnet-0f1e2d3c4b5a69788"],
         "SecurityGroupIds": ["sg-0123456789abcdef0"],
     }
-    # under the run's own <job id>/: the only part of the results location the job's role may write
-    assert request["OutputDataConfig"] == {"S3OutputPath": f"s3://my-team-results/gpt-small/{doc['job']['job_id']}/"}
+    # under the run's own archive: SageMaker uploads the model where it is archived, nothing is copied
+    assert request["OutputDataConfig"] == {
+        "S3OutputPath": f"s3://{SETTINGS.artifacts_bucket}/archive/{doc['job']['job_id']}/jobs/",
+        # the sample's output.expected_size_gib is 50: its model goes up as its files
+        "CompressionType": "NONE",
+    }
     # the job's session of its role carries the launcher session's tags (lustrain-run)
     assert request["SessionChainingConfig"] == {"EnableSessionTagChaining": True}
     assert request["CheckpointConfig"] == {
@@ -304,3 +308,19 @@ def test_a_document_without_the_network_is_refused_by_name():
     with pytest.raises(SpecInvalid) as info:
         request_for(doc)
     assert "lacks $.network (made by create_network)" in str(info.value)
+
+
+def test_output_compression_gzip_is_one_model_tar_gz_whatever_the_size():
+    request = request_for(document({"output": {"compression": "gzip"}}))
+    assert request["OutputDataConfig"]["CompressionType"] == "GZIP"
+
+
+def test_a_run_registered_before_the_archive_path_still_writes_to_its_results_location():
+    doc = document()
+    doc["job"]["launch"].pop("model_output_s3_uri")
+    doc["job"]["launch"].pop("output_compression")
+    request = request_for(doc)
+    assert request["OutputDataConfig"] == {
+        "S3OutputPath": f"s3://my-team-results/gpt-small/{doc['job']['job_id']}/",
+        "CompressionType": "GZIP",
+    }

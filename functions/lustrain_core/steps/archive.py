@@ -1,26 +1,38 @@
 """The archive of a completed training job: its results gathered under s3://<artifacts>/<ARCHIVE_PREFIX><job id>/.
 
-    model.tar.gz                 copy of ModelArtifacts.S3ModelArtifacts
-    output.tar.gz                copy of the output.tar.gz SageMaker writes next to it (when there is one)
+    jobs/<training job>/output/  what SageMaker uploaded there itself (OutputDataConfig.S3OutputPath is
+                                 training.model_output_path): model.tar.gz and output.tar.gz (CompressionType
+                                 GZIP), or the files of /opt/ml/model under model/ and of /opt/ml/output/data
+                                 under data/ (NONE)
     describe_training_job.json   the job's DescribeTrainingJob (datetimes as ISO 8601)
     final_metrics.json           its FinalMetricDataList
-    manifest.json                every object above with its size and sha256, written last
+    manifest.json                every object above with its size and S3's checksum of it, written last
+
+No byte of the model passes through the archive: SageMaker writes the model straight under the archive, so nothing
+is copied (a CopyObject source may not exceed 5 GB, and a server-side copy of hundreds of GB would not end within
+a Lambda's 900 s either), and nothing is read back to be hashed. Each object's integrity is the checksum S3 keeps
+with it (HeadObject with ChecksumMode ENABLED): S3 validates a checksum the uploader sends and stores it, and
+computes a full-object CRC64NVME itself for an object uploaded without one (S3 User Guide, "Checking object
+integrity"). The manifest records that checksum (its algorithm, value and type: FULL_OBJECT, or COMPOSITE for a
+multipart upload's checksum of part checksums), the ETag, the version and the size. The archive's time is one
+ListObjectsV2 page per thousand objects and one HeadObject per object, whatever their size. A model a job of an
+older run uploaded outside the archive (its results location) is listed where it is, with its checksum, and not
+copied.
 
 manifest.json is written only once everything else is in place, so a manifest this archive wrote means the archive
 is complete: a repeated event finds it and archives nothing again. A manifest is trusted only when it is one:
 it names this job (job id, training job name, this archive's location) and every object it lists is there, under
-the archive, with the size it gives (HeadObject: a repeated event never reads a model's bytes again). Anything else
-found there (a manifest planted by whoever could write the prefix, or one of an archive cut short) is not taken for
-the archive: the archive is written again, over it. Only the stack's on_training_event may write the archive
-prefix (a training job's role writes only its run's output, and no spec may point into archive/), so its content
-is not hashed a second time. The sha256 is of the archived bytes, read back after a server-side copy (boto3's managed
-copy: multipart beyond 5 GB), as `sha256sum` would print it.
+the archive (or the job's own output location), with the size and checksum it gives (HeadObject: a repeated event
+never reads a model's bytes). Anything else found there (a manifest planted by whoever could write the prefix, or
+one of an archive cut short) is not taken for the archive: the archive is written again, over it. Only the stack's
+on_training_event writes the archive's own files; a training job's role writes only under its own run's jobs/
+(the session tag lustrain-run), where the manifest is not.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime
 from typing import Any
 
@@ -33,7 +45,12 @@ from lustrain_core.steps.records import now_iso
 MANIFEST = "manifest.json"
 DESCRIPTION = "describe_training_job.json"
 FINAL_METRICS = "final_metrics.json"
-_CHUNK = 8 * 2**20
+#: where under the run's archive SageMaker uploads each training job's output (training.model_output_path)
+JOBS_DIR = "jobs/"
+#: S3's checksum algorithms, in the order the manifest prefers one when an object has several
+CHECKSUMS = ("CRC64NVME", "SHA256", "SHA1", "CRC32C", "CRC32")
+#: HeadObject calls made at once for a model of many files (an uncompressed model)
+HEAD_CONCURRENCY = 16
 
 
 def _json_bytes(value: Any) -> bytes:
@@ -43,6 +60,39 @@ def _json_bytes(value: Any) -> bytes:
         raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
     return json.dumps(value, indent=2, sort_keys=True, default=iso).encode()
+
+
+def checksum_of(response: dict[str, Any]) -> dict[str, str] | None:
+    """The checksum S3 gives for an object (HeadObject with ChecksumMode ENABLED, PutObject's answer): algorithm,
+    base64 value and type; None when S3 has none for it (an object stored before S3 added default checksums)."""
+    for algorithm in CHECKSUMS:
+        value = response.get(f"Checksum{algorithm}")
+        if value:
+            return {
+                "algorithm": algorithm,
+                "value": str(value),
+                "type": str(response.get("ChecksumType") or ""),
+            }
+    return None
+
+
+def _same_checksum(found: dict[str, str] | None, listed: Any) -> bool:
+    """Whether S3's checksum of an object is the one a manifest lists (algorithm and value; a listed None: S3
+    had none when the archive was written)."""
+    if listed is None:
+        return True
+    if found is None or not isinstance(listed, dict):
+        return False
+    return (found["algorithm"], found["value"]) == (listed.get("algorithm"), listed.get("value"))
+
+
+def _head(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    try:
+        return dict(s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED"))
+    except ClientError as exc:
+        if not_found(exc):
+            return None
+        raise
 
 
 def _read_manifest(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
@@ -59,6 +109,12 @@ def _read_manifest(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) else None
 
 
+def job_output_dir(model_uri: str) -> str:
+    """The training job's output location (…/<training job>/output/) from its S3ModelArtifacts: the object
+    …/output/model.tar.gz (GZIP) or the prefix …/output/model/ (NONE)."""
+    return model_uri.rstrip("/").rsplit("/", 1)[0] + "/"
+
+
 def _is_ours(
     s3: Any, manifest: dict[str, Any], description: dict[str, Any], job_id: str, bucket: str, prefix: str
 ) -> bool:
@@ -72,64 +128,88 @@ def _is_ours(
         or not isinstance(objects, list)
     ):
         return False
+    model_uri = (description.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
+    homes = [location] + ([job_output_dir(str(model_uri))] if model_uri else [])
     names = {str(obj.get("name")) for obj in objects if isinstance(obj, dict)}
     if not {DESCRIPTION, FINAL_METRICS} <= names:
         return False
     for obj in objects:
-        uri = str(obj.get("s3_uri", ""))
-        if not uri.startswith(location) or "/" in uri[len(location) :]:
+        uri = str(obj.get("s3_uri", "")) if isinstance(obj, dict) else ""
+        if not any(uri.startswith(home) for home in homes):
             return False
-        key = uri.removeprefix(f"s3://{bucket}/")
-        try:
-            if int(s3.head_object(Bucket=bucket, Key=key)["ContentLength"]) != obj.get("size"):
-                return False
-        except ClientError as exc:
-            if not_found(exc):
-                return False
-            raise
+        obj_bucket, key = split_s3_uri(uri, "manifest.objects.s3_uri")
+        head = _head(s3, obj_bucket, key)
+        if head is None or int(head["ContentLength"]) != obj.get("size"):
+            return False
+        if not _same_checksum(checksum_of(head), obj.get("checksum")):
+            return False
     return True
 
 
-def _sha256_of(s3: Any, bucket: str, key: str) -> str:
-    digest = hashlib.sha256()
-    for chunk in s3.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(_CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _copy(s3: Any, source_uri: str, bucket: str, key: str) -> dict[str, Any] | None:
-    """Copy one object into the archive; None when the source does not exist."""
-    src_bucket, src_key = split_s3_uri(source_uri, "ModelArtifacts.S3ModelArtifacts")
-    try:
-        size = int(s3.head_object(Bucket=src_bucket, Key=src_key)["ContentLength"])
-    except ClientError as exc:
-        if not_found(exc):
-            return None
-        raise
-    s3.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key)
+def _entry(bucket: str, key: str, head: dict[str, Any], location: str, role: str) -> dict[str, Any]:
+    uri = f"s3://{bucket}/{key}"
     return {
-        "name": key.rsplit("/", 1)[-1],
-        "s3_uri": f"s3://{bucket}/{key}",
-        "size": size,
-        "sha256": _sha256_of(s3, bucket, key),
-        "source": source_uri,
+        "name": uri[len(location) :] if uri.startswith(location) else uri,
+        "role": role,
+        "s3_uri": uri,
+        "size": int(head["ContentLength"]),
+        "etag": str(head.get("ETag", "")).strip('"'),
+        "checksum": checksum_of(head),
+        # the artifacts bucket is versioned: the version archived stays readable if the key is written again
+        "version_id": head.get("VersionId"),
     }
 
 
-def _write(s3: Any, bucket: str, key: str, body: bytes) -> dict[str, Any]:
-    s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
-    return {
-        "name": key.rsplit("/", 1)[-1],
-        "s3_uri": f"s3://{bucket}/{key}",
-        "size": len(body),
-        "sha256": hashlib.sha256(body).hexdigest(),
-    }
+def _listed(s3: Any, uri: str, location: str, role: str) -> list[dict[str, Any]]:
+    """Every object under the prefix `uri`, each with its HeadObject (no byte read)."""
+    bucket, prefix = split_s3_uri(uri, "ModelArtifacts.S3ModelArtifacts")
+    keys = [
+        obj["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for obj in page.get("Contents", [])
+    ]
+    with ThreadPoolExecutor(max_workers=HEAD_CONCURRENCY) as pool:
+        heads = list(pool.map(lambda key: _head(s3, bucket, key), keys))
+    return [_entry(bucket, key, head, location, role) for key, head in zip(keys, heads, strict=True) if head]
+
+
+def _one(s3: Any, uri: str, location: str, role: str) -> list[dict[str, Any]]:
+    bucket, key = split_s3_uri(uri, "ModelArtifacts.S3ModelArtifacts")
+    head = _head(s3, bucket, key)
+    return [] if head is None else [_entry(bucket, key, head, location, role)]
+
+
+def job_outputs(s3: Any, model_uri: str, location: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The objects SageMaker uploaded for a job whose S3ModelArtifacts is `model_uri`, and the locations expected
+    but absent: model.tar.gz and output.tar.gz beside it (GZIP: SageMaker tars even an empty /opt/ml/output/data),
+    or the model/ and data/ prefixes (NONE: an empty /opt/ml/output/data leaves no object, and is not missing)."""
+    found: list[dict[str, Any]] = []
+    missing: list[str] = []
+    if model_uri.endswith("/"):
+        wanted = [(model_uri, "model", True), (job_output_dir(model_uri) + "data/", "output", False)]
+        look = _listed
+    else:
+        wanted = [(model_uri, "model", True), (job_output_dir(model_uri) + "output.tar.gz", "output", True)]
+        look = _one
+    for uri, role, expected in wanted:
+        objects = look(s3, uri, location, role)
+        found.extend(objects)
+        if not objects and expected:
+            missing.append(uri)
+    return found, missing
+
+
+def _write(s3: Any, bucket: str, key: str, body: bytes, location: str, role: str) -> dict[str, Any]:
+    answer = s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+    head = {**answer, "ContentLength": len(body)}
+    return _entry(bucket, key, head, location, role)
 
 
 def archive_training_job(s3: Any, description: dict[str, Any], target: str, job_id: str) -> dict[str, Any]:
     """Archive a completed job under `target` (an s3:// prefix) once; returns the manifest."""
     bucket, prefix = split_s3_uri(target, "archive_target")
     prefix = prefix if prefix.endswith("/") or not prefix else prefix + "/"
+    location = f"s3://{bucket}/{prefix}"
     existing = _read_manifest(s3, bucket, prefix + MANIFEST)
     if existing is not None and _is_ours(s3, existing, description, job_id, bucket, prefix):
         return existing
@@ -138,24 +218,20 @@ def archive_training_job(s3: Any, description: dict[str, Any], target: str, job_
     missing: list[str] = []
     model_uri = (description.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
     if model_uri:
-        sources = [model_uri, model_uri.rsplit("/", 1)[0] + "/output.tar.gz"]
-        for source, name in zip(sources, ("model.tar.gz", "output.tar.gz"), strict=True):
-            copied = _copy(s3, source, bucket, prefix + name)
-            if copied is None:
-                missing.append(source)
-            else:
-                objects.append(copied)
-    objects.append(_write(s3, bucket, prefix + DESCRIPTION, _json_bytes(description)))
+        objects, missing = job_outputs(s3, str(model_uri), location)
     objects.append(
-        _write(s3, bucket, prefix + FINAL_METRICS, _json_bytes(description.get("FinalMetricDataList", [])))
+        _write(s3, bucket, prefix + DESCRIPTION, _json_bytes(description), location, "description")
     )
+    metrics = _json_bytes(description.get("FinalMetricDataList", []))
+    objects.append(_write(s3, bucket, prefix + FINAL_METRICS, metrics, location, "final_metrics"))
 
     manifest = {
         "job_id": job_id,
         "training_job_name": description.get("TrainingJobName"),
         "training_job_status": description.get("TrainingJobStatus"),
-        "archive_s3_uri": f"s3://{bucket}/{prefix}",
+        "archive_s3_uri": location,
         "archived_at": now_iso(),
+        "model_s3_uri": model_uri,
         "objects": objects,
         "missing": missing,
     }

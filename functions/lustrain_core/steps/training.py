@@ -56,6 +56,7 @@ from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VA
 from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import JobSpec
 from lustrain_core.steps import Job, Run, queue, records
+from lustrain_core.steps.archive import JOBS_DIR
 from lustrain_core.steps.budget import (
     MIN_RUNTIME_SECONDS,
     AttemptBudget,
@@ -112,6 +113,12 @@ def training_job_name(spec_name: str, job_id: str, attempt: int) -> str:
 
 def archive_target(settings: Settings, job_id: str) -> str:
     return f"s3://{settings.artifacts_bucket}/{settings.archive_prefix}{job_id}/"
+
+
+def model_output_path(settings: Settings, job_id: str) -> str:
+    """OutputDataConfig.S3OutputPath: under the run's archive, so that the model is archived where SageMaker
+    uploads it and never copied (steps/archive.py); the execution role writes there only for its own run."""
+    return archive_target(settings, job_id) + JOBS_DIR
 
 
 def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[str, str]:
@@ -269,8 +276,12 @@ def request_from(
         algorithm["MetricDefinitions"] = [
             {"Name": m.Name, "Regex": m.Regex} for m in run.code.metric_definitions
         ]
-    # under the run's own <job id>/, the only part of the results location its role may write (run_session_tags)
-    output: dict[str, Any] = {"S3OutputPath": f"{spec.output.s3_uri.rstrip('/')}/{job.job_id}/"}
+    # under the run's own archive (launch.model_output_s3_uri), the only part of it its role may write
+    # (run_session_tags); a run registered before that was decided: its results location's <job id>/
+    output: dict[str, Any] = {
+        "S3OutputPath": launch.model_output_s3_uri or f"{spec.output.s3_uri.rstrip('/')}/{job.job_id}/",
+        "CompressionType": launch.output_compression,
+    }
     if kms_key_id:
         output["KmsKeyId"] = kms_key_id
     environment = {**launch.environment, RUN_ID_VARIABLE: job.job_id}

@@ -21,6 +21,7 @@ from lustrain.twin.patches import (
     lambda_invoke,
     loaders,
     offerings,
+    s3,
     service_quotas,
     stepfunctions,
     throttling,
@@ -64,6 +65,7 @@ def install() -> None:
         offerings.install()
         validation.install()
         stepfunctions.install()
+        s3.install()
         if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:
             importlib.import_module(f"{__name__}.sagemaker").install()
         _installed = True

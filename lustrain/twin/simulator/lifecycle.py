@@ -1,7 +1,8 @@
 """A training job's life, in a thread of its own, as SageMaker lives it.
 
     InProgress/Starting -> Downloading (code, the Lustre "mount", S3 channels, checkpoints) -> Training (the
-    entry point) -> Uploading (model.tar.gz, output.tar.gz, checkpoints) -> Completed | Failed | Stopped
+    entry point) -> Uploading (model.tar.gz, output.tar.gz, or their files for CompressionType NONE; checkpoints)
+    -> Completed | Failed | Stopped
 
 Each phase moves the job on or raises JobFailure with the FailureReason SageMaker would give. What the job needs
 from the rest of the twin is handed in (`Collaborators`): the EventBridge to emit on, FSx's descriptions and
@@ -624,13 +625,23 @@ class _JobRun:
     def _upload(self, layout: Layout, *, with_model: bool) -> None:
         self._reach_s3("Artifact upload")
         bucket, prefix = self._output_prefix()
+        config = self.job.request.get("OutputDataConfig") or {}
         try:
-            if with_model:
-                key = f"{prefix}model.tar.gz"
-                self.storage.put(bucket, key, tar_gz(layout.model))
-                with self.job._lock:
-                    self.job.model_artifacts = f"s3://{bucket}/{key}"
-            self.storage.put(bucket, f"{prefix}output.tar.gz", tar_gz(layout.output_data))
+            if config.get("CompressionType") == "NONE":
+                # uncompressed: /opt/ml/model's files under output/model/ (the model artifacts are that prefix)
+                # and /opt/ml/output/data's under output/data/, each object as it is
+                if with_model:
+                    self._put_tree(bucket, f"{prefix}model/", layout.model)
+                    with self.job._lock:
+                        self.job.model_artifacts = f"s3://{bucket}/{prefix}model/"
+                self._put_tree(bucket, f"{prefix}data/", layout.output_data)
+            else:
+                if with_model:
+                    key = f"{prefix}model.tar.gz"
+                    self.storage.put(bucket, key, tar_gz(layout.model))
+                    with self.job._lock:
+                        self.job.model_artifacts = f"s3://{bucket}/{key}"
+                self.storage.put(bucket, f"{prefix}output.tar.gz", tar_gz(layout.output_data))
             self._save_checkpoints(layout)
         except MissingBucket as missing:
             raise JobFailure(
@@ -641,6 +652,10 @@ class _JobRun:
             raise JobFailure(
                 f"ClientError: Artifact upload failed:Failed to upload data. {denied_text(refused)}"
             ) from None
+
+    def _put_tree(self, bucket: str, prefix: str, directory: Path) -> None:
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            self.storage.put(bucket, prefix + path.relative_to(directory).as_posix(), path.read_bytes())
 
     def _upload_after_failure(self, layout: Layout) -> None:
         with contextlib.suppress(JobFailure):
