@@ -31,12 +31,13 @@ pytestmark = [
 
 
 def sourcedir() -> bytes:
-    """train.py and the lustrain_trainer package, as the code upload packs them."""
+    """Every file of trainer/ (train.py, the lustrain_trainer package and its data files), as the code upload packs
+    them."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        archive.add(TRAINER / "train.py", arcname="train.py")
-        for path in sorted((TRAINER / "lustrain_trainer").rglob("*.py")):
-            archive.add(path, arcname=path.relative_to(TRAINER).as_posix())
+        for path in sorted(TRAINER.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                archive.add(path, arcname=path.relative_to(TRAINER).as_posix())
     return buffer.getvalue()
 
 
