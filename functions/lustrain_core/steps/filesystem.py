@@ -165,19 +165,7 @@ def link_for(spec: JobSpec, job_id: str) -> LinkPlan:
         )
     out = output_path(job_id) if spec.output.to_filesystem else None
     if out is not None:
-        if mount == "/":
-            raise SpecInvalid.one(
-                "filesystem.mount_path",
-                spec.filesystem.mount_path,
-                'a link at "/" must be the file system\'s only one, and output.to_filesystem needs a second '
-                "for the output: use a mount_path like /data",
-            )
-        if _overlaps(mount, OUTPUT_ROOT):
-            raise SpecInvalid.one(
-                "filesystem.mount_path",
-                spec.filesystem.mount_path,
-                f"{OUTPUT_ROOT} is where lustrain writes output on the file system: choose another path",
-            )
+        _check_room_beside(spec, mount, OUTPUT_ROOT, "output.to_filesystem", "output")
     ckpt = _checkpoint_link(spec, job_id, mount)
     links = [Link(mount, spec.data.s3_uri, "data")]
     if out is not None:
@@ -195,6 +183,23 @@ def link_for(spec: JobSpec, job_id: str) -> LinkPlan:
     )
 
 
+def _check_room_beside(spec: JobSpec, mount: str, root: str, field: str, what: str) -> None:
+    """A second link (`field`, writing `what` under `root`) needs the data's link off "/" and clear of `root`."""
+    if mount == "/":
+        raise SpecInvalid.one(
+            "filesystem.mount_path",
+            spec.filesystem.mount_path,
+            f'a link at "/" must be the file system\'s only one, and {field} needs a second for the {what}: use '
+            "a mount_path like /data",
+        )
+    if _overlaps(mount, root):
+        raise SpecInvalid.one(
+            "filesystem.mount_path",
+            spec.filesystem.mount_path,
+            f"{root} is where lustrain writes {what} on the file system: choose another path",
+        )
+
+
 def _checkpoint_link(spec: JobSpec, job_id: str, mount: str) -> Link | None:
     """The DRA of checkpoints.to_filesystem: the run's checkpoint directory <-> its checkpoint prefix in S3."""
     if not spec.checkpoints.to_filesystem:
@@ -202,19 +207,7 @@ def _checkpoint_link(spec: JobSpec, job_id: str, mount: str) -> Link | None:
     from lustrain_core.launch import checkpoint_location
 
     field = "checkpoints.to_filesystem"
-    if mount == "/":
-        raise SpecInvalid.one(
-            "filesystem.mount_path",
-            spec.filesystem.mount_path,
-            'a link at "/" must be the file system\'s only one, and checkpoints.to_filesystem needs a second for '
-            "the checkpoints: use a mount_path like /data",
-        )
-    if _overlaps(mount, CHECKPOINT_ROOT):
-        raise SpecInvalid.one(
-            "filesystem.mount_path",
-            spec.filesystem.mount_path,
-            f"{CHECKPOINT_ROOT} is where lustrain writes checkpoints on the file system: choose another path",
-        )
+    _check_room_beside(spec, mount, CHECKPOINT_ROOT, field, "checkpoints")
     s3_uri = checkpoint_location(spec, job_id)
     if spec.output.to_filesystem and _s3_overlaps(s3_uri, spec.output.s3_uri):
         # each DRA of a file system links its own S3 prefix (CreateDataRepositoryAssociation's API reference:
