@@ -51,10 +51,12 @@ CONTAINER_DATA_DIR = f"/opt/ml/input/data/{CHANNEL}"
 #: POSIX shell, find, xargs and cat would do, and this one is SageMaker's own
 IMAGE_VERSION = "2.8"
 #: the container's command (each of ContainerEntrypoint's items is at most 256 characters): restore where `lfs`
-#: exists (asynchronous), then read every file, 8 readers at a time, which loads and waits for each
+#: exists (asynchronous), then read every file, 8 readers at a time, which loads and waits for each; a read that
+#: fails fails the job; the log's last line counts the files
 SCRIPT = (
     'cd "$1" || exit 1; if command -v lfs >/dev/null; then find . -type f -print0 | xargs -0 -r -n 1000 '
-    "lfs hsm_restore; fi; find . -type f -print0 | xargs -0 -r -n 64 -P 8 cat >/dev/null"
+    "lfs hsm_restore; fi; find . -type f -print0 | xargs -0 -r -n 64 -P 8 cat >/dev/null || exit 1; "
+    'echo "warm-up: $(find . -type f | wc -l) files read"'
 )
 ENTRYPOINT = ["/bin/sh", "-c", SCRIPT, "warmup", CONTAINER_DATA_DIR]
 RUNNING = frozenset({"InProgress", "Stopping"})
