@@ -168,6 +168,14 @@ def advance(
             lifecycle=PRELOADING,
             training_job_name=warm.name,
         )
+    if polls >= poll["max_polls"]:
+        # the state machine's Choice stops here too; teardown stops the job
+        raise FileSystemFailed(
+            f"the data warm-up job {warm.name} is still {status} after {polls} looks at the file system",
+            file_system_id=run.filesystem.file_system_id,
+            lifecycle=PRELOADING,
+            training_job_name=warm.name,
+        )
     return PRELOADING, wait_seconds(warm.max_runtime_seconds, polls, poll)
 
 
