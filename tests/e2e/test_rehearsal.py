@@ -29,6 +29,38 @@ def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind():
     assert run.transitions <= 30 and run.lambda_invocations <= 15
 
 
+def test_a_run_with_data_preload_warms_the_data_up_before_training_and_leaves_nothing(tmp_path):
+    import yaml
+
+    from lustrain.twin.rehearse import operator_session
+
+    doc = yaml.safe_load(QUICK.read_text())
+    doc["name"] = "quick-preload"
+    doc["data"]["preload"] = True
+    spec = tmp_path / "quick-preload.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    jobs: dict[str, dict] = {}
+
+    def inspect(stack, result):
+        sagemaker = operator_session().client("sagemaker")
+        for summary in sagemaker.list_training_jobs()["TrainingJobSummaries"]:
+            name = summary["TrainingJobName"]
+            jobs[name] = sagemaker.describe_training_job(TrainingJobName=name)
+
+    run = rehearse(spec, inspect=inspect)
+
+    assert (run.status, run.resources_left) == ("SUCCEEDED", 0), (run.error, run.cause, run.leftovers)
+    (warmup,) = [j for name, j in jobs.items() if name.endswith("-warmup")]
+    (training,) = [j for name, j in jobs.items() if not name.endswith("-warmup")]
+    assert (
+        warmup["TrainingJobStatus"] == "Completed"
+        and warmup["ResourceConfig"]["InstanceType"] == "ml.m5.xlarge"
+    )
+    # the data was read into Lustre before the GPUs started
+    assert warmup["TrainingEndTime"] <= training["CreationTime"]
+    assert run.archive_objects
+
+
 # Every injected fault, and throttling at every step, runs in tests/e2e/test_fault_matrix.py (the same state
 # machine and handlers, with a stand-in trainer so that 36 runs take about a minute). Here: the rehearse command.
 
