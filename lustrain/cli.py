@@ -415,8 +415,8 @@ def _preload_rows(preload: dict[str, Any] | None) -> list[tuple[str, str]]:
             f"{preload['warmup_seconds'] / 3600:,.2f} h on 1 x {preload['warmup_instance_type']} at "
             f"{preload['warmup_read_mb_s']:,.0f} MB/s before the GPUs start: ${preload['warmup_usd']:,.2f}"
         )
-    state = "on (data.preload)" if preload["enabled"] else "off (data.preload: true to warm up)"
-    return [("  cold 1st epoch", cold), (f"  warm-up {state}", warm)]
+    state = "on" if preload["enabled"] else "off (data.preload: true)"
+    return [("  cold 1st epoch", cold), ("  warm-up", f"{state}: {warm}")]
 
 
 def render_plan(name: str, p: Plan) -> str:

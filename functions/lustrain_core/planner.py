@@ -234,6 +234,14 @@ def plan(
             f"data.preload: 1 x {PRELOAD_INSTANCE_TYPE} and the file system for the warm-up's "
             f"{preload['warmup_seconds'] or 0:,} s"
         )
+        cold_usd = preload["cold_first_epoch_usd"]
+        if cold_usd is not None and preload["warmup_usd"] > cold_usd:
+            warnings.append(
+                f"data.preload: the warm-up (${preload['warmup_usd']:,.2f}, one {PRELOAD_INSTANCE_TYPE} at "
+                f"{preload['warmup_read_mb_s']:,.0f} MB/s) costs more than a cold first epoch read at the file "
+                f"system's {preload['import_mb_s']:,.0f} MB/s (${cold_usd:,.2f}): it pays off only where FSx loads "
+                "the files from S3 slower than that"
+            )
     recommendation = _recommend(spec, fs)
     if (
         recommendation["deployment_type"] != spec.filesystem.deployment_type

@@ -62,7 +62,8 @@ def test_lustrain_plan_shows_the_cold_first_epoch_and_the_warm_up_in_time_and_mo
     p = planner.plan(spec_with(data={"preload": True}))
     text = render_plan("gpt", p)
     cold = next(line for line in text.splitlines() if "cold 1st epoch" in line)
-    warm = next(line for line in text.splitlines() if "warm-up on" in line)
+    warm = next(line for line in text.splitlines() if line.strip().startswith("warm-up"))
+    assert "on: " in warm
     assert f"${p.preload['cold_first_epoch_usd']:,.2f}" in cold and "1,024 GiB" in cold
     assert f"${p.preload['warmup_usd']:,.2f}" in warm and "ml.m5.xlarge" in warm
 
@@ -131,3 +132,20 @@ def test_the_warm_ups_looks_outlast_its_max_runtime_within_the_poll_loops_bound(
         waited += preload.wait_seconds(runtime, polls, poll)
         polls += 1
     assert waited >= runtime or started_at >= poll["max_polls"] - 1
+
+
+def test_a_warm_up_dearer_than_a_cold_epoch_at_the_file_systems_throughput_is_warned_of():
+    # 4 p4d on 1 TiB: the warm-up's hour on one m5.xlarge is cheaper than the fleet's cold first epoch
+    cheap = planner.plan(spec_with(data={"preload": True}))
+    assert cheap.preload["warmup_usd"] < cheap.preload["cold_first_epoch_usd"]
+    assert not [w for w in cheap.warnings if w.startswith("data.preload")]
+    # one CPU instance training on 20,000 GiB: its cold epoch costs cents, the warm-up's 38 h far more
+    dear = planner.plan(
+        spec_with(
+            data={"preload": True, "size_gib": 20_000},
+            compute={"instance_count": 1, "instance_type": "ml.m5.xlarge"},
+        )
+    )
+    assert dear.preload["warmup_usd"] > dear.preload["cold_first_epoch_usd"]
+    (warning,) = [w for w in dear.warnings if w.startswith("data.preload")]
+    assert f"${dear.preload['warmup_usd']:,.2f}" in warning and "pays off only" in warning
