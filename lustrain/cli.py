@@ -396,6 +396,29 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     return int(prepare.main(args.rest))
 
 
+def _preload_rows(preload: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A cold first epoch (FSx loads each file from S3 on its first read while the fleet bills) next to the
+    data.preload warm-up, in time and money (planner.plan_preload)."""
+    if not preload:
+        return []
+    if preload["cold_first_epoch_seconds"] is None:
+        cold = "unknown (give data.size_gib, or plan with the data readable, for its size)"
+    else:
+        cold = (
+            f"{preload['cold_first_epoch_seconds'] / 3600:,.2f} h reading {preload['data_gib']:,.0f} GiB from S3 at "
+            f"<= {preload['import_mb_s']:,.0f} MB/s while the fleet bills: ${preload['cold_first_epoch_usd']:,.2f}"
+        )
+    if preload["warmup_seconds"] is None:
+        warm = f"1 x {preload['warmup_instance_type']}, time unknown (data size unknown)"
+    else:
+        warm = (
+            f"{preload['warmup_seconds'] / 3600:,.2f} h on 1 x {preload['warmup_instance_type']} at "
+            f"{preload['warmup_read_mb_s']:,.0f} MB/s before the GPUs start: ${preload['warmup_usd']:,.2f}"
+        )
+    state = "on" if preload["enabled"] else "off (data.preload: true)"
+    return [("  cold 1st epoch", cold), ("  warm-up", f"{state}: {warm}")]
+
+
 def render_plan(name: str, p: Plan) -> str:
     n, f, c = p.network, p.filesystem, p.cost
     rows: list[tuple[str, str]] = [
@@ -436,6 +459,7 @@ def render_plan(name: str, p: Plan) -> str:
                 f"in {ck['target_write_s']} s needs {ck['burst_mb_s']:,.0f} MB/s",
             )
         )
+    rows += _preload_rows(p.preload)
     rows += [
         (
             "output",

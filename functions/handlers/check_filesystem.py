@@ -1,6 +1,7 @@
 """check_filesystem: one turn of the poll loop on the run's file system and its S3 links. Output: $.filesystem.
 
-Reads the poll settings from $.poll ({initial_seconds, max_seconds, max_polls}) and returns the next wait.
+Reads the poll settings from $.poll ({initial_seconds, max_seconds, max_polls}) and returns the next wait. With
+data.preload it then starts and watches the warm-up job (lustrain_core.steps.preload): lifecycle PRELOADING.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ logger = Logger(service="lustrain")
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     made = filesystem.check_filesystem(
-        event, fsx=clients.client("fsx"), ddb=clients.client("dynamodb"), settings=Settings.from_env()
+        event,
+        fsx=clients.client("fsx"),
+        ddb=clients.client("dynamodb"),
+        settings=Settings.from_env(),
+        sagemaker=clients.client("sagemaker"),
+        sts=clients.client("sts"),
     )
     result = dumped(made)
     logger.info("file system checked", extra={"filesystem": result})

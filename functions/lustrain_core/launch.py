@@ -114,6 +114,16 @@ class TrainingPlan(_Model):
     end_time: str | None = None
 
 
+class Preload(_Model):
+    """data.preload's warm-up job (steps/preload.py): one CPU instance that reads every file of the data path on the
+    run's file system before the training job starts, so that FSx loads their contents from S3 once, up front."""
+
+    name: str
+    instance_type: str
+    image_uri: str
+    max_runtime_seconds: int = Field(gt=0)
+
+
 class LaunchPlan(_Model):
     version: Literal[1] = 1
     job_id: str
@@ -143,6 +153,8 @@ class LaunchPlan(_Model):
     training_plan: TrainingPlan | None = None
     #: ResourceConfig.KeepAlivePeriodInSeconds (compute.keep_alive_minutes): 0 keeps no warm pool
     keep_alive_seconds: int = Field(0, ge=0)
+    #: data.preload's warm-up job, else None
+    preload: Preload | None = None
 
     def tags_named(self, name: str) -> list[dict[str, str]]:
         return [*(t.model_dump() for t in self.tags), {"Key": "Name", "Value": name}]
@@ -223,7 +235,7 @@ def compile_launch(
     training_plan: TrainingPlan | None = None,
 ) -> LaunchPlan:
     """Every decision of the run, checked against what AWS accepts; SpecInvalid names each field AWS would refuse."""
-    from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, filesystem, training
+    from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, filesystem, preload, training
 
     errors: list[FieldError] = []
     image = _collect(errors, lambda: training.training_image(spec, settings.region))
@@ -265,6 +277,7 @@ def compile_launch(
         max_wait_seconds=None if wait is None else math.ceil(wait * 3600),
         training_plan=training_plan,
         keep_alive_seconds=compute.keep_alive_minutes * 60,
+        preload=preload.decide(spec, job_id, settings.region, plan) if spec.data.preload else None,
     )
     _check_requests(spec, launch, plan, settings)
     return launch
@@ -348,6 +361,7 @@ def _check_requests(spec: JobSpec, launch: LaunchPlan, plan: dict[str, Any], set
         Sections,
         filesystem,
         network,
+        preload,
         training,
     )
 
@@ -371,6 +385,8 @@ def _check_requests(spec: JobSpec, launch: LaunchPlan, plan: dict[str, Any], set
     except ValueError as exc:
         raise SpecInvalid.one("name", spec.name, str(exc)) from None
     check("sagemaker", "CreateTrainingJob", training.request_from(run, name, settings))
+    if launch.preload is not None:
+        check("sagemaker", "CreateTrainingJob", preload.request_from(run, settings))
     if spec.network.subnet_id is None:
         check("ec2", "CreateSecurityGroup", network.security_group_request(job, PLACEHOLDER_VPC))
         vpc = {"CidrBlock": spec.network.vpc_cidr, "TagSpecifications": network.tag_spec(job, "vpc", "vpc")}

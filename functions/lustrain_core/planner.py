@@ -72,6 +72,17 @@ PERSISTENT_AFTER_HOURS = 72
 #: write in flight, then stages and writes its stop-time checkpoint (trainer plan's stop_to_saved_s): two writes
 #: and a staging copy of a few seconds fit 110 s when each write takes at most 50 s.
 CHECKPOINT_WRITE_TARGET_S = 50
+#: data.preload: the warm-up job's one instance (steps/preload.py), a CPU type of the catalogue
+PRELOAD_INSTANCE_TYPE = "ml.m5.xlarge"
+#: MB/s the warm-up's instance reads from Lustre: m5.xlarge's baseline network bandwidth, 1.25 Gbps (EC2 User
+#: Guide, "Network specifications", general purpose instances: "Up to 10" Gbps with a 1.25 Gbps baseline; the burst
+#: lasts minutes, a warm-up hours)
+PRELOAD_READ_MB_S = 156.0
+#: how much longer than its expected time the warm-up may run (MaxRuntimeInSeconds) before SageMaker stops it
+PRELOAD_RUNTIME_FACTOR = 3
+#: the warm-up's MaxRuntimeInSeconds when the data's size is unknown, and the least it gets
+PRELOAD_UNKNOWN_SECONDS = 24 * 3600
+PRELOAD_MIN_SECONDS = 3600
 #: checkpoints the trainer keeps (trainer/lustrain_trainer/hparams.py's keep_checkpoints default)
 TRAINER_KEEP_CHECKPOINTS = 2
 
@@ -156,6 +167,8 @@ class CostPlan:
     #: the warm pool's instances, kept compute.keep_alive_minutes after the job (SageMaker bills
     #: ResourceRetainedBillableTimeInSeconds x InstanceCount at the training price)
     warm_pool_usd: float = 0.0
+    #: data.preload's warm-up job (its instance, and the file system's hours it adds before the training)
+    preload_usd: float = 0.0
 
 
 @dataclass
@@ -171,6 +184,8 @@ class Plan:
     memory: dict[str, Any] | None = None
     #: the instance type's catalogue row as planned (data/instance_types.json)
     instance: dict[str, Any] | None = None
+    #: a cold first epoch (each file read through to S3 while the fleet bills) next to the data.preload warm-up
+    preload: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +226,22 @@ def plan(
     net = _plan_network(spec, itype, fs, errors)
     output = _plan_output(spec, itype, errors, memory)
     cost = _plan_cost(spec, itype, fs, prices)
+    preload = plan_preload(spec, itype, fs, prices)
+    if spec.data.preload:
+        cost.preload_usd = preload["warmup_usd"]
+        cost.total_usd = round(cost.total_usd + preload["warmup_usd"], 2)
+        cost.assumptions.append(
+            f"data.preload: 1 x {PRELOAD_INSTANCE_TYPE} and the file system for the warm-up's "
+            f"{preload['warmup_seconds'] or 0:,} s"
+        )
+        cold_usd = preload["cold_first_epoch_usd"]
+        if cold_usd is not None and preload["warmup_usd"] > cold_usd:
+            warnings.append(
+                f"data.preload: the warm-up (${preload['warmup_usd']:,.2f}, one {PRELOAD_INSTANCE_TYPE} at "
+                f"{preload['warmup_read_mb_s']:,.0f} MB/s) costs more than a cold first epoch read at the file "
+                f"system's {preload['import_mb_s']:,.0f} MB/s (${cold_usd:,.2f}): it pays off only where FSx loads "
+                "the files from S3 slower than that"
+            )
     recommendation = _recommend(spec, fs)
     if (
         recommendation["deployment_type"] != spec.filesystem.deployment_type
@@ -251,7 +282,60 @@ def plan(
             f"{itype.name}: not checked against AWS's documentation: {', '.join(itype.unconfirmed)} "
             "(see its row in data/instance_types.json)"
         )
-    return Plan(net, fs, output, quota, cost, recommendation, warnings, memory, instance_summary(itype))
+    return Plan(
+        net, fs, output, quota, cost, recommendation, warnings, memory, instance_summary(itype), preload
+    )
+
+
+def plan_preload(
+    spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: PriceTable
+) -> dict[str, Any]:
+    """What a cold first epoch costs, next to data.preload's warm-up. FSx for Lustre linked to S3 imports metadata
+    only and copies a file's contents in on its first read (FSx for Lustre User Guide, "Importing changes from your
+    data repository": lazy load), so the first epoch reads the data at the pace the file system loads it from S3:
+    no faster than its throughput capacity (fs.throughput_mb_s, the figure FSx provisions for the file system's
+    reads and writes; "Amazon FSx for Lustre performance"), while the fleet bills. The warm-up reads every file once
+    before the GPUs start, on one PRELOAD_INSTANCE_TYPE at min(that throughput, PRELOAD_READ_MB_S); it adds its
+    time to the file system's hours. Figures are None where the data's size or the file system's throughput is
+    unknown (a reused file system: its throughput is its own)."""
+    gib = fs.data_gib
+    fs_mb_s = fs.throughput_mb_s
+    warm = prices.instance_types.get(PRELOAD_INSTANCE_TYPE)
+    warm_hourly = (warm.hourly_usd if warm is not None else None) or 0.0
+    fs_hourly = _fs_monthly_usd(fs, prices) / prices.hours_per_month
+    fraction = prices.spot_price_fraction if spec.compute.spot else 1.0
+    fleet_hourly = spec.compute.instance_count * (itype.hourly_usd or 0.0) * fraction
+    result: dict[str, Any] = {
+        "enabled": spec.data.preload,
+        "data_gib": gib,
+        "import_mb_s": fs_mb_s,
+        "import_mb_s_source": "the file system's throughput capacity (FSx for Lustre User Guide, performance)",
+        "cold_first_epoch_seconds": None,
+        "cold_first_epoch_usd": None,
+        "warmup_instance_type": PRELOAD_INSTANCE_TYPE,
+        "warmup_read_mb_s": None,
+        "warmup_seconds": None,
+        "warmup_usd": 0.0,
+        "max_runtime_seconds": PRELOAD_UNKNOWN_SECONDS,
+    }
+    if gib is None:
+        return result
+    mb = gib * 2**30 / 1e6
+    read = min(PRELOAD_READ_MB_S, fs_mb_s) if fs_mb_s else PRELOAD_READ_MB_S
+    warm_s = math.ceil(mb / read)
+    result.update(
+        warmup_read_mb_s=read,
+        warmup_seconds=warm_s,
+        warmup_usd=round((warm_hourly + fs_hourly) * warm_s / 3600, 2),
+        max_runtime_seconds=max(PRELOAD_MIN_SECONDS, PRELOAD_RUNTIME_FACTOR * warm_s),
+    )
+    if fs_mb_s:
+        cold_s = math.ceil(mb / fs_mb_s)
+        result.update(
+            cold_first_epoch_seconds=cold_s,
+            cold_first_epoch_usd=round(fleet_hourly * cold_s / 3600, 2),
+        )
+    return result
 
 
 def instance_summary(itype: InstanceType) -> dict[str, Any]:

@@ -239,6 +239,9 @@ class Data(_Section):
     s3_uri: S3Uri
     size_gib: float | None = Field(None, gt=0, le=MAX_STORAGE_GIB)
     ingest_mb_s_per_gpu: float = Field(100, gt=0, le=100_000)
+    #: read the data's contents into Lustre before the GPUs start (steps/preload.py): FSx for Lustre linked to S3
+    #: imports metadata only and loads each file's contents on its first read
+    preload: bool = False
 
 
 class Filesystem(_Section):

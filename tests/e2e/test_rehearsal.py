@@ -30,18 +30,38 @@ def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind():
     assert run.transitions <= 30 and run.lambda_invocations <= 15
 
 
-def test_an_uncompressed_model_is_archived_as_its_files(tmp_path):
-    """output.compression: none: SageMaker (the twin) uploads /opt/ml/model's files under the archive's
-    jobs/<training job>/output/model/, and the manifest lists each with its size and S3's checksum."""
-    spec = yaml.safe_load(QUICK.read_text())
-    spec["output"]["compression"] = "none"
-    path = tmp_path / "quick-none.yaml"
-    path.write_text(yaml.safe_dump(spec))
+def test_a_preloaded_run_with_an_uncompressed_model_warms_up_first_and_archives_the_models_files(tmp_path):
+    """One rehearsal for two fields (each run costs the suite half a minute):
+    - data.preload: the warm-up job Completed before the training job was created, and went with the run;
+    - output.compression: none: SageMaker (the twin) uploads /opt/ml/model's files under the archive's
+      jobs/<training job>/output/model/, and the manifest lists each with its size and S3's checksum."""
+    from lustrain.twin.rehearse import operator_session
 
-    run = rehearse(path)
+    doc = yaml.safe_load(QUICK.read_text())
+    doc["name"] = "quick-preload"
+    doc["data"]["preload"] = True
+    doc["output"]["compression"] = "none"
+    spec = tmp_path / "quick-preload.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    jobs: dict[str, dict] = {}
 
-    assert run.status == "SUCCEEDED", (run.error, run.cause)
-    assert run.resources_left == 0, run.leftovers
+    def inspect(stack, result):
+        sagemaker = operator_session().client("sagemaker")
+        for summary in sagemaker.list_training_jobs()["TrainingJobSummaries"]:
+            name = summary["TrainingJobName"]
+            jobs[name] = sagemaker.describe_training_job(TrainingJobName=name)
+
+    run = rehearse(spec, inspect=inspect)
+
+    assert (run.status, run.resources_left) == ("SUCCEEDED", 0), (run.error, run.cause, run.leftovers)
+    (warmup,) = [j for name, j in jobs.items() if name.endswith("-warmup")]
+    (training,) = [j for name, j in jobs.items() if not name.endswith("-warmup")]
+    assert (
+        warmup["TrainingJobStatus"] == "Completed"
+        and warmup["ResourceConfig"]["InstanceType"] == "ml.m5.xlarge"
+    )
+    # the data was read into Lustre before the GPUs started
+    assert warmup["TrainingEndTime"] <= training["CreationTime"]
     keys = {o["key"] for o in run.archive_objects}
     assert "model.tar.gz" not in {k.rsplit("/", 1)[-1] for k in keys}
     model_files = {k.split("/output/model/", 1)[1] for k in keys if "/output/model/" in k}

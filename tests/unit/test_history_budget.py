@@ -18,6 +18,7 @@ cycle), and each Wait is bounded:
   (lustrain_core.steps.queue.poll_seconds) and the run's time in the queue counts every wait of every return to
   it, so a run waits at most QueueMaxLooks times, plus one at the edge of each return;
 - "Wait for the file system": FilesystemPollMaxCount (the Choice stops at it, check_filesystem raises at it);
+  data.preload's warm-up is watched by the same loop (lifecycle PRELOADING), its looks counted in the same bound;
 - "Wait before the next attempt": once per training attempt (recovery.MAX_ATTEMPTS, the most compute.max_attempts
   allows) and per SageMaker refusal sending the run back to the queue (recovery.MAX_REFUSALS).
 Retries are counted in full (every retrier at its MaxAttempts) on every visit of a state outside the two poll

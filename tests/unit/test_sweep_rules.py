@@ -53,6 +53,15 @@ def test_the_deadline_counts_the_spot_wait_the_wait_before_another_attempt_and_t
     assert sweep.deadline({**record(), "created_at": "yesterday"}, 6) is None
 
 
+def test_a_run_warming_its_data_up_gets_the_warm_ups_max_runtime_before_its_first_attempt():
+    warming = {**record(), "launch": {"preload": {"max_runtime_seconds": 10 * HOUR}}}
+    assert sweep.deadline(warming, 6) == T0 + 40 * HOUR + WAIT
+    assert not sweep.judge(warming, "RUNNING", T0 + 39 * HOUR, 6).sweep
+    # once an attempt started, the warm-up is behind it
+    started = {**warming, "training_attempts": 1, "attempt_started_at": "2026-05-01T20:00:00Z"}
+    assert sweep.deadline(started, 6) == T0 + 12 * HOUR + 30 * HOUR + WAIT
+
+
 def test_a_legitimate_second_attempt_is_never_stopped_for_the_time_the_first_one_took():
     # the first attempt trained its whole 24 h and failed (an instance's GPU); the second started at once
     second = {**record(), "training_attempts": 2, "attempt_started_at": "2026-05-02T08:10:00Z"}

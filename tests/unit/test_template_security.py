@@ -232,6 +232,8 @@ def test_the_run_key_is_granted_only_for_aws_resources_and_rotates_when_the_stac
     users = {
         "SageMakerExecutionRole",
         "CreateFilesystemFunction",
+        # data.preload's warm-up job (its volume and output) is started in check_filesystem's poll loop
+        "CheckFilesystemFunction",
         "StartTrainingFunction",
         "OnTrainingEventFunction",
     }

@@ -455,7 +455,8 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
         fs = validate_reuse(fsx, job, network)
         if links.export_paths:
             _note_export(ddb, settings, job, fs["FileSystemId"], links.export_paths)
-        ready = not links.export_paths
+        # data.preload: the poll loop starts the warm-up once it has looked at the file system
+        ready = not links.export_paths and job.launch.preload is None
         return _result(
             job,
             fs,
@@ -554,8 +555,17 @@ def ensure_links(fsx: Any, ddb: Any, settings: Settings, job: Job, fs: dict[str,
     return states
 
 
-def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: Settings) -> Filesystem:
-    """One turn of the poll loop: the file system's lifecycle, its links, and how long to wait for the next."""
+def check_filesystem(
+    document: dict[str, Any],
+    *,
+    fsx: Any,
+    ddb: Any,
+    settings: Settings,
+    sagemaker: Any = None,
+    sts: Any = None,
+) -> Filesystem:
+    """One turn of the poll loop: the file system's lifecycle, its links, and how long to wait for the next; once
+    they are ready, data.preload's warm-up job (steps/preload.py), started with `sagemaker` (and `sts`)."""
     run = Run.parse(document, "filesystem")
     job = run.job
     records.require(ddb, settings.jobs_table, job.job_id)
@@ -597,12 +607,24 @@ def check_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings: 
     if links and not previous.links:
         # the associations were just created: their import of a small prefix ends within seconds, so look soon
         wait = max(1, wait // LINK_FIRST_LOOK_SHARE)
-    return _result(
+    preloading = False
+    if ready and job.launch.preload is not None:
+        from lustrain_core.steps import preload
+
+        warm = Run.parse(document, "filesystem", "network")
+        state, wait = preload.advance(
+            warm, sagemaker=sagemaker, ddb=ddb, settings=settings, sts=sts, polls=polls, poll=poll
+        )
+        preloading = state != "AVAILABLE"
+    result = _result(
         job,
         fs,
         created=previous.created,
         polls=polls,
         wait_seconds=wait,
         links=links,
-        ready=ready,
+        ready=ready and not preloading,
     )
+    if preloading:
+        result.lifecycle = "PRELOADING"
+    return result

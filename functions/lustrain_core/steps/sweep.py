@@ -147,7 +147,8 @@ def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
     A run trains in attempts (the run policy, lustrain_core.recovery): the clock runs from the latest attempt's
     start (start_training's attempt_started_at; before the first, the capacity queue's admission, or the record's
     created_at), for the longest one attempt may take, plus the longest wait before another while attempts remain
-    (compute.max_attempts), plus the stack's grace. A second attempt is never stopped for the time the first one
+    (compute.max_attempts), plus the stack's grace (and, before the first attempt, data.preload's warm-up's
+    MaxRuntimeInSeconds). A second attempt is never stopped for the time the first one
     took, nor a run admitted late for the time it queued: while a run waits in the queue (`queue.state` queued),
     the clock starts at the end of the time it may still wait (`queue.since` + `queue.left_s`)."""
     started = _moment(record, "created_at")
@@ -176,7 +177,20 @@ def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
     except (TypeError, ValueError):
         tried = 0
     between = recovery.longest_wait() if tried < compute.max_attempts else 0
-    return anchor + longest + between + grace_hours * 3600
+    return anchor + longest + between + _warm_up_seconds(record, tried) + grace_hours * 3600
+
+
+def _warm_up_seconds(record: dict[str, Any], tried: int) -> float:
+    """data.preload's warm-up runs after the admission and before the first attempt, for up to its
+    MaxRuntimeInSeconds (the launch plan's): a run warming its data up is not stuck for that long."""
+    if tried:
+        return 0.0
+    launch = record.get("launch")
+    warm = launch.get("preload") if isinstance(launch, dict) else None
+    try:
+        return float(warm["max_runtime_seconds"]) if isinstance(warm, dict) else 0.0
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
 
 def judge(

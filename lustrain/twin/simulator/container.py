@@ -205,6 +205,21 @@ def algorithm_error(layout: Layout, rc: int, stderr_tail: list[str], command: li
     return f"{head}{message}{tail}"
 
 
+def entrypoint(job: SimulatedJob, layout: Layout) -> list[str] | None:
+    """AlgorithmSpecification.ContainerEntrypoint and ContainerArguments, which replace the image's own entry
+    point (the script-mode launcher), or None. The container's /opt/ml is the job's layout here, so an item under
+    /opt/ml/ names its place in the layout."""
+    spec = job.request.get("AlgorithmSpecification") or {}
+    given = spec.get("ContainerEntrypoint")
+    if not given:
+        return None
+    items = [*given, *(spec.get("ContainerArguments") or [])]
+    return [
+        str(layout.root / item.removeprefix("/opt/ml/")) if item.startswith("/opt/ml/") else item
+        for item in items
+    ]
+
+
 def command(job: SimulatedJob, code_dir: Path, hps: dict[str, Any], max_processes: int) -> list[str]:
     """The entry point's command line, as SageMaker's PyTorch container launches it (torchrun when distributed)."""
     program = str(hps["sagemaker_program"])

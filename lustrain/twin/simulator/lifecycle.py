@@ -296,7 +296,8 @@ class _JobRun:
             with job._lock:
                 job.training_start_time = now()
             self._reach_s3("Data download")
-            code_dir = self._fetch_code(layout)
+            # a job with its own ContainerEntrypoint runs no script-mode code (a data warm-up)
+            code_dir = layout.code if container.entrypoint(job, layout) else self._fetch_code(layout)
             channels = self._fill_channels(layout)
             self._restore_checkpoints(layout)
             if job._stop.is_set():
@@ -495,7 +496,9 @@ class _JobRun:
         hps = container.decoded_hyperparameters(job.request.get("HyperParameters") or {})
         env = container.training_env(job, layout, channels, hps, self.parts.environment())
         env.update(self._secrets_endpoints())
-        command = container.command(job, code_dir, hps, self.settings.max_processes)
+        command = container.entrypoint(job, layout) or container.command(
+            job, code_dir, hps, self.settings.max_processes
+        )
         container.write_configs(job, layout, hps)
         launched = command
         if job.fault == "user-error":
