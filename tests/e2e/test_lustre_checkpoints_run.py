@@ -1,6 +1,7 @@
 """checkpoints.to_filesystem, carried through the real state machine with the real trainer: the checkpoints are
 written to the run's Lustre file system, a second attempt after a hardware failure resumes from them there, and
-the run's exports put them in its checkpoint prefix in S3 before the file system is deleted."""
+the run's exports put them in its checkpoint prefix in S3 before the file system is deleted. The same run uploads
+its model uncompressed (output.compression: none), as a giant run would: both land in S3 with 0 resources left."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def test_checkpoints_on_lustre_resume_there_and_reach_s3_before_the_file_system_
     doc["name"] = "ckpt-lustre"
     doc["code"]["hyperparameters"].update({"checkpoint_interval": 2})
     doc["checkpoints"] = {"to_filesystem": True}
+    doc["output"]["compression"] = "none"
     spec = tmp_path / "ckpt-lustre.yaml"
     spec.write_text(yaml.safe_dump(doc))
     jobs: list[dict[str, Any]] = []
@@ -60,3 +62,7 @@ def test_checkpoints_on_lustre_resume_there_and_reach_s3_before_the_file_system_
     # the file system is gone and the final checkpoint (manifest and shards) is in the run's checkpoint prefix
     assert "step-000000006.json" in keys, keys
     assert any(k.startswith("step-000000006-") and k.endswith(".distcp") for k in keys), keys
+    # the model's files, uncompressed, under the run's archive
+    archived = {o["key"] for o in run.archive_objects}
+    model_files = {k.split("/output/model/", 1)[1] for k in archived if "/output/model/" in k}
+    assert {"model.pt", "config.json"} <= model_files, archived
