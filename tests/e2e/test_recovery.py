@@ -23,6 +23,7 @@ def test_a_hardware_failure_after_a_checkpoint_resumes_on_the_same_network_and_f
     doc = yaml.safe_load(QUICK.read_text())
     doc["name"] = "recover"
     doc["code"]["hyperparameters"].update({"checkpoint_interval": 2})
+    doc["compute"]["instance_count"] = 2  # a multi-instance job of a type with health checks (asserted below)
     spec = tmp_path / "recover.yaml"
     spec.write_text(yaml.safe_dump(doc))
     jobs: list[dict[str, Any]] = []

@@ -48,6 +48,7 @@ def spec_file(tmp_path: Path, secrets: dict[str, str]) -> Path:
     doc = yaml.safe_load(QUICK.read_text())
     doc["name"] = "secrets"
     # two instances under torchrun: the launcher runs in each worker and hands it over to the entry point
+    doc["compute"]["instance_count"] = 2
     doc["code"] = {
         "source": str(code),
         "entry_point": "train.py",
