@@ -222,6 +222,15 @@ def load() -> dict[str, InstanceType]:
 INSTANCE_TYPES: dict[str, InstanceType] = load()
 
 
+def warm_pool_quota_name(instance_type: str, types: dict[str, InstanceType] | None = None) -> str:
+    """The Service Quotas name of the type's warm-pool quota (0 until an increase is granted), from its row; else the
+    name AWS gives every type's ("<type> for training warm pool usage")."""
+    row = (types if types is not None else INSTANCE_TYPES).get(instance_type)
+    if row is not None and row.quota_names.warm_pool:
+        return row.quota_names.warm_pool
+    return f"{instance_type} for training warm pool usage"
+
+
 def quota_name(instance_type: str, *, spot: bool, types: dict[str, InstanceType] | None = None) -> str:
     """The Service Quotas name a training job's instances count against, from the type's row; a type outside the
     catalogue gets the name AWS gives every type's quota ("<type> for training job usage", "... for spot ...")."""

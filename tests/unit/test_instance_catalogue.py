@@ -289,3 +289,15 @@ def test_adding_a_type_is_one_row(tmp_path: Path) -> None:
     }  # local NVMe: no volume key
     assert out["infra_check"] is False and out["efa_rules"] is True
     assert out["peak"] == 989.0 and out["trainer_knows"] is True
+
+
+def test_the_warm_pool_quota_name_comes_from_the_row_and_the_twin_and_the_steps_read_the_same():
+    from lustrain_core.instance_types import INSTANCE_TYPES, warm_pool_quota_name
+    from lustrain_core.steps import warm_pool
+
+    from lustrain.twin.patches import service_quotas
+
+    row = INSTANCE_TYPES["ml.p4d.24xlarge"]
+    assert row.quota_names.warm_pool and warm_pool_quota_name("ml.p4d.24xlarge") == row.quota_names.warm_pool
+    assert warm_pool.quota_name("ml.p4d.24xlarge") == service_quotas.warm_pool_quota_name("ml.p4d.24xlarge")
+    assert warm_pool_quota_name("ml.x9.large") == "ml.x9.large for training warm pool usage"

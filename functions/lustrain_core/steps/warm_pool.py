@@ -32,6 +32,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import instance_types
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code, training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.steps import Job, Network, records, training
@@ -54,7 +55,7 @@ MAX_CHAIN = 1000
 
 def quota_name(instance_type: str) -> str:
     """The Service Quotas name of the warm pool quota of an instance type (0 until an increase is granted)."""
-    return f"{instance_type} for training warm pool usage"
+    return instance_types.warm_pool_quota_name(instance_type)
 
 
 def shape(job: Job, settings: Settings) -> str:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lustrain_core.instance_types import INSTANCE_TYPES as CATALOGUE_TYPES
+from lustrain_core.instance_types import quota_name as catalogue_quota_name
+from lustrain_core.instance_types import warm_pool_quota_name as catalogue_warm_pool_quota_name
 from moto.core.exceptions import JsonRESTError
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.servicequotas.exceptions import NoSuchResource
@@ -60,7 +62,6 @@ TRAINING_INSTANCE_DEFAULTS: dict[str, float] = {
     "ml.trn1.32xlarge": 0.0,
 }
 
-_USAGES = ("training job", "spot training job")
 _INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9][a-z0-9-]*\.[a-z0-9]+$")
 
 
@@ -110,11 +111,8 @@ class Quota:
 
 
 def quota_name(instance_type: str, spot: bool = False) -> str:
-    """The name of the type's row in the instance catalogue, else the name AWS gives every type's quota."""
-    row = CATALOGUE_TYPES.get(instance_type)
-    if row is not None:
-        return row.quota_name(spot=spot)
-    return f"{instance_type} for {_USAGES[1] if spot else _USAGES[0]} usage"
+    """The name of the type's training quota, as the control plane reads it (the instance catalogue)."""
+    return catalogue_quota_name(instance_type, spot=spot)
 
 
 def _code_for(name: str) -> str:
@@ -135,7 +133,7 @@ def _training_quotas(instance_type: str, default: float) -> list[Quota]:
 
 
 def warm_pool_quota_name(instance_type: str) -> str:
-    return f"{instance_type} for training warm pool usage"
+    return catalogue_warm_pool_quota_name(instance_type)
 
 
 def _warm_pool_quota(instance_type: str) -> Quota:
