@@ -44,7 +44,7 @@ from .hparams import (
     resolve_paths,
     shape_of,
 )
-from .metrics import format_line
+from .metrics import evaluation, final_summary, format_line, split_bytes
 from .model import CONFIG_FILE, GPT, MODEL_FILE, init_weights, local_part
 from .shards import DataError, DataIndex, read_index
 from .tokenizer import TOKENIZER_INFO
@@ -193,6 +193,11 @@ class Trainer:
             except DataError as exc:
                 self.log(f"validation off: {exc}")
             self.val_reader = ShardReader(index, "val")
+        # the val split's (tokens, source bytes): what turns a loss per token into bits per byte
+        self.val_split = split_bytes(index.raw, "val")
+        if self.val_plan and self.val_split is None:
+            self.log("validation bits per byte off: the data's index gives no source bytes for its val split")
+        self.evaluated_at: int | None = None
         self.saved_step = -1
 
     def log(self, message: str) -> None:
@@ -461,8 +466,10 @@ class Trainer:
                     loss_sum.zero_()
                     window_steps, window_start = 0, time.perf_counter()
                 if self.val_plan and (step % hp.eval_interval == 0 or step == hp.max_steps):
-                    values["val_loss"] = self.evaluate()
+                    values.update(evaluation(self.evaluate(), self.val_split))
+                    self.evaluated_at = step
                 if values:
+                    values["tokens_seen"] = tokens_seen
                     metrics.update(values)
                     if info.is_main:
                         print(format_line(step, values), flush=True)
@@ -637,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                        "metrics": outcome.metrics, "parameters": trainer.parameters, "preset": hp.preset,
                        "world_size": info.world_size, "host": hosts.current,
                        "elapsed_s": round(time.monotonic() - started, 3), "hyperparameters": hp.to_dict()}
+            summary["final"] = final_summary(outcome.metrics, outcome.step, outcome.tokens_seen,
+                                             summary["elapsed_s"], trainer.evaluated_at)
             _write_json(paths.output / SUMMARY_FILE, summary)
             say(f"{outcome.status} at step {outcome.step} of {hp.max_steps}; summary in {paths.output / SUMMARY_FILE}")
         return 0

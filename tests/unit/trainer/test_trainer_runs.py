@@ -79,6 +79,19 @@ def test_training_on_the_stdlib_lowers_the_loss_clearly(data: Path, sourcedir: P
     assert (summary["status"], summary["step"], summary["host"]) == ("completed", 80, "algo-1")
     assert summary["hyperparameters"]["eval_interval"] == 40  # from SM_HPS
     assert summary["metrics"]["train_loss"] == pytest.approx(losses[-1], abs=1e-4)
+    # each evaluation's perplexity and bits per byte (the val split's tokens over its source bytes: the byte
+    # tokenizer adds one token per document), and the final figures in the summary
+    val = json.loads((data / "index.json").read_text())["splits"]["val"]
+    per_byte = val["tokens"] / val.get("bytes", val["tokens"] - val["documents"]) / math.log(2)
+    assert metric_values(done.stdout, "val_ppl") == pytest.approx([math.exp(v) for v in val_losses], rel=1e-3)
+    assert metric_values(done.stdout, "val_bpb") == pytest.approx([v * per_byte for v in val_losses], rel=1e-3)
+    final = summary["final"]
+    assert (final["step"], final["val_step"], final["tokens_seen"]) == (80, 80, 80 * 16 * 64)
+    assert metric_values(done.stdout, "tokens_seen")[-1] == final["tokens_seen"] == summary["tokens_seen"]
+    assert final["val_loss"] == pytest.approx(val_losses[-1], abs=1e-4)
+    assert final["val_ppl"] == pytest.approx(math.exp(final["val_loss"]))
+    assert final["val_bpb"] == pytest.approx(final["val_loss"] * per_byte)
+    assert final["train_loss"] == pytest.approx(losses[-1], abs=1e-4) and final["elapsed_s"] > 0
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["model"]["n_embd"] == 64 and config["trained_steps"] == 80
     text = generate.sample(generate.load_model(tmp_path / "model"), "def ", 40, 0.8, 20, seed=1)
