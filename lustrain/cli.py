@@ -168,7 +168,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from lustrain.operate import as_json, status
+    from lustrain.operate import as_json, evaluation_text, status
 
     found = status(_stack(args), args.run)
     if args.json:
@@ -213,6 +213,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  training:    {job['name']} {job['status']} ({job['secondary_status']})")
         if job["metrics"]:
             print("  metrics:     " + ", ".join(f"{k}={v:g}" for k, v in sorted(job["metrics"].items())))
+    if found.evaluation:
+        print(f"  evaluation:  {evaluation_text(found.evaluation)}")
     spent = f"${r.cost_so_far_usd:,.2f}" + (f" of a ${r.budget_usd:,.2f} budget" if r.budget_usd is not None else "")
     print(f"  cost so far: {spent} (list prices) after {_ago(r.elapsed_s)}")
     if found.resources_left:

@@ -31,6 +31,7 @@ from lustrain_core.steps import records
 from lustrain_core.steps.budget import filesystem_hourly_usd
 from lustrain_core.steps.execution_end import CANCEL_ERROR
 from lustrain_core.steps.training import training_job_name
+from lustrain_trainer.metrics import EVALUATION, STEP
 
 DEFAULT_STACK = "lustrain"
 #: the trainer's log lines name their step (its MetricDefinitions' `step` reads the same)
@@ -266,6 +267,8 @@ class RunStatus:
     resources_left: list[dict[str, Any]]
     #: compute.training_plan as register_job found it (launch.TrainingPlan), with its status and free instances now
     training_plan: dict[str, Any] | None = None
+    #: the model's evaluation as the training jobs report it (evaluation()); None before any figure
+    evaluation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -326,6 +329,51 @@ def _training_plan(stack: Stack, record: dict[str, Any]) -> dict[str, Any] | Non
     return shown
 
 
+#: the figures evaluation() gathers: the trainer's own metric names (lustrain_trainer.metrics)
+EVALUATION_FIGURES = (STEP, "tokens_seen", "train_loss", *EVALUATION)
+
+
+def evaluation(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The model's evaluation from the run's training jobs (oldest first), as DescribeTrainingJob gives it: each
+    figure the newest attempt's that reports it (FinalMetricDataList, the last value the trainer logged: a
+    resumed attempt that has not evaluated yet leaves the previous attempt's figures in place; tokens_seen counts
+    from the run's first step). `final` is true once the newest attempt Completed: its figures are then the ones
+    its summary.json holds. No download: the same figures are the archive's final_metrics.json."""
+    figures: dict[str, Any] = {}
+    for job in jobs:
+        for metric in job.get("FinalMetricDataList") or []:
+            name = metric.get("MetricName")
+            if name in EVALUATION_FIGURES:
+                figures[name] = float(metric["Value"])
+    if not any(name in figures for name in ("tokens_seen", "train_loss", *EVALUATION)):
+        return None
+    for name in (STEP, "tokens_seen"):
+        if name in figures:
+            figures[name] = int(figures[name])
+    return {
+        "final": bool(jobs) and jobs[-1].get("TrainingJobStatus") == "Completed",
+        **{name: figures.get(name) for name in EVALUATION_FIGURES},
+    }
+
+
+def evaluation_text(shown: dict[str, Any]) -> str:
+    """One line of an evaluation, as `status` and `report` show it:
+    final at step 6: val_loss 2.4012, perplexity 11.04, 1.4521 bits/byte; train_loss 2.3456; 491,520 tokens seen"""
+    parts = []
+    for name, label, fmt in (("val_loss", "val_loss", "{:.4f}"), ("val_ppl", "perplexity", "{:,.2f}"),
+                             ("val_bpb", "bits/byte", "{:.4f}")):
+        if shown.get(name) is not None:
+            value = fmt.format(shown[name])
+            parts.append(f"{value} {label}" if name == "val_bpb" else f"{label} {value}")
+    text = ", ".join(parts) or "no validation yet"
+    if shown.get("train_loss") is not None:
+        text += f"; train_loss {shown['train_loss']:.4f}"
+    if shown.get("tokens_seen") is not None:
+        text += f"; {shown['tokens_seen']:,} tokens seen"
+    where = f" at step {shown[STEP]:,}" if shown.get(STEP) is not None else ""
+    return f"{'final' if shown.get('final') else 'latest'}{where}: {text}"
+
+
 def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
     """One run: its summary, the state-by-state timeline, its quota, file system, training job and last metrics."""
     moment = time.time() if now is None else now
@@ -370,6 +418,7 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
     cause = error.get("Cause") if isinstance(error, dict) else (execution or {}).get("cause")
     return RunStatus(
         training_plan=_training_plan(stack, record),
+        evaluation=evaluation(jobs),
         run=summary,
         execution_status=(execution or {}).get("status"),
         timeline=timeline(history),

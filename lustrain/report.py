@@ -2,6 +2,8 @@
 
 - loss by step: the training log's lines (CloudWatch, every attempt and host) read with the training job's own
   MetricDefinitions, as SageMaker reads them (`step`, `train_loss`, `val_loss`);
+- validation bits per byte by step, from the same lines (`val_bpb`: comparable across tokenizers, where a loss per
+  token is not), with the evaluation's latest or final figures (operate.evaluation) on the page;
 - speed by step, from the same lines: tokens/s per GPU and, on GPUs, MFU (model FLOPs over the GPUs' bf16 peak);
 - the states on a time line: the execution's history;
 - cost: the plan's estimate before launch against what the run has cost so far (lustrain.operate);
@@ -98,6 +100,7 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     fs = plan.get("filesystem") or {}
     series: dict[str, dict[str, list[tuple[float, float]]]] = {
         "loss": {k: v for k, v in losses.items() if v},
+        "bits_per_byte": {k: points[k] for k in ("val_bpb",) if points.get(k)},
         "speed": {k: points[k] for k in ("tokens_per_s_per_gpu", "mfu") if points.get(k)},
         "timeline": states,
         "cost": {"estimated": [(0, estimated)], "so far": [(1, shown.run.cost_so_far_usd)]},
@@ -117,6 +120,14 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     if series["loss"]:
         ax.legend()
     figures["loss"] = fig
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name, xy in series["bits_per_byte"].items():
+        ax.plot([x for x, _ in xy], [y for _, y in xy], marker=".", label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation bits per byte")
+    ax.set_title(f"{job_id}: validation bits per byte by step" + ("" if series["bits_per_byte"] else " (none logged)"))
+    figures["bits_per_byte"] = fig
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     speed = series["speed"]
@@ -179,6 +190,8 @@ def _html(shown: operate.RunStatus, pngs: dict[str, Path]) -> str:
     )
     images = "".join(f'<h2>{html.escape(name)}</h2><img src="{path.name}" alt="{html.escape(name)}">' for name, path in pngs.items())
     cause = f"<p>{html.escape(shown.cause)}</p>" if shown.cause else ""
+    if shown.evaluation:
+        cause += f"<p>evaluation, {html.escape(operate.evaluation_text(shown.evaluation))}</p>"
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>lustrain run {html.escape(r.job_id)}</title></head><body>"

@@ -2,22 +2,48 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from lustrain import operate, report
 from lustrain.cli import main
-from lustrain.twin.rehearse import rehearse
+from lustrain.twin.rehearse import operator_session, rehearse
 
 pytestmark = pytest.mark.slow
 
 QUICK = Path(__file__).with_name("quick.yaml")
+#: quick.yaml's run: 6 steps of the tiny preset (16 x 64 tokens a step), evaluated at steps 3 and 6
+TOKENS_SEEN = 6 * 16 * 64
 
 
-def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind():
-    run = rehearse(QUICK)
+def archive_object(result, name: str) -> bytes:
+    """The object of the run's archive whose key ends with `name`."""
+    bucket, prefix = result.archive.removeprefix("s3://").split("/", 1)
+    (key,) = [o["key"] for o in result.archive_objects if o["key"].endswith(name)]
+    return operator_session().client("s3").get_object(Bucket=bucket, Key=prefix + key)["Body"].read()
+
+
+def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind(tmp_path, capsys):
+    seen: dict = {}
+
+    def inspect(stack, result):
+        # the final summary in the archive's output.tar.gz, and the evaluation as `status` and `report` show it
+        with tarfile.open(fileobj=io.BytesIO(archive_object(result, "/output/output.tar.gz"))) as tar:
+            member = tar.extractfile("summary.json")
+            assert member is not None
+            seen["summary"] = json.loads(member.read())
+        capsys.readouterr()
+        assert main(["status", result.job_id, "--stack", stack.name]) == 0
+        seen["status"] = capsys.readouterr().out
+        seen["report"] = report.build(operate.Stack.locate(stack.name, operator_session()), result.job_id, tmp_path)
+
+    run = rehearse(QUICK, inspect=inspect)
 
     assert run.status == "SUCCEEDED", (run.error, run.cause)
     assert run.resources_left == 0, run.leftovers
@@ -28,6 +54,17 @@ def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind():
     assert "Tear down the run" in entered
     assert any("train_loss=" in line for line in run.training_log_tail)
     assert run.transitions <= 30 and run.lambda_invocations <= 15
+    final = seen["summary"]["final"]
+    assert (final["step"], final["val_step"], final["tokens_seen"]) == (6, 6, TOKENS_SEEN)
+    assert final["val_ppl"] == pytest.approx(math.exp(final["val_loss"])) and 0 < final["val_bpb"] < 8
+    assert (
+        f"  evaluation:  final at step 6: val_loss {final['val_loss']:.4f}, perplexity {final['val_ppl']:,.2f}, "
+        f"{final['val_bpb']:.4f} bits/byte; train_loss {final['train_loss']:.4f}; {TOKENS_SEEN:,} tokens seen"
+    ) in seen["status"]
+    made = seen["report"]
+    (first, last) = made.series["bits_per_byte"]["val_bpb"]
+    assert (first[0], last[0]) == (3, 6) and last[1] == pytest.approx(final["val_bpb"], abs=1e-4)
+    assert "evaluation, final at step 6" in made.html_path.read_text()
 
 
 def test_a_preloaded_run_with_an_uncompressed_model_warms_up_first_and_archives_the_models_files(tmp_path):
@@ -35,8 +72,6 @@ def test_a_preloaded_run_with_an_uncompressed_model_warms_up_first_and_archives_
     - data.preload: the warm-up job Completed before the training job was created, and went with the run;
     - output.compression: none: SageMaker (the twin) uploads /opt/ml/model's files under the archive's
       jobs/<training job>/output/model/, and the manifest lists each with its size and S3's checksum."""
-    from lustrain.twin.rehearse import operator_session
-
     doc = yaml.safe_load(QUICK.read_text())
     doc["name"] = "quick-preload"
     doc["data"]["preload"] = True
@@ -44,12 +79,15 @@ def test_a_preloaded_run_with_an_uncompressed_model_warms_up_first_and_archives_
     spec = tmp_path / "quick-preload.yaml"
     spec.write_text(yaml.safe_dump(doc))
     jobs: dict[str, dict] = {}
+    summary_json = b""
 
     def inspect(stack, result):
+        nonlocal summary_json
         sagemaker = operator_session().client("sagemaker")
         for summary in sagemaker.list_training_jobs()["TrainingJobSummaries"]:
             name = summary["TrainingJobName"]
             jobs[name] = sagemaker.describe_training_job(TrainingJobName=name)
+        summary_json = archive_object(result, "/output/data/summary.json")
 
     run = rehearse(spec, inspect=inspect)
 
@@ -67,6 +105,9 @@ def test_a_preloaded_run_with_an_uncompressed_model_warms_up_first_and_archives_
     model_files = {k.split("/output/model/", 1)[1] for k in keys if "/output/model/" in k}
     assert {"model.pt", "config.json"} <= model_files, keys
     assert "manifest.json" in keys
+    # /opt/ml/output/data's files as they are: the final summary under output/data/
+    final = json.loads(summary_json)["final"]
+    assert (final["step"], final["tokens_seen"]) == (6, TOKENS_SEEN) and final["val_bpb"] > 0
 
 
 # Every injected fault, and throttling at every step, runs in tests/e2e/test_fault_matrix.py (the same state
