@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         ("cancel", "stop a run; its teardown stops the training job and deletes what the run created", cmd_cancel),
         ("logs", "the run's training logs (/aws/sagemaker/TrainingJobs), every host merged in time order", cmd_logs),
         ("watch", "follow a run live, state by state with its training progress, until it ends", cmd_watch),
-        ("report", "an HTML report with PNG plots: loss by step, states on a time line, cost, throughput", cmd_report),
+        ("report", "an HTML report with PNG plots: loss and validation bits per byte by step, states on a time line, cost, throughput", cmd_report),
     ):
         op = sub.add_parser(name, help=help_text)
         if name != "runs":

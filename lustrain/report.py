@@ -100,7 +100,7 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     fs = plan.get("filesystem") or {}
     series: dict[str, dict[str, list[tuple[float, float]]]] = {
         "loss": {k: v for k, v in losses.items() if v},
-        "bits_per_byte": {k: points[k] for k in ("val_bpb",) if points.get(k)},
+        "val_bpb": {k: points[k] for k in ("val_bpb",) if points.get(k)},
         "speed": {k: points[k] for k in ("tokens_per_s_per_gpu", "mfu") if points.get(k)},
         "timeline": states,
         "cost": {"estimated": [(0, estimated)], "so far": [(1, shown.run.cost_so_far_usd)]},
@@ -122,12 +122,12 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     figures["loss"] = fig
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    for name, xy in series["bits_per_byte"].items():
+    for name, xy in series["val_bpb"].items():
         ax.plot([x for x, _ in xy], [y for _, y in xy], marker=".", label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("validation bits per byte")
-    ax.set_title(f"{job_id}: validation bits per byte by step" + ("" if series["bits_per_byte"] else " (none logged)"))
-    figures["bits_per_byte"] = fig
+    ax.set_title(f"{job_id}: validation bits per byte by step" + ("" if series["val_bpb"] else " (none logged)"))
+    figures["val_bpb"] = fig
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     speed = series["speed"]

@@ -62,7 +62,7 @@ def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind(tmp_path, capsy
         f"{final['val_bpb']:.4f} bits/byte; train_loss {final['train_loss']:.4f}; {TOKENS_SEEN:,} tokens seen"
     ) in seen["status"]
     made = seen["report"]
-    (first, last) = made.series["bits_per_byte"]["val_bpb"]
+    (first, last) = made.series["val_bpb"]["val_bpb"]
     assert (first[0], last[0]) == (3, 6) and last[1] == pytest.approx(final["val_bpb"], abs=1e-4)
     assert "evaluation, final at step 6" in made.html_path.read_text()
 
