@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import re
 import sys
@@ -228,29 +227,28 @@ def read_tokenizer_file(location: str) -> bytes:
     return path.read_bytes()
 
 
-def bpe_sample(src: Path, files: list[tuple[str, Path]], max_bytes: int | None, limit: int
+def bpe_sample(files: list[tuple[str, Path]], max_bytes: int | None, limit: int
                ) -> tuple[list[str], dict[str, Any]]:
-    """The documents a BPE is trained on: all of the corpus up to `limit` bytes, else a sample of about `limit`
-    bytes spread over it, chosen by each document's content hash (so the same for the same input, whatever the
-    order or the machines reading it), cut off at `limit`."""
-    estimate = sum(path.stat().st_size for _, path in files)
-    if max_bytes is not None:
-        estimate = min(estimate, max_bytes)
-    share = min(1.0, limit / max(1, estimate))
-    threshold = math.floor(share * (1 << 64))
-    texts, used = [], 0
-    for data in read_documents(files, max_bytes):
-        if share < 1.0 and int.from_bytes(hashlib.sha256(data).digest()[:8], "big") >= threshold:
-            continue
-        data = data[: limit - used]
-        texts.append(data.decode("utf-8", errors="ignore"))  # a cut may split a character
-        used += len(data)
+    """The documents a BPE is trained on: all of a corpus of up to `limit` bytes, else the documents of the smallest
+    content hashes (an even spread over the corpus, the same whatever the order or the machines that read it) up to
+    `limit` bytes, the last one cut there. Costs a read of the corpus and its hashes before the training."""
+    ranked, total = [], 0
+    for number, data in enumerate(read_documents(files, max_bytes)):
+        ranked.append((hashlib.sha256(data).digest()[:8], number, len(data)))
+        total += len(data)
+    take: dict[int, int] = {}
+    used = 0
+    for _, number, size in sorted(ranked) if total > limit else ranked:
+        take[number] = min(size, limit - used)
+        used += take[number]
         if used >= limit:
             break
+    texts = [data[: take[number]].decode("utf-8", errors="ignore")  # a cut may split a character
+             for number, data in enumerate(read_documents(files, max_bytes)) if number in take]
     return texts, {"bytes": used, "documents": len(texts), "limit": limit}
 
 
-def make_tokenizer(spec: str, src: Path, files: list[tuple[str, Path]], max_bytes: int | None,
+def make_tokenizer(spec: str, files: list[tuple[str, Path]], max_bytes: int | None,
                    sample_limit: int) -> tuple[tok.ByteTokenizer | tok.HFTokenizer, bytes | None, dict[str, Any]]:
     """(tokenizer, its tokenizer.json's bytes or None, how it was trained) for a --tokenizer value."""
     kind, argument = parse_tokenizer(spec)
@@ -258,7 +256,7 @@ def make_tokenizer(spec: str, src: Path, files: list[tuple[str, Path]], max_byte
         return tok.ByteTokenizer(), None, {}
     try:
         if kind == "bpe":
-            texts, sample = bpe_sample(src, files, max_bytes, sample_limit)
+            texts, sample = bpe_sample(files, max_bytes, sample_limit)
             text = tok.train_bpe(texts, int(argument or 0))
             return tok.from_json(text, kind="bpe"), text, {"sample": sample, "requested_vocab_size": argument}
         text = read_tokenizer_file(str(argument))
@@ -280,7 +278,7 @@ def prepare(src: Path, out: Path, pattern: str = "**/*", max_bytes: int | None =
     files = source_files(src, pattern)
     if not files:
         raise PrepareError(f"no files under {src} match --glob {pattern!r}")
-    encoder, tokenizer_json, trained = make_tokenizer(tokenizer, src, files, max_bytes, bpe_sample_bytes)
+    encoder, tokenizer_json, trained = make_tokenizer(tokenizer, files, max_bytes, bpe_sample_bytes)
     dtype = tok.dtype_for(encoder.vocab_size)
     if shard_bytes is not None:
         shard_tokens = max(1, shard_bytes // np.dtype(dtype).itemsize)

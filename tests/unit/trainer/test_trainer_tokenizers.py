@@ -62,10 +62,12 @@ def large_vocabulary_tokenizer(path: Path) -> Path:
 
 
 def test_bpe_prepare_is_deterministic_and_its_tokens_decode_to_the_text(corpus: Path, tmp_path: Path) -> None:
-    # a sample of half the corpus: the same documents each time, chosen by their content
-    args = ["--tokenizer", "bpe:400", "--bpe-sample", "40KiB", "--val-fraction", "0"]
+    # a sample of about 40% of the corpus: the same documents each time, chosen by their content; the second run in
+    # a process of its own (the library's hash maps are seeded per process)
+    args = ["--tokenizer", "bpe:400", "--bpe-sample", "20KiB", "--val-fraction", "0"]
     assert prep.main([str(corpus), str(tmp_path / "one"), *args]) == 0
-    assert prep.main([str(corpus), str(tmp_path / "two"), *args]) == 0
+    subprocess.run([sys.executable, "-m", "lustrain_trainer.prepare", str(corpus), str(tmp_path / "two"), *args],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
     one, two = tmp_path / "one", tmp_path / "two"
     assert sorted(p.name for p in one.iterdir()) == ["index.json", "tokenizer.json", "train-00000.bin"]
@@ -76,11 +78,11 @@ def test_bpe_prepare_is_deterministic_and_its_tokens_decode_to_the_text(corpus: 
     assert (index.raw["version"], index.dtype, info["kind"], info["vocab_size"]) == (2, "<u2", "bpe", 400)
     assert info["sha256"] == hashlib.sha256((one / "tokenizer.json").read_bytes()).hexdigest()
     sample = index.raw["tokenizer_source"]["sample"]
-    assert 0 < sample["bytes"] <= 40 << 10 and sample["documents"] < index.raw["splits"]["train"]["documents"]
+    assert sample["bytes"] == 20 << 10 and sample["documents"] < index.raw["splits"]["train"]["documents"]
     # BPE compresses, and decoding each document gives back its text exactly; "bytes" counts that text
     docs, tokens = documents(one)
     texts = [p.read_text() for _, p in prep.source_files(corpus, "**/*")]
-    assert len(tokens) < 0.5 * index.text_bytes("train") and index.text_bytes("train") == sum(
+    assert len(tokens) < 0.6 * index.text_bytes("train") and index.text_bytes("train") == sum(
         len(t.encode()) for t in texts)
     hf = tok.load(info, one)
     assert [hf.decode(d[:-1].tolist()) for d in docs] == texts
