@@ -262,7 +262,7 @@ def make_tokenizer(spec: str, files: list[tuple[str, Path]], max_bytes: int | No
         text = read_tokenizer_file(str(argument))
         return tok.from_json(text, kind="file", where=f"--tokenizer {argument}"), text, {"from": argument}
     except tok.TokenizerError as exc:
-        raise PrepareError(str(exc)) from exc
+        raise PrepareError(f"{exc}; allowed: {TOKENIZER_HELP}") from exc
 
 
 def prepare(src: Path, out: Path, pattern: str = "**/*", max_bytes: int | None = None,
@@ -373,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parts = [f"{split}: {s['documents']} documents, {s['tokens']} tokens in {len(s['shards'])} shard(s)"
              for split, s in index["splits"].items()]
     info = index["tokenizer"]
+    if info["eos"] is None:
+        print(f"note: the tokenizer has no end-of-document token (none of {' '.join(tok.EOS_NAMES)}): documents "
+              "follow one another with nothing between them", file=sys.stderr)
     print(f"prepared {index['source']['bytes']} bytes from {src} into {args.out} ({'; '.join(parts)}); tokenizer "
           f"{info['kind']}, vocab_size {info['vocab_size']}, {index['dtype']} shards")
     return 0
