@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .shards import DTYPE, TOKEN_BYTES, DataError, DataIndex
+from .shards import TOKEN_BYTES, DataError, DataIndex
 
 BLOCK_BYTES = 1 << 20
 WINDOW_BLOCKS = 8
@@ -42,6 +42,9 @@ KEEP_BUFFERS = 8
 #: shards mapped at once by a reader: a 20 TB data set has tens of thousands, and the kernel allows a process
 #: about 65,000 mappings (vm.max_map_count)
 OPEN_MAPS = 512
+#: how each shard dtype is held in memory: uint32 ids are read as int32 (the same bits for every id below 2**31,
+#: far beyond any vocabulary), a type every torch kernel and device handles, where uint32 is barely supported
+MEMORY_DTYPES = {"<u2": (np.uint16, torch.uint16), "<u4": (np.int32, torch.int32)}
 #: windows of a stream whose order a plan works out at once, and the groups of them it keeps per stream (the
 #: prefetch thread plans one window ahead of the loop; an evaluation or a resume may look elsewhere)
 PLANNED_WINDOWS = 16
@@ -93,18 +96,22 @@ class ShardReader:
     """Memory maps of one split's shards, opened on first use (at most OPEN_MAPS at once, the least recently used
     closed first): pages are read on demand and shared by all ranks on a host.
 
-    Tokens stay uint16 until they reach the device: a quarter of the bytes of int64 to copy and, on a GPU,
-    to send over PCIe; the widening to int64 happens on the device.
+    Tokens stay uint16 (or 32 bits, when the vocabulary needs them: the index's dtype) until they reach the device:
+    a quarter (a half) of the bytes of int64 to copy and, on a GPU, to send over PCIe; the widening to int64 happens
+    on the device.
     """
 
     def __init__(self, index: DataIndex, split: str, open_maps: int = OPEN_MAPS) -> None:
         if sys.byteorder != "little":
-            raise DataError(f"shards are little-endian {DTYPE}; this machine is {sys.byteorder}-endian")
+            raise DataError(f"shards are little-endian {index.dtype}; this machine is {sys.byteorder}-endian")
+        if index.dtype not in MEMORY_DTYPES:
+            raise DataError(f"shard dtype {index.dtype!r} is not one of {' '.join(MEMORY_DTYPES)}")
         self.shards = index.splits.get(split, [])
+        self.np_dtype, self.torch_dtype = MEMORY_DTYPES[index.dtype]
         self._open_maps = open_maps
         self._maps: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.buffers = _Buffers(keep=KEEP_BUFFERS)
+        self.buffers = _Buffers(keep=KEEP_BUFFERS, np_dtype=self.np_dtype, torch_dtype=self.torch_dtype)
 
     def _map(self, shard: int) -> np.ndarray:
         with self._lock:
@@ -113,7 +120,8 @@ class ShardReader:
                 # shared=False maps the file copy-on-write; nothing here writes, so no page is ever copied. (A
                 # torch mapping rather than np.memmap: that one keeps a file descriptor open per shard.)
                 info = self.shards[shard]
-                tokens = torch.from_file(str(info.path), shared=False, size=info.tokens, dtype=torch.uint16).numpy()
+                tokens = torch.from_file(str(info.path), shared=False, size=info.tokens,
+                                        dtype=self.torch_dtype).numpy()
                 self._maps[shard] = tokens
                 while len(self._maps) > self._open_maps:
                     self._maps.popitem(last=False)  # unmapped once no batch refers to it any more
@@ -395,17 +403,19 @@ class _Buffers:
     copies to the GPU that read them are done. Up to `keep` free buffers are kept.
     """
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, np_dtype: type[np.generic] = np.uint16,
+                 torch_dtype: torch.dtype = torch.uint16) -> None:
         self.keep = keep
+        self.np_dtype, self.torch_dtype = np_dtype, torch_dtype
         self._free: collections.deque[np.ndarray] = collections.deque()
 
     def take(self, tokens: int, capacity: int, pin: bool) -> torch.Tensor:
         """A buffer of `tokens`; a new one on the CPU holds `capacity`, so that it fits any window after."""
         if pin:
-            return torch.empty(tokens, dtype=torch.uint16, pin_memory=True)
-        memory = self._free.pop() if self._free else np.empty(0, dtype=np.uint16)
+            return torch.empty(tokens, dtype=self.torch_dtype, pin_memory=True)
+        memory = self._free.pop() if self._free else np.empty(0, dtype=self.np_dtype)
         if len(memory) < tokens:
-            memory = np.empty(max(tokens, capacity), dtype=np.uint16)
+            memory = np.empty(max(tokens, capacity), dtype=self.np_dtype)
         # The tensor (and every view of it) keeps `part` alive; when the last one goes, so does `part`.
         part = memory[:tokens]
         weakref.finalize(part, self._give_back, memory)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from . import tokenizer as tok
 from .model import CONFIG_FILE, GPT, MODEL_FILE, GPTConfig
-from .tokenizer import EOS, TOKENIZER_INFO, decode, encode
 
 
 class ModelDirError(ValueError):
@@ -26,20 +26,30 @@ def load_model(model_dir: Path) -> GPT:
         if not path.is_file():
             raise ModelDirError(f"{path} not found: MODEL_DIR must hold {MODEL_FILE} and {CONFIG_FILE} from train.py")
     config = json.loads(config_path.read_text())
-    if config.get("tokenizer") != TOKENIZER_INFO:
-        raise ModelDirError(f"{config_path}: tokenizer {config.get('tokenizer')!r} is not {TOKENIZER_INFO}")
     model = GPT(GPTConfig.from_dict(config["model"]))
     model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
     return model.eval()
 
 
-def sample(model: GPT, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> str:
-    # With no prompt the model starts as at a document boundary, which is what EOS means in training.
-    start = encode(prompt.encode("utf-8")).tolist() if prompt else [EOS]
+def load_tokenizer(model_dir: Path) -> tok.ByteTokenizer | tok.HFTokenizer:
+    """The tokenizer the model was trained with: its config's record, its tokenizer.json beside it."""
+    config = json.loads((model_dir / CONFIG_FILE).read_text())
+    try:
+        return tok.load(config.get("tokenizer"), model_dir)
+    except tok.TokenizerError as exc:
+        raise ModelDirError(f"{model_dir / CONFIG_FILE}: {exc}") from exc
+
+
+def sample(model: GPT, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int,
+           tokenizer: tok.ByteTokenizer | tok.HFTokenizer | None = None) -> str:
+    tokenizer = tokenizer or tok.ByteTokenizer()
+    # With no prompt the model starts as at a document boundary, which is what EOS means in training (a tokenizer
+    # without one starts from its first token).
+    start = tokenizer.encode(prompt) if prompt else [tokenizer.eos or 0]
     idx = torch.tensor(start, dtype=torch.long).unsqueeze(0)
     generator = torch.Generator().manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
-    return decode(out[0].tolist() if prompt else out[0, 1:].tolist())
+    return tokenizer.decode(out[0].tolist() if prompt else out[0, 1:].tolist())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--temperature {args.temperature}: use 0 or more")
     try:
         model = load_model(args.model_dir)
+        tokenizer = load_tokenizer(args.model_dir)
     except (ModelDirError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = sample(model, args.prompt, args.max_new_tokens, args.temperature, args.top_k or None, args.seed)
+    text = sample(model, args.prompt, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
+                  tokenizer)
     sys.stdout.write(text + "\n")
     return 0
 

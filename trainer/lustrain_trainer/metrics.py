@@ -25,7 +25,10 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .shards import DataIndex
 
 # name -> format of its value. Every value is a plain decimal or exponent number, which NUMBER captures.
 METRICS: dict[str, str] = {
@@ -67,22 +70,11 @@ def bits_per_byte(loss: float, tokens: int, source_bytes: int) -> float:
     return loss * tokens / source_bytes / math.log(2)
 
 
-def split_bytes(index: dict[str, Any], split: str) -> tuple[int, int] | None:
-    """(tokens, UTF-8 source bytes) of one split of a data index (index.json), or None where the index cannot
-    say. A version 2 index gives each split's `bytes`; a version 1 index is the byte tokenizer's, where each
-    document is its bytes plus one end-of-document token: bytes = tokens - documents."""
-    entry = (index.get("splits") or {}).get(split)
-    if not isinstance(entry, dict):
-        return None
-    tokens = entry.get("tokens")
-    if not isinstance(tokens, int):
-        tokens = sum(int(s.get("tokens", 0)) for s in entry.get("shards", []))
-    source = entry.get("bytes")
-    if source is None and index.get("version") == 1 and isinstance(entry.get("documents"), int):
-        source = tokens - int(entry["documents"])
-    if not isinstance(source, int) or source <= 0 or tokens <= 0:
-        return None
-    return tokens, source
+def split_bytes(index: DataIndex, split: str) -> tuple[int, int] | None:
+    """(tokens, UTF-8 source bytes) of one split of a data set, or None where its index cannot say (the index
+    decides the bytes: DataIndex.text_bytes)."""
+    tokens, source = index.tokens(split), index.text_bytes(split)
+    return (tokens, source) if tokens > 0 and source > 0 else None
 
 
 def evaluation(val_loss: float, split: tuple[int, int] | None) -> dict[str, float]:

@@ -1,10 +1,14 @@
 """Turn a tree of text files into a few large token shards plus an index.
 
-    python -m lustrain_trainer.prepare SRC OUT [--glob '**/*.py'] [--max-bytes 4MiB]
+    python -m lustrain_trainer.prepare SRC OUT [--glob '**/*.py'] [--max-bytes 4MiB] [--tokenizer bytes]
 
 SRC is a directory, or `stdlib` for the standard library's own source tree (real text that ships with
 every Python, so the local example needs no download). Large shards suit Lustre, which serves a few big
 files far faster than millions of small ones. Output is deterministic: files are read in sorted order.
+
+--tokenizer (tokenizer.py): `bytes` (the default), `bpe:VOCAB` (a byte-level BPE trained here on a sample of the
+corpus, the same sample and so the same tokenizer.json for the same input), or the path or s3:// URL of an existing
+tokenizer.json. The tokenizer.json is written beside index.json, which records its sha256.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .shards import DTYPE, FORMAT, INDEX_NAME, SPLITS, TOKEN_BYTES, VERSION, shard_name
-from .tokenizer import TOKENIZER_INFO, encode_document
+import numpy as np
+
+from . import tokenizer as tok
+from .shards import FORMAT, INDEX_NAME, SPLITS, VERSION, shard_name
 
 STDLIB = "stdlib"
 # Installed packages and caches are not part of a source tree's own text (and the stdlib directory holds
@@ -30,6 +36,19 @@ STDLIB = "stdlib"
 SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "node_modules"})
 SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
               "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30}
+
+
+#: bpe:VOCAB's range: the 256 bytes and EOS at least; at most 2**20 ids, several times any published LLM's (Llama 3
+#: 128,256; Gemma 3 262,144)
+BPE_VOCAB = (tok.VOCAB_SIZE, 1 << 20)
+#: the text a BPE is trained on, at most: its merges are decided by the most frequent pairs, which a few hundred MB
+#: of a corpus ranks as the whole would; the trainer holds the sample's distinct words in memory, and its time grows
+#: with the sample, not the corpus (bench/prepare.py: 22 s for the 31 MB stdlib corpus on two busy cores, so minutes
+#: for 256 MiB)
+BPE_SAMPLE = 256 << 20
+#: documents encoded at once (a batch runs on all cores), or fewer when they reach BATCH_BYTES
+BATCH_DOCUMENTS, BATCH_BYTES = 256, 8 << 20
+TOKENIZER_HELP = "bytes | bpe:VOCAB | PATH or s3:// URL of a tokenizer.json"
 
 
 class PrepareError(ValueError):
@@ -103,15 +122,19 @@ class ShardWriter:
     out: Path
     split: str
     shard_tokens: int
+    dtype: str = "<u2"
     shards: list[dict[str, Any]] = field(default_factory=list)
     documents: int = 0
+    text_bytes: int = 0
     _file: BinaryIO | None = None
     _hash: Any = None
     _in_shard: int = 0
 
-    def add_document(self, data: bytes) -> None:
-        tokens = encode_document(data)
+    def add_document(self, data: bytes, tokens: np.ndarray) -> None:
+        """A document's text and its tokens (EOS included)."""
+        tokens = tokens.astype(self.dtype, copy=False)
         self.documents += 1
+        self.text_bytes += len(data)
         start = 0
         while start < len(tokens):
             if self._file is None:
@@ -130,7 +153,7 @@ class ShardWriter:
         if self._file is not None:
             self._close()
         return {"tokens": sum(s["tokens"] for s in self.shards), "documents": self.documents,
-                "shards": self.shards}
+                "bytes": self.text_bytes, "shards": self.shards}
 
     def _tmp_path(self) -> Path:
         return self.out / (shard_name(self.split, len(self.shards)) + ".tmp")
@@ -166,9 +189,89 @@ def read_documents(files: list[tuple[str, Path]], max_bytes: int | None) -> Iter
             return
 
 
+def parse_tokenizer(spec: str) -> tuple[str, int | str | None]:
+    """(kind, argument) of a --tokenizer value: ("bytes", None), ("bpe", VOCAB) or ("file", PATH or URL)."""
+    if spec == "bytes":
+        return "bytes", None
+    if spec.startswith("bpe:") or spec == "bpe":
+        text = spec.partition(":")[2]
+        low, high = BPE_VOCAB
+        if not text.isdigit() or not low <= int(text) <= high:
+            raise PrepareError(f"--tokenizer {spec}: VOCAB must be a whole number from {low} to {high} "
+                               f"(e.g. bpe:32000); allowed: {TOKENIZER_HELP}")
+        return "bpe", int(text)
+    if not spec.strip():
+        raise PrepareError(f"--tokenizer is empty; allowed: {TOKENIZER_HELP}")
+    return "file", spec
+
+
+def read_tokenizer_file(location: str) -> bytes:
+    """The bytes of a tokenizer.json at a local path or an s3:// URL."""
+    if location.startswith("s3://"):
+        bucket, _, key = location[len("s3://"):].partition("/")
+        if not bucket or not key:
+            raise PrepareError(f"--tokenizer {location}: an S3 URL names a bucket and a key (s3://BUCKET/KEY)")
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            body: bytes = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            raise PrepareError(f"--tokenizer {location}: {error.get('Code')}: {error.get('Message')}") from exc
+        except BotoCoreError as exc:
+            raise PrepareError(f"--tokenizer {location}: {exc}") from exc
+        return body
+    path = Path(location)
+    if not path.is_file():
+        raise PrepareError(f"--tokenizer {location}: no such file; allowed: {TOKENIZER_HELP}")
+    return path.read_bytes()
+
+
+def bpe_sample(files: list[tuple[str, Path]], max_bytes: int | None, limit: int
+               ) -> tuple[list[str], dict[str, Any]]:
+    """The documents a BPE is trained on: all of a corpus of up to `limit` bytes, else the documents of the smallest
+    content hashes (an even spread over the corpus, the same whatever the order or the machines that read it) up to
+    `limit` bytes, the last one cut there. Costs a read of the corpus and its hashes before the training."""
+    ranked, total = [], 0
+    for number, data in enumerate(read_documents(files, max_bytes)):
+        ranked.append((hashlib.sha256(data).digest()[:8], number, len(data)))
+        total += len(data)
+    take: dict[int, int] = {}
+    used = 0
+    for _, number, size in sorted(ranked) if total > limit else ranked:
+        take[number] = min(size, limit - used)
+        used += take[number]
+        if used >= limit:
+            break
+    texts = [data[: take[number]].decode("utf-8", errors="ignore")  # a cut may split a character
+             for number, data in enumerate(read_documents(files, max_bytes)) if number in take]
+    return texts, {"bytes": used, "documents": len(texts), "limit": limit}
+
+
+def make_tokenizer(spec: str, files: list[tuple[str, Path]], max_bytes: int | None,
+                   sample_limit: int) -> tuple[tok.ByteTokenizer | tok.HFTokenizer, bytes | None, dict[str, Any]]:
+    """(tokenizer, its tokenizer.json's bytes or None, how it was trained) for a --tokenizer value."""
+    kind, argument = parse_tokenizer(spec)
+    if kind == "bytes":
+        return tok.ByteTokenizer(), None, {}
+    try:
+        if kind == "bpe":
+            texts, sample = bpe_sample(files, max_bytes, sample_limit)
+            text = tok.train_bpe(texts, int(argument or 0))
+            return tok.from_json(text, kind="bpe"), text, {"sample": sample, "requested_vocab_size": argument}
+        text = read_tokenizer_file(str(argument))
+        return tok.from_json(text, kind="file", where=f"--tokenizer {argument}"), text, {"from": argument}
+    except tok.TokenizerError as exc:
+        raise PrepareError(f"{exc}; allowed: {TOKENIZER_HELP}") from exc
+
+
 def prepare(src: Path, out: Path, pattern: str = "**/*", max_bytes: int | None = None,
-            shard_tokens: int = 128 << 20, val_fraction: float = 0.01, source_label: str | None = None
+            shard_tokens: int = 128 << 20, val_fraction: float = 0.01, source_label: str | None = None,
+            tokenizer: str = "bytes", bpe_sample_bytes: int = BPE_SAMPLE, shard_bytes: int | None = None
             ) -> dict[str, Any]:
+    """Tokenize the text files under `src` into shards in `out`. Shards hold shard_tokens tokens, or shard_bytes
+    bytes where given (their tokens' width is known once the tokenizer is)."""
     if not src.is_dir():
         raise PrepareError(f"SRC {src} is not a directory (give a directory of text files, or {STDLIB!r})")
     if not 0 <= val_fraction < 0.5:
@@ -176,43 +279,68 @@ def prepare(src: Path, out: Path, pattern: str = "**/*", max_bytes: int | None =
     files = source_files(src, pattern)
     if not files:
         raise PrepareError(f"no files under {src} match --glob {pattern!r}")
+    encoder, tokenizer_json, trained = make_tokenizer(tokenizer, files, max_bytes, bpe_sample_bytes)
+    dtype = tok.dtype_for(encoder.vocab_size)
+    if shard_bytes is not None:
+        shard_tokens = max(1, shard_bytes // np.dtype(dtype).itemsize)
     out.mkdir(parents=True, exist_ok=True)
     # A previous preparation may have written more shards than this one will: leave no stale ones behind.
     for split in SPLITS:
         for old in out.glob(f"{split}-*.bin*"):
             old.unlink()
     (out / INDEX_NAME).unlink(missing_ok=True)
+    (out / tok.TOKENIZER_FILE).unlink(missing_ok=True)
+    if tokenizer_json is not None:
+        (out / tok.TOKENIZER_FILE).write_bytes(tokenizer_json)
 
-    writers = {split: ShardWriter(out, split, shard_tokens) for split in SPLITS}
+    writers = {split: ShardWriter(out, split, shard_tokens, dtype) for split in SPLITS}
     total = val_bytes = 0
-    for number, data in enumerate(read_documents(files, max_bytes)):
+    for number, (data, tokens) in enumerate(encoded(encoder, read_documents(files, max_bytes))):
         total += len(data)
         # Whole documents go to validation, spread through the corpus, keeping its share near val_fraction.
         to_val = number > 0 and val_bytes < val_fraction * total
         if to_val:
             val_bytes += len(data)
-        writers["val" if to_val else "train"].add_document(data)
+        writers["val" if to_val else "train"].add_document(data, tokens)
     splits = {split: writer.finish() for split, writer in writers.items()}
     if not splits["train"]["shards"]:
         raise PrepareError(f"no text found in the files under {src} matching {pattern!r} (all binary?)")
     if not splits["val"]["shards"]:
         del splits["val"]
     index = {
-        "format": FORMAT, "version": VERSION, "dtype": DTYPE, "tokenizer": TOKENIZER_INFO,
+        "format": FORMAT, "version": VERSION, "dtype": dtype, "tokenizer": encoder.info,
         "source": {"root": source_label or str(src), "glob": pattern, "max_bytes": max_bytes,
                    "bytes": total, "files_matched": len(files)},
         "splits": splits,
     }
+    if trained:
+        index["tokenizer_source"] = trained
     tmp = out / (INDEX_NAME + ".tmp")
     tmp.write_text(json.dumps(index, indent=2) + "\n")
     os.replace(tmp, out / INDEX_NAME)
     return index
 
 
+def encoded(encoder: tok.ByteTokenizer | tok.HFTokenizer, documents: Iterator[bytes]
+            ) -> Iterator[tuple[bytes, np.ndarray]]:
+    """(document, its tokens) in order, encoded a batch at a time."""
+    batch: list[bytes] = []
+    size = 0
+    for data in documents:
+        batch.append(data)
+        size += len(data)
+        if len(batch) >= BATCH_DOCUMENTS or size >= BATCH_BYTES:
+            yield from zip(batch, encoder.encode_documents(batch), strict=True)
+            batch, size = [], 0
+    if batch:
+        yield from zip(batch, encoder.encode_documents(batch), strict=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="lustrain data prepare",
-        description="Tokenize a tree of text files (bytes) into a few large uint16 shards plus index.json.",
+        description="Tokenize a tree of text files into a few large token shards plus index.json (and the "
+                    "tokenizer's tokenizer.json).",
     )
     parser.add_argument("src", metavar="SRC",
                         help=f"directory of text files, or {STDLIB!r} for this Python's standard library "
@@ -226,20 +354,31 @@ def main(argv: list[str] | None = None) -> int:
                         help="bytes per shard file (default 256MiB)")
     parser.add_argument("--val-fraction", type=float, default=0.01,
                         help="share of documents held out for validation (default: %(default)s)")
+    parser.add_argument("--tokenizer", default="bytes",
+                        help=f"{TOKENIZER_HELP} (default: %(default)s): bpe:VOCAB trains a byte-level BPE of VOCAB "
+                             f"tokens ({BPE_VOCAB[0]} to {BPE_VOCAB[1]}) on the corpus")
+    parser.add_argument("--bpe-sample", type=parse_size, default=BPE_SAMPLE,
+                        help="text a bpe:VOCAB tokenizer is trained on, at most: all of a smaller corpus, else a "
+                             "sample chosen by content hash (default 256MiB)")
     args = parser.parse_args(argv)
 
     use_stdlib = args.src == STDLIB and not Path(args.src).exists()
     src = stdlib_source_dir() if use_stdlib else Path(args.src)
-    shard_tokens = max(1, args.shard_size // TOKEN_BYTES)
     try:
-        index = prepare(src, args.out, args.glob, args.max_bytes, shard_tokens, args.val_fraction,
-                        source_label=STDLIB if use_stdlib else None)
+        index = prepare(src, args.out, args.glob, args.max_bytes, val_fraction=args.val_fraction,
+                        source_label=STDLIB if use_stdlib else None, tokenizer=args.tokenizer,
+                        bpe_sample_bytes=args.bpe_sample, shard_bytes=args.shard_size)
     except (PrepareError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     parts = [f"{split}: {s['documents']} documents, {s['tokens']} tokens in {len(s['shards'])} shard(s)"
              for split, s in index["splits"].items()]
-    print(f"prepared {index['source']['bytes']} bytes from {src} into {args.out} ({'; '.join(parts)})")
+    info = index["tokenizer"]
+    if info["eos"] is None:
+        print(f"note: the tokenizer has no end-of-document token (none of {' '.join(tok.EOS_NAMES)}): documents "
+              "follow one another with nothing between them", file=sys.stderr)
+    print(f"prepared {index['source']['bytes']} bytes from {src} into {args.out} ({'; '.join(parts)}); tokenizer "
+          f"{info['kind']}, vocab_size {info['vocab_size']}, {index['dtype']} shards")
     return 0
 
 

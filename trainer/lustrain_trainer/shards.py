@@ -1,7 +1,14 @@
-"""The on-disk format of a prepared data set: a few large uint16 token shards plus index.json.
+"""The on-disk format of a prepared data set: a few large token shards plus index.json (and tokenizer.json).
 
-A shard is raw little-endian uint16 tokens with no header, so it can be memory-mapped (or read with
-numpy.fromfile) directly; everything else about the data set lives in the index.
+A shard is raw little-endian tokens with no header, uint16 while the vocabulary fits in 16 bits and uint32 beyond
+(the index's "dtype"), so it can be memory-mapped (or read with numpy.fromfile) directly; everything else about the
+data set lives in the index:
+
+- version 2: "tokenizer" is the tokenizer's info (tokenizer.py: kind, vocab_size, eos, sha256 and the name of its
+  tokenizer.json, which lies beside index.json), and each split records "bytes", the UTF-8 bytes of its
+  documents' text (what bits per byte divides by, whatever the tokenizer);
+- version 1 (still read): the byte tokenizer, uint16 shards, no "bytes" (a split's bytes are its tokens less one
+  EOS per document).
 """
 
 from __future__ import annotations
@@ -11,13 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .tokenizer import TOKENIZER_INFO
+import numpy as np
+
+from .tokenizer import TOKENIZER_FILE, TOKENIZER_INFO, dtype_for, normalized
 
 INDEX_NAME = "index.json"
 FORMAT = "lustrain-token-shards"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
+#: the byte tokenizer's shards (and every version 1 index's)
 DTYPE = "<u2"
 TOKEN_BYTES = 2
+DTYPES = ("<u2", "<u4")
 SPLITS = ("train", "val")
 
 
@@ -36,9 +48,29 @@ class DataIndex:
     root: Path
     splits: dict[str, list[Shard]]
     raw: dict[str, Any]
+    dtype: str = DTYPE
 
     def tokens(self, split: str) -> int:
         return sum(shard.tokens for shard in self.splits.get(split, []))
+
+    @property
+    def token_bytes(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def tokenizer(self) -> dict[str, Any]:
+        """The tokenizer info the data was made with, in its current form (version 1: the byte tokenizer)."""
+        return normalized(self.raw.get("tokenizer"))
+
+    def text_bytes(self, split: str) -> int:
+        """The UTF-8 bytes of a split's documents (version 1: its tokens less one EOS per document); 0 where the
+        index cannot say."""
+        entry = self.raw.get("splits", {}).get(split, {})
+        if "bytes" in entry:
+            return int(entry["bytes"])
+        if self.raw.get("version") == 1 and "documents" in entry:
+            return int(entry.get("tokens", 0)) - int(entry["documents"])
+        return 0
 
 
 def shard_name(split: str, number: int) -> str:
@@ -59,21 +91,20 @@ def read_index(root: Path) -> DataIndex:
         raise DataError(f"{index_path} is not readable JSON: {exc}") from exc
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise DataError(f"{index_path}: format must be {FORMAT!r}, got {raw.get('format')!r}")
-    if raw.get("version") != VERSION or raw.get("dtype") != DTYPE:
+    version, dtype = raw.get("version"), raw.get("dtype")
+    if version not in VERSIONS or dtype not in DTYPES or (version == 1 and dtype != DTYPE):
         raise DataError(
-            f"{index_path}: version {raw.get('version')!r} dtype {raw.get('dtype')!r} not supported "
-            f"(this trainer reads version {VERSION}, dtype {DTYPE})"
+            f"{index_path}: version {version!r} dtype {dtype!r} not supported (this trainer reads version "
+            f"{VERSION} with dtype {' or '.join(DTYPES)}, and version 1 with {DTYPE})"
         )
-    if raw.get("tokenizer") != TOKENIZER_INFO:
-        raise DataError(
-            f"{index_path}: tokenizer {raw.get('tokenizer')!r} is not this trainer's {TOKENIZER_INFO}"
-        )
+    check_tokenizer(index_path, raw, dtype)
+    token_bytes = np.dtype(dtype).itemsize
     splits: dict[str, list[Shard]] = {}
     for split, entry in raw.get("splits", {}).items():
         shards = []
         for item in entry.get("shards", []):
             path = root / item["file"]
-            expected = int(item["tokens"]) * TOKEN_BYTES
+            expected = int(item["tokens"]) * token_bytes
             actual = path.stat().st_size if path.is_file() else None
             if actual != expected:
                 raise DataError(
@@ -84,4 +115,26 @@ def read_index(root: Path) -> DataIndex:
         splits[split] = shards
     if not splits.get("train"):
         raise DataError(f"{index_path}: no train shards")
-    return DataIndex(root=root, splits=splits, raw=raw)
+    return DataIndex(root=root, splits=splits, raw=raw, dtype=dtype)
+
+
+def check_tokenizer(index_path: Path, raw: dict[str, Any], dtype: str) -> None:
+    """The index's tokenizer is one the trainer can read ids of: version 1, the byte tokenizer; version 2, any
+    kind whose ids fit the shards' dtype, its tokenizer.json beside the index (its contents are checked where
+    the tokenizer is used: prepare and generate; training needs only the ids)."""
+    info = raw.get("tokenizer")
+    if raw.get("version") == 1:
+        if normalized(info) != TOKENIZER_INFO:
+            raise DataError(f"{index_path}: a version 1 index holds byte tokens, not tokenizer {info!r}")
+        return
+    if not isinstance(info, dict) or not isinstance(info.get("vocab_size"), int) or info["vocab_size"] < 1:
+        raise DataError(f"{index_path}: tokenizer {info!r} has no vocab_size")
+    if info["vocab_size"] > 1 << 31:
+        raise DataError(f"{index_path}: a vocabulary of {info['vocab_size']} is beyond the 2**31 ids the trainer reads")
+    if np.dtype(dtype).itemsize < np.dtype(dtype_for(info["vocab_size"])).itemsize:
+        raise DataError(f"{index_path}: a vocabulary of {info['vocab_size']} does not fit dtype {dtype}")
+    if info.get("file") and not (index_path.parent / str(info["file"])).is_file():
+        raise DataError(
+            f"{index_path.parent / str(info['file'])} not found: the data's tokenizer ({TOKENIZER_FILE}) must "
+            f"lie beside {INDEX_NAME}"
+        )

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import resource
+import shutil
 import signal
 import sys
 import time
@@ -32,6 +34,7 @@ import torch
 from torch import nn
 
 from . import checkpoint, distributed, faults, plan
+from . import tokenizer as tok
 from .data import Batch, BatchPlan, Prefetcher, ShardReader
 from .distributed import Dist
 from .hparams import (
@@ -45,9 +48,8 @@ from .hparams import (
     shape_of,
 )
 from .metrics import evaluation, final_summary, format_line, split_bytes
-from .model import CONFIG_FILE, GPT, MODEL_FILE, init_weights, local_part
+from .model import CONFIG_FILE, GPT, MODEL_FILE, GPTConfig, init_weights, local_part
 from .shards import DataError, DataIndex, read_index
-from .tokenizer import TOKENIZER_INFO
 
 DATA_TRACE_ENV = "LUSTRAIN_DATA_TRACE"
 #: SageMaker's directory of the "resume" channel: the checkpoint of the run this one continues
@@ -113,11 +115,12 @@ class Outcome:
     tokens_seen: int = 0
 
 
-def build_model(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, bf16: bool) -> GPT:
+def build_model(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, bf16: bool,
+                vocab_size: int | None = None) -> GPT:
     """The model as this rank trains it: built on `meta` (no memory), sharded there when FSDP is on, then only this
     rank's part materialised on its device and initialised (init_weights: the same weights for the same seed,
     whatever the world size). No rank ever holds the whole model unless it trains the whole model (DDP)."""
-    model = build_model_on_meta(hp, info, fsdp, shard_group, bf16)
+    model = build_model_on_meta(hp, info, fsdp, shard_group, bf16, vocab_size)
     model.to_empty(device=info.device)
     if not fsdp:
         model.tie_weights()
@@ -160,7 +163,9 @@ class Trainer:
         self.resume_dir = Path(resume_dir) if resume_dir else None
         # With distribution none on several hosts each host trains alone; only the first one writes.
         self.writes = info.is_main and (info.active or hosts.is_first)
-        self.config = hp.model_config()
+        # the model's vocabulary is the data's: its tokenizer, recorded with the model and its checkpoints
+        self.tokenizer_info = index.tokenizer
+        self.config = data_model_config(hp, self.tokenizer_info)
         self.bf16 = hp.precision == "bf16" or (
             hp.precision == "auto" and info.device.type == "cuda" and torch.cuda.is_bf16_supported())
         if hp.precision == "bf16" and info.device.type != "cuda":
@@ -170,7 +175,7 @@ class Trainer:
             torch.set_num_threads(hp.cpu_threads)
         torch.manual_seed(hp.seed)
         self.fsdp, self.shard_group = layout(hp, info, self.bf16)
-        self.model = build_model(hp, info, self.fsdp, self.shard_group, self.bf16)
+        self.model = build_model(hp, info, self.fsdp, self.shard_group, self.bf16, self.config.vocab_size)
         self.parameters = self.config.parameter_count()
         self.step_module: nn.Module = self.model
         self.optimizer = make_optimizer(self.model, hp, info.device, sharded=self.fsdp)
@@ -194,7 +199,7 @@ class Trainer:
                 self.log(f"validation off: {exc}")
             self.val_reader = ShardReader(index, "val")
         # the val split's (tokens, source bytes): what turns a loss per token into bits per byte
-        self.val_split = split_bytes(index.raw, "val")
+        self.val_split = split_bytes(index, "val")
         if self.val_plan and self.val_split is None:
             self.log("validation bits per byte off: the data's index gives no source bytes for its val split")
         self.evaluated_at: int | None = None
@@ -243,7 +248,8 @@ class Trainer:
             return 0.0
         manifest = {"run": self.run_id, "model_config": self.config.to_dict(), "shape": shape_of(self.hp),
                     "tokens_seen": tokens_seen, "global_micro_batches": self.global_micro_batches,
-                    "world_size": self.info.world_size, "hyperparameters": self.hp.to_dict()}
+                    "world_size": self.info.world_size, "hyperparameters": self.hp.to_dict(),
+                    "tokenizer": self.tokenizer_info}
         blocked = self.checkpointer.save(step, self._sharded_state(), manifest, self.save_id, reason, blocking)
         self.saved_step = step
         return blocked
@@ -261,6 +267,9 @@ class Trainer:
         why = checkpoint.foreign(loaded.payload, self.run_id, self.resume_from)
         if why:
             return {"refusal": f"{loaded.path} will not be continued: {why}"}, loaded
+        refusal = tokenizer_refusal(loaded, self.tokenizer_info, self.paths.data)
+        if refusal:
+            return {"refusal": refusal}, loaded
         if loaded.payload["model_config"] != self.config.to_dict():
             held = dict(sorted(loaded.payload["model_config"].items(),
                                key=lambda kv: list(self.config.to_dict()).index(kv[0])
@@ -352,8 +361,9 @@ class Trainer:
             return
         self.paths.model.mkdir(parents=True, exist_ok=True)
         checkpoint.save_atomic(model_state, self.paths.model / MODEL_FILE)
-        config = {"model": self.config.to_dict(), "tokenizer": TOKENIZER_INFO, "trained_steps": step,
+        config = {"model": self.config.to_dict(), "tokenizer": self.tokenizer_info, "trained_steps": step,
                   "metrics": metrics, "hyperparameters": self.hp.to_dict()}
+        copy_tokenizer_file(self.index, self.paths.model)
         _write_json(self.paths.model / CONFIG_FILE, config)
         say(f"model written to {self.paths.model / MODEL_FILE} with {CONFIG_FILE}")
 
@@ -425,7 +435,7 @@ class Trainer:
         if info.active and not self.fsdp:
             self.step_module = distributed.wrap(self.model, info)
         tokens_per_step = hp.batch_size * hp.seq_len * self.global_micro_batches
-        flops_per_token = hp.plan_shape().flops_per_token()
+        flops_per_token = dataclasses.replace(hp.plan_shape(), vocab_size=self.config.vocab_size).flops_per_token()
         # this rank's micro-batches are numbered step * grad_accum + micro: the plan maps them to the data
         prefetch = Prefetcher(self.train_plan(), ShardReader(self.index, "train"), start * self.grad_accum,
                               hp.prefetch, pin=info.device.type == "cuda")
@@ -490,6 +500,34 @@ class Trainer:
         if status == "completed":
             self.write_model(step, metrics)
         return Outcome(status, step, resumed_from, metrics, tokens_seen)
+
+
+def data_model_config(hp: Hyperparameters, tokenizer_info: dict[str, Any]) -> GPTConfig:
+    """The model the hyperparameters describe, with the vocabulary of the data's tokenizer."""
+    return dataclasses.replace(hp.model_config(), vocab_size=int(tokenizer_info["vocab_size"]))
+
+
+def tokenizer_refusal(loaded: checkpoint.Loaded, data_tokenizer: dict[str, Any], data: Path) -> str | None:
+    """Why a checkpoint is not continued on this data: its model reads another tokenizer's ids (a manifest of
+    before tokenizers were recorded holds the byte tokenizer's)."""
+    held = loaded.payload.get("tokenizer")
+    if tok.same_tokenizer(held, data_tokenizer):
+        return None
+    return (f"the newest checkpoint in {loaded.path.parent} is a model of tokenizer {tok.describe(held)}, but the "
+            f"data {data} is tokenized with {tok.describe(data_tokenizer)}: prepare the data with the model's "
+            "tokenizer (its tokenizer.json with --tokenizer PATH), or start a new model in another checkpoint_dir")
+
+
+def copy_tokenizer_file(index: DataIndex, model_dir: Path) -> None:
+    """The data's tokenizer.json into the model directory, so that generate and export decode with it."""
+    name = index.tokenizer.get("file")
+    target = model_dir / tok.TOKENIZER_FILE
+    if not name:
+        target.unlink(missing_ok=True)
+        return
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.copyfile(index.root / str(name), tmp)
+    os.replace(tmp, target)
 
 
 def _open_trace(rank: int) -> TextIO | None:
@@ -557,9 +595,11 @@ def dry_run(hp: Hyperparameters, world_size: int | None, instance_type: str | No
     return 0
 
 
-def build_model_on_meta(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, bf16: bool) -> GPT:
+def build_model_on_meta(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, bf16: bool,
+                        vocab_size: int | None = None) -> GPT:
+    config = hp.model_config() if vocab_size is None else dataclasses.replace(hp.model_config(), vocab_size=vocab_size)
     with torch.device("meta"):
-        model = GPT(hp.model_config(), activation_checkpointing=hp.activation_checkpointing)
+        model = GPT(config, activation_checkpointing=hp.activation_checkpointing)
     if fsdp:
         distributed.shard(model, info, bf16, shard_group)
     return model
@@ -624,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"preset {hp.preset}: {trainer.parameters:,} parameters, {hp.n_layer} layers, {hp.n_embd} wide; "
                 f"{info.world_size} rank(s) on {info.device.type}, fsdp {trainer.fsdp} (shard group {trainer.shard_group}), "
                 f"{'bf16' if trainer.bf16 else 'fp32'}; host {hosts.current} of {len(hosts.hosts) or 1}; "
-                f"data {paths.data} ({index.tokens('train'):,} train tokens); "
+                f"data {paths.data} ({index.tokens('train'):,} train tokens, tokenizer "
+                f"{tok.describe(index.tokenizer)}); "
                 f"checkpoints {paths.checkpoints}"
             )
             try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 from lustrain_trainer.metrics import (
@@ -17,6 +18,7 @@ from lustrain_trainer.metrics import (
     perplexity,
     split_bytes,
 )
+from lustrain_trainer.shards import DataIndex, Shard
 
 
 def read(line: str) -> dict[str, float]:
@@ -35,20 +37,19 @@ def test_perplexity_and_bits_per_byte_of_a_known_loss() -> None:
         bits_per_byte(1.0, 10, 0)
 
 
+def index_of(raw: dict) -> DataIndex:
+    splits = {name: [Shard(Path(f"{name}-00000.bin"), entry["tokens"])] for name, entry in raw["splits"].items()}
+    return DataIndex(root=Path("."), splits=splits, raw=raw)
+
+
 def test_the_val_split_bytes_come_from_either_index_version() -> None:
-    version2 = {
-        "version": 2,
-        "splits": {"val": {"tokens": 1200, "documents": 3, "bytes": 4800, "shards": []}},
-    }
+    version2 = index_of({"version": 2, "splits": {"val": {"tokens": 1200, "documents": 3, "bytes": 4800}}})
     assert split_bytes(version2, "val") == (1200, 4800)
     # version 1: the byte tokenizer, each document its bytes and one end-of-document token
-    version1 = {
-        "version": 1,
-        "splits": {"val": {"tokens": 1003, "documents": 3, "shards": [{"tokens": 1003}]}},
-    }
+    version1 = index_of({"version": 1, "splits": {"val": {"tokens": 1003, "documents": 3}}})
     assert split_bytes(version1, "val") == (1003, 1000)
     # a version 2 index without the split's bytes cannot say; no val split at all neither
-    assert split_bytes({"version": 2, "splits": {"val": {"tokens": 5, "documents": 1}}}, "val") is None
+    assert split_bytes(index_of({"version": 2, "splits": {"val": {"tokens": 5, "documents": 1}}}), "val") is None
     assert split_bytes(version2, "test") is None
 
 
