@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .model import CONFIG_FILE, GPT, MODEL_FILE, GPTConfig
+from .model import CONFIG_FILE, MODEL_FILE, CausalLM, build, config_from_dict
 from .tokenizer import EOS, TOKENIZER_INFO, decode, encode
 
 
@@ -20,7 +20,7 @@ class ModelDirError(ValueError):
     pass
 
 
-def load_model(model_dir: Path) -> GPT:
+def load_model(model_dir: Path) -> CausalLM:
     config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
@@ -28,12 +28,12 @@ def load_model(model_dir: Path) -> GPT:
     config = json.loads(config_path.read_text())
     if config.get("tokenizer") != TOKENIZER_INFO:
         raise ModelDirError(f"{config_path}: tokenizer {config.get('tokenizer')!r} is not {TOKENIZER_INFO}")
-    model = GPT(GPTConfig.from_dict(config["model"]))
+    model = build(config_from_dict(config["model"]))
     model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
     return model.eval()
 
 
-def sample(model: GPT, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> str:
+def sample(model: CausalLM, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> str:
     # With no prompt the model starts as at a document boundary, which is what EOS means in training.
     start = encode(prompt.encode("utf-8")).tolist() if prompt else [EOS]
     idx = torch.tensor(start, dtype=torch.long).unsqueeze(0)
