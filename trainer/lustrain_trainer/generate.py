@@ -21,15 +21,36 @@ class ModelDirError(ValueError):
 
 
 def load_model(model_dir: Path) -> CausalLM:
+    if not (model_dir / MODEL_FILE).is_file() and _is_export(model_dir):
+        return _load_export(model_dir)
     config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise ModelDirError(f"{path} not found: MODEL_DIR must hold {MODEL_FILE} and {CONFIG_FILE} from train.py")
+            raise ModelDirError(f"{path} not found: MODEL_DIR must hold {MODEL_FILE} and {CONFIG_FILE} from train.py, "
+                                "or be what `lustrain export` wrote")
     config = json.loads(config_path.read_text())
     if config.get("tokenizer") != TOKENIZER_INFO:
         raise ModelDirError(f"{config_path}: tokenizer {config.get('tokenizer')!r} is not {TOKENIZER_INFO}")
     model = build(config_from_dict(config["model"]))
     model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+    return model.eval()
+
+
+def _is_export(model_dir: Path) -> bool:
+    from .export import is_export
+
+    return is_export(model_dir)
+
+
+def _load_export(model_dir: Path) -> CausalLM:
+    """A Hugging Face directory `lustrain export` wrote (safetensors, config.json): the same model."""
+    from .export import load_export
+
+    config, state, tokenizer = load_export(model_dir)
+    if tokenizer is not None and tokenizer != TOKENIZER_INFO:
+        raise ModelDirError(f"{model_dir}: tokenizer {tokenizer!r} is not {TOKENIZER_INFO}")
+    model = build(config)
+    model.load_state_dict(state)
     return model.eval()
 
 

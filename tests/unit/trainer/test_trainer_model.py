@@ -160,7 +160,14 @@ def test_each_metric_regex_reads_its_own_value_from_a_log_line() -> None:
 def test_the_trainer_imports_nothing_of_the_control_plane() -> None:
     allowed = {"torch", "numpy", "lustrain_trainer"}
     imported = set()
+    # export.py writes safetensors (a dependency of lustrain): only export.py imports it, and no module imports
+    # export.py but inside a function of generate (SageMaker's training image need not have safetensors)
     for path in TRAINER.rglob("*.py"):
+        top = ast.parse(path.read_text()).body
+        assert not [n for n in top if isinstance(n, ast.ImportFrom) and n.module == "export"], path
+    for path in TRAINER.rglob("*.py"):
+        if path.name == "export.py":
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported |= {alias.name.split(".")[0] for alias in node.names}
