@@ -63,10 +63,12 @@ def read_model_dir(model_dir: Path) -> tuple[ModelConfig, dict[str, Any]]:
     config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise ExportError(f"{path} not found: a model directory holds {MODEL_FILE} and {CONFIG_FILE} from train.py")
+            raise ExportError(
+                f"{path} not found: a model directory holds {MODEL_FILE} and {CONFIG_FILE} from train.py"
+            )
     saved = json.loads(config_path.read_text())
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-        raise ExportError(f"{config_path}: no \"model\" config (is this a model directory of train.py?)")
+        raise ExportError(f'{config_path}: no "model" config (is this a model directory of train.py?)')
     try:
         return config_from_dict(saved["model"]), saved
     except (TypeError, ValueError) as exc:
@@ -76,27 +78,55 @@ def read_model_dir(model_dir: Path) -> tuple[ModelConfig, dict[str, Any]]:
 def hf_config(config: ModelConfig, tokenizer: dict[str, Any], dtype: str) -> dict[str, Any]:
     """Hugging Face's config.json for our config: LlamaConfig's or GPT2Config's fields."""
     eos = tokenizer.get("eos")
-    common = {"vocab_size": config.vocab_size, "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": dtype,
-              "use_cache": True}
+    common = {
+        "vocab_size": config.vocab_size,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "torch_dtype": dtype,
+        "use_cache": True,
+    }
     if isinstance(config, LlamaConfig):
         return {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
-            "hidden_size": config.n_embd, "intermediate_size": config.ffn_hidden,
-            "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
-            "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim,
-            "max_position_embeddings": config.seq_len, "rms_norm_eps": config.norm_eps, "hidden_act": "silu",
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **common,
+            "hidden_size": config.n_embd,
+            "intermediate_size": config.ffn_hidden,
+            "num_hidden_layers": config.n_layer,
+            "num_attention_heads": config.n_head,
+            "num_key_value_heads": config.n_kv_head,
+            "head_dim": config.head_dim,
+            "max_position_embeddings": config.seq_len,
+            "rms_norm_eps": config.norm_eps,
+            "hidden_act": "silu",
             # transformers 5 reads rope_parameters, earlier versions rope_theta; no scaling (trained at seq_len)
             "rope_theta": config.rope_theta,
             "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-            "rope_scaling": None, "tie_word_embeddings": config.tie_embeddings, "attention_bias": False,
-            "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
+            "rope_scaling": None,
+            "tie_word_embeddings": config.tie_embeddings,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
         }
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **common,
-        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head, "n_positions": config.seq_len,
-        "n_inner": 4 * config.n_embd, "activation_function": "gelu", "layer_norm_epsilon": 1e-5,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "tie_word_embeddings": True,
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        **common,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_positions": config.seq_len,
+        "n_inner": 4 * config.n_embd,
+        "activation_function": "gelu",
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
         "initializer_range": 0.02,
     }
 
@@ -105,14 +135,19 @@ def hf_tensors(config: ModelConfig, state: dict[str, torch.Tensor]) -> Iterator[
     """Our state dict's tensors under Hugging Face's names, in its layout (one at a time: a large model's
     model.pt is memory-mapped, and only the tensor being written is read)."""
     if isinstance(config, LlamaConfig):
-        outer = {"wte.": "model.embed_tokens.", "blocks.": "model.layers.", "ln_f.": "model.norm.", "head.": "lm_head."}
+        outer = {
+            "wte.": "model.embed_tokens.",
+            "blocks.": "model.layers.",
+            "ln_f.": "model.norm.",
+            "head.": "lm_head.",
+        }
         for name, tensor in state.items():
             if name == "head.weight" and config.tie_embeddings:
                 continue
             prefix = next((p for p in outer if name.startswith(p)), None)
             if prefix is None:
                 raise ExportError(f"model.pt: weight {name!r} is not one of the Llama block's")
-            yield outer[prefix] + name[len(prefix):], tensor
+            yield outer[prefix] + name[len(prefix) :], tensor
         return
     d = config.n_embd
     for name, tensor in state.items():
@@ -129,8 +164,12 @@ def hf_tensors(config: ModelConfig, state: dict[str, torch.Tensor]) -> Iterator[
             yield prefix + rest, tensor
             yield prefix + rest.replace("weight", "bias"), torch.zeros(d, dtype=tensor.dtype)
             continue
-        target = {"attn.qkv.weight": "attn.c_attn", "attn.proj.weight": "attn.c_proj", "fc.weight": "mlp.c_fc",
-                  "proj.weight": "mlp.c_proj"}.get(rest)
+        target = {
+            "attn.qkv.weight": "attn.c_attn",
+            "attn.proj.weight": "attn.c_proj",
+            "fc.weight": "mlp.c_fc",
+            "proj.weight": "mlp.c_proj",
+        }.get(rest)
         if target is None:
             raise ExportError(f"model.pt: weight {name!r} is not one of the GPT block's")
         yield prefix + target + ".weight", tensor.t()  # Conv1D: (in, out)
@@ -141,12 +180,17 @@ def from_hf_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
     """The inverse of hf_tensors: an export's tensors as our state dict (its zero biases dropped, checked zero)."""
     state: dict[str, torch.Tensor] = {}
     if isinstance(config, LlamaConfig):
-        outer = {"model.embed_tokens.": "wte.", "model.layers.": "blocks.", "model.norm.": "ln_f.", "lm_head.": "head."}
+        outer = {
+            "model.embed_tokens.": "wte.",
+            "model.layers.": "blocks.",
+            "model.norm.": "ln_f.",
+            "lm_head.": "head.",
+        }
         for name, tensor in tensors.items():
             prefix = next((p for p in outer if name.startswith(p)), None)
             if prefix is None:
                 raise ExportError(f"weight {name!r} is not one of LlamaForCausalLM's")
-            state[outer[prefix] + name[len(prefix):]] = tensor
+            state[outer[prefix] + name[len(prefix) :]] = tensor
         if config.tie_embeddings or "head.weight" not in state:
             state["head.weight"] = state["wte.weight"]
         return state
@@ -172,8 +216,7 @@ def from_hf_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
     return state
 
 
-def _shards(tensors: Iterator[tuple[str, torch.Tensor]], max_bytes: int
-            ) -> Iterator[dict[str, torch.Tensor]]:
+def _shards(tensors: Iterator[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
     """Tensors grouped into shards of at most max_bytes (a larger tensor alone in its own), in order."""
     shard: dict[str, torch.Tensor] = {}
     size = 0
@@ -188,8 +231,9 @@ def _shards(tensors: Iterator[tuple[str, torch.Tensor]], max_bytes: int
         yield shard
 
 
-def write_weights(tensors: Iterator[tuple[str, torch.Tensor]], out: Path, dtype: torch.dtype,
-                  max_shard_bytes: int) -> list[str]:
+def write_weights(
+    tensors: Iterator[tuple[str, torch.Tensor]], out: Path, dtype: torch.dtype, max_shard_bytes: int
+) -> list[str]:
     """The tensors as safetensors files in out: one model.safetensors, or shards and their index when they pass
     max_shard_bytes. Returns the files written."""
     from safetensors.torch import save_file
@@ -234,16 +278,46 @@ def byte_tokenizer_json(eos: int) -> dict[str, Any]:
     with no merges, so that transformers' tokenizers give the ids this model was trained on."""
     chars = _byte_to_char()
     return {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": eos, "content": BYTE_EOS_TEXT, "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False, "special": True}],
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": eos,
+                "content": BYTE_EOS_TEXT,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        ],
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "pre_tokenizer": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": False,
+        },
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {chars[b]: b for b in range(256)}, "merges": []},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": False,
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {chars[b]: b for b in range(256)},
+            "merges": [],
+        },
     }
 
 
@@ -252,7 +326,11 @@ def _eos_text(tokenizer_json: dict[str, Any], eos: int | None) -> str | None:
         if token.get("id") == eos:
             return str(token["content"])
     vocab = (tokenizer_json.get("model") or {}).get("vocab") or {}
-    return next((str(text) for text, token_id in vocab.items() if token_id == eos), None) if eos is not None else None
+    return (
+        next((str(text) for text, token_id in vocab.items() if token_id == eos), None)
+        if eos is not None
+        else None
+    )
 
 
 def write_tokenizer(model_dir: Path, out: Path, tokenizer: dict[str, Any], seq_len: int) -> list[str]:
@@ -266,17 +344,24 @@ def write_tokenizer(model_dir: Path, out: Path, tokenizer: dict[str, Any], seq_l
         content = byte_tokenizer_json(int(tokenizer.get("eos", 256)))
         (out / TOKENIZER_FILE).write_text(json.dumps(content, ensure_ascii=False, indent=2) + "\n")
     else:
-        raise ExportError(f"{source} not found: the model was trained with a {tokenizer.get('kind')} tokenizer, "
-                          "whose tokenizer.json the trainer copies into the model directory")
+        raise ExportError(
+            f"{source} not found: the model was trained with a {tokenizer.get('kind')} tokenizer, "
+            "whose tokenizer.json the trainer copies into the model directory"
+        )
     eos_text = _eos_text(content, tokenizer.get("eos"))
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
-                "clean_up_tokenization_spaces": False, **({"eos_token": eos_text} if eos_text else {})}
+    settings = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": seq_len,
+        "clean_up_tokenization_spaces": False,
+        **({"eos_token": eos_text} if eos_text else {}),
+    }
     (out / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
     return [TOKENIZER_FILE, TOKENIZER_CONFIG]
 
 
-def export(model_dir: Path, out: Path, dtype: str = "float32",
-           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+def export(
+    model_dir: Path, out: Path, dtype: str = "float32", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+) -> list[str]:
     """Write the Hugging Face directory of model_dir into out (created; files of an earlier export replaced).
     Returns the files written."""
     if dtype not in DTYPES:
@@ -292,8 +377,12 @@ def export(model_dir: Path, out: Path, dtype: str = "float32",
     (out / CONFIG_FILE).write_text(json.dumps(hf_config(config, tokenizer, dtype), indent=2) + "\n")
     files.append(CONFIG_FILE)
     files += write_tokenizer(model_dir, out, tokenizer, config.seq_len)
-    ours = {"model": config.to_dict(), "tokenizer": tokenizer, "trained_steps": saved.get("trained_steps"),
-            "metrics": saved.get("metrics")}
+    ours = {
+        "model": config.to_dict(),
+        "tokenizer": tokenizer,
+        "trained_steps": saved.get("trained_steps"),
+        "metrics": saved.get("metrics"),
+    }
     (out / LUSTRAIN_FILE).write_text(json.dumps(ours, indent=2) + "\n")
     return [*files, LUSTRAIN_FILE]
 
@@ -307,16 +396,26 @@ def config_of_hf(hf: dict[str, Any]) -> ModelConfig:
     kind = hf.get("model_type")
     if kind == "llama":
         rope = hf.get("rope_parameters") or {}
-        return LlamaConfig(n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
-                           n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                           n_embd=hf["hidden_size"], ffn_hidden=hf["intermediate_size"],
-                           seq_len=hf["max_position_embeddings"], vocab_size=hf["vocab_size"],
-                           rope_theta=float(rope.get("rope_theta") or hf.get("rope_theta") or 10000.0),
-                           tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                           norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
+        return LlamaConfig(
+            n_layer=hf["num_hidden_layers"],
+            n_head=hf["num_attention_heads"],
+            n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            n_embd=hf["hidden_size"],
+            ffn_hidden=hf["intermediate_size"],
+            seq_len=hf["max_position_embeddings"],
+            vocab_size=hf["vocab_size"],
+            rope_theta=float(rope.get("rope_theta") or hf.get("rope_theta") or 10000.0),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        )
     if kind == "gpt2":
-        return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], seq_len=hf["n_positions"],
-                         vocab_size=hf["vocab_size"])
+        return GPTConfig(
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            n_embd=hf["n_embd"],
+            seq_len=hf["n_positions"],
+            vocab_size=hf["vocab_size"],
+        )
     raise ExportError(f"config.json: model_type {kind!r} is not one this trainer reads (use llama | gpt2)")
 
 
@@ -324,7 +423,9 @@ def load_export(directory: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     """An exported directory as (our config, our state dict, the tokenizer info lustrain.json records, if any)."""
     from safetensors.torch import load_file
 
-    ours = json.loads((directory / LUSTRAIN_FILE).read_text()) if (directory / LUSTRAIN_FILE).is_file() else {}
+    ours = (
+        json.loads((directory / LUSTRAIN_FILE).read_text()) if (directory / LUSTRAIN_FILE).is_file() else {}
+    )
     hf = json.loads((directory / CONFIG_FILE).read_text())
     config = config_from_dict(ours["model"]) if ours.get("model") else config_of_hf(hf)
     if (directory / SAFETENSORS_INDEX).is_file():
@@ -340,13 +441,23 @@ def load_export(directory: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lustrain_trainer.export",
-                                     description="Write a model directory of train.py as a Hugging Face directory.")
+    parser = argparse.ArgumentParser(
+        prog="python -m lustrain_trainer.export",
+        description="Write a model directory of train.py as a Hugging Face directory.",
+    )
     parser.add_argument("model_dir", metavar="MODEL_DIR", type=Path)
-    parser.add_argument("-o", "--output", type=Path, required=True, help="the Hugging Face directory to write")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="the weights' type (default float32)")
-    parser.add_argument("--max-shard-gib", type=float, default=DEFAULT_MAX_SHARD_BYTES / 2**30,
-                        help="the largest safetensors file before the weights are sharded (default 4.66, 5 GB)")
+    parser.add_argument(
+        "-o", "--output", type=Path, required=True, help="the Hugging Face directory to write"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=list(DTYPES), help="the weights' type (default float32)"
+    )
+    parser.add_argument(
+        "--max-shard-gib",
+        type=float,
+        default=DEFAULT_MAX_SHARD_BYTES / 2**30,
+        help="the largest safetensors file before the weights are sharded (default 4.66, 5 GB)",
+    )
     args = parser.parse_args(argv)
     if args.max_shard_gib <= 0:
         parser.error(f"--max-shard-gib {args.max_shard_gib}: use a size above 0")

@@ -17,8 +17,16 @@ from lustrain_trainer.tokenizer import TOKENIZER_INFO
 transformers = pytest.importorskip("transformers")
 
 #: grouped-query attention, an untied head and a rope base other than the default: each a field to map right
-LLAMA = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=48, seq_len=16, rope_theta=500000.0,
-                    tie_embeddings=False)
+LLAMA = LlamaConfig(
+    n_layer=2,
+    n_head=4,
+    n_kv_head=2,
+    n_embd=32,
+    ffn_hidden=48,
+    seq_len=16,
+    rope_theta=500000.0,
+    tie_embeddings=False,
+)
 GPT = GPTConfig(n_layer=2, n_head=2, n_embd=32, seq_len=16)
 
 
@@ -32,15 +40,20 @@ def model_dir(root: Path, config: GPTConfig | LlamaConfig, seed: int = 0) -> tup
             p.add_(torch.randn_like(p) * 0.1)
     root.mkdir(parents=True)
     torch.save(model.state_dict(), root / MODEL_FILE)
-    (root / CONFIG_FILE).write_text(json.dumps({"model": config.to_dict(), "tokenizer": TOKENIZER_INFO,
-                                                "trained_steps": 3, "metrics": {}}))
+    (root / CONFIG_FILE).write_text(
+        json.dumps(
+            {"model": config.to_dict(), "tokenizer": TOKENIZER_INFO, "trained_steps": 3, "metrics": {}}
+        )
+    )
     return root, model
 
 
-@pytest.mark.parametrize(("config", "loader"), [(LLAMA, "LlamaForCausalLM"), (GPT, "GPT2LMHeadModel")],
-                         ids=["llama", "gpt"])
-def test_transformers_loads_the_export_with_our_logits(config: GPTConfig | LlamaConfig, loader: str,
-                                                       tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("config", "loader"), [(LLAMA, "LlamaForCausalLM"), (GPT, "GPT2LMHeadModel")], ids=["llama", "gpt"]
+)
+def test_transformers_loads_the_export_with_our_logits(
+    config: GPTConfig | LlamaConfig, loader: str, tmp_path: Path
+) -> None:
     source, ours = model_dir(tmp_path / "model", config)
     out = tmp_path / "hf"
     # shards of at most 20 kB: several files and their index, as a large model's export has
@@ -68,7 +81,9 @@ def test_the_byte_tokenizer_is_exported_as_one_transformers_reads_to_the_same_id
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     text = "def f(x):\n\treturn 'é' + x"
     assert tokenizer(text)["input_ids"] == list(text.encode("utf-8"))
-    assert tokenizer.eos_token_id == TOKENIZER_INFO["eos"] and tokenizer.decode(list(b"caf\xc3\xa9")) == "café"
+    assert (
+        tokenizer.eos_token_id == TOKENIZER_INFO["eos"] and tokenizer.decode(list(b"caf\xc3\xa9")) == "café"
+    )
     hf = json.loads((out / CONFIG_FILE).read_text())
     assert (hf["torch_dtype"], hf["tie_word_embeddings"], hf["eos_token_id"]) == ("bfloat16", True, 256)
     assert "lm_head.weight" not in json.dumps(sorted(p.name for p in out.iterdir()))
@@ -78,7 +93,10 @@ def test_the_byte_tokenizer_is_exported_as_one_transformers_reads_to_the_same_id
 
 def test_a_model_directory_without_weights_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
-    with pytest.raises(export.ExportError, match=r"config\.json not found: a model directory holds model\.pt and config\.json"):
+    with pytest.raises(
+        export.ExportError,
+        match=r"config\.json not found: a model directory holds model\.pt and config\.json",
+    ):
         export.export(tmp_path / "model", tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 
