@@ -68,9 +68,11 @@ def largest_fitting_preset(gpu_bytes: int) -> str:
 def throughput(preset: str, info: Dist, steps: int, peak: float) -> tuple[float, float, Any, Any]:
     """(tokens/s, MFU) of bf16 training steps of `preset` on this GPU, and the model and optimizer."""
     hp, _, _ = parse(["--preset", preset, "--fsdp", "false"], {})
-    model = build_model(hp, info, False, 1, info.device.type == "cuda")
+    # the preset's planning vocabulary (a Llama preset's published one), as the plan and its FLOPs count it
+    config = hp.model_config(hp.plan_shape().vocab_size)
+    model = build_model(hp, info, False, 1, info.device.type == "cuda", config)
     optimizer = make_optimizer(model, hp, info.device)
-    tokens = torch.randint(0, hp.model_config().vocab_size, (hp.batch_size, hp.seq_len + 1), device=info.device)
+    tokens = torch.randint(0, config.vocab_size, (hp.batch_size, hp.seq_len + 1), device=info.device)
     x, y = tokens[:, :-1], tokens[:, 1:]
 
     def step() -> None:

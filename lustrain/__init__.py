@@ -5,6 +5,7 @@
     lustrain.submit.submit("gpt.yaml", jobs_bucket=stack.jobs_bucket, artifacts_bucket=stack.artifacts_bucket)
     for look in lustrain.watch(stack, "gpt"): ...             # lustrain.runs, status, logs, progress, cancel too
     lustrain.report.build(stack, "gpt", "reports")            # the report, with the data of each figure
+    lustrain.export.export("gpt", Path("hf"), s3=lambda: stack.client("s3"), stack=lambda: stack)  # for transformers
 
 The operator calls are lustrain.operate's, loaded on first use (so that `lustrain plan` stays quick).
 """
@@ -20,6 +21,6 @@ _OPERATE = frozenset({"Stack", "runs", "status", "watch", "progress", "logs", "c
 def __getattr__(name: str) -> Any:
     if name in _OPERATE:
         return getattr(importlib.import_module("lustrain.operate"), name)
-    if name in {"submit", "report", "operate"}:
+    if name in {"submit", "report", "operate", "export"}:
         return importlib.import_module(f"lustrain.{name}")
     raise AttributeError(f"module 'lustrain' has no attribute {name!r}")

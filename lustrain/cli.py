@@ -106,6 +106,19 @@ def _parser() -> argparse.ArgumentParser:
     dp.add_argument("rest", nargs=argparse.REMAINDER)
     dp.set_defaults(command=cmd_data_prepare)
 
+    ex = sub.add_parser("export", help="write a trained model as a Hugging Face directory (transformers loads it)")
+    ex.add_argument("model", metavar="MODEL",
+                    help="a model directory, a model.tar.gz, an s3:// model (.tar.gz or prefix), or a run of --stack")
+    ex.add_argument("-o", "--output", type=Path, required=True, help="the directory to write")
+    ex.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the weights' type (default float32, as trained)")
+    ex.add_argument("--max-shard-gib", type=float, default=None,
+                    help="the largest safetensors file before the weights are sharded (default 5 GB)")
+    ex.add_argument("--stack", default=os.environ.get("LUSTRAIN_STACK", "lustrain"),
+                    help="the stack whose run MODEL names (default: $LUSTRAIN_STACK, else lustrain)")
+    ex.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
+    ex.set_defaults(command=cmd_export)
+
     _add_twin_commands(sub)
     return p
 
@@ -389,6 +402,28 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(f"run {record['job_id']} started: execution {record.get('execution')}")
     print(f"follow it: lustrain watch {record['job_id']} --stack {args.stack}")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import boto3
+    from lustrain_trainer.export import ExportError
+
+    from lustrain.export import export
+
+    if args.max_shard_gib is not None and args.max_shard_gib <= 0:
+        raise SpecInvalid.one("--max-shard-gib", args.max_shard_gib, "must be above 0")
+    session = boto3.Session(region_name=args.region) if args.region else boto3.Session()
+    limit = int(args.max_shard_gib * 2**30) if args.max_shard_gib else None
+    try:
+        files = export(args.model, args.output, dtype=args.dtype, max_shard_bytes=limit,
+                       s3=lambda: session.client("s3"), stack=lambda: _stack(args))
+    except ExportError as exc:
+        print(f"lustrain: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"exported {args.model} to {args.output}: {', '.join(files)}")
+    print(f"load it: transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r}); "
+          f"sample it: python -m lustrain_trainer.generate {args.output}")
     return EXIT_OK
 
 

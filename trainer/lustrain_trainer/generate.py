@@ -13,34 +13,61 @@ from pathlib import Path
 import torch
 
 from . import tokenizer as tok
-from .model import CONFIG_FILE, GPT, MODEL_FILE, GPTConfig
+from .model import CONFIG_FILE, MODEL_FILE, CausalLM, build, config_from_dict
 
 
 class ModelDirError(ValueError):
     pass
 
 
-def load_model(model_dir: Path) -> GPT:
+def load_model(model_dir: Path) -> CausalLM:
+    if not (model_dir / MODEL_FILE).is_file() and _is_export(model_dir):
+        return _load_export(model_dir)
     config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise ModelDirError(f"{path} not found: MODEL_DIR must hold {MODEL_FILE} and {CONFIG_FILE} from train.py")
+            raise ModelDirError(f"{path} not found: MODEL_DIR must hold {MODEL_FILE} and {CONFIG_FILE} from train.py, "
+                                "or be what `lustrain export` wrote")
     config = json.loads(config_path.read_text())
-    model = GPT(GPTConfig.from_dict(config["model"]))
+    model = build(config_from_dict(config["model"]))
     model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
     return model.eval()
 
 
+def _is_export(model_dir: Path) -> bool:
+    from .export import is_export
+
+    return is_export(model_dir)
+
+
+def _load_export(model_dir: Path) -> CausalLM:
+    """A Hugging Face directory `lustrain export` wrote (safetensors, config.json): the same model."""
+    from .export import load_export
+
+    config, state, _ = load_export(model_dir)
+    model = build(config)
+    model.load_state_dict(state)
+    return model.eval()
+
+
 def load_tokenizer(model_dir: Path) -> tok.ByteTokenizer | tok.HFTokenizer:
-    """The tokenizer the model was trained with: its config's record, its tokenizer.json beside it."""
-    config = json.loads((model_dir / CONFIG_FILE).read_text())
+    """The tokenizer the model was trained with: its config's record (an export's lustrain.json), its
+    tokenizer.json beside it."""
+    if not (model_dir / MODEL_FILE).is_file() and _is_export(model_dir):
+        from .export import LUSTRAIN_FILE
+
+        record = model_dir / LUSTRAIN_FILE
+        info = json.loads(record.read_text()).get("tokenizer") if record.is_file() else None
+    else:
+        record = model_dir / CONFIG_FILE
+        info = json.loads(record.read_text()).get("tokenizer")
     try:
-        return tok.load(config.get("tokenizer"), model_dir)
+        return tok.load(info, model_dir)
     except tok.TokenizerError as exc:
-        raise ModelDirError(f"{model_dir / CONFIG_FILE}: {exc}") from exc
+        raise ModelDirError(f"{record}: {exc}") from exc
 
 
-def sample(model: GPT, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int,
+def sample(model: CausalLM, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int,
            tokenizer: tok.ByteTokenizer | tok.HFTokenizer | None = None) -> str:
     tokenizer = tokenizer or tok.ByteTokenizer()
     # With no prompt the model starts as at a document boundary, which is what EOS means in training (a tokenizer

@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .model import GPTConfig
-from .plan import Shape
+from .model import ARCHS, GPTConfig, LlamaConfig, ModelConfig
+from .plan import Shape, llama_ffn_hidden
 from .presets import PRESET_SOURCES, PRESETS
 
 __all__ = ["PRESETS", "PRESET_SOURCES", "HyperparameterError", "Hyperparameters"]
 from .tokenizer import VOCAB_SIZE
 
-CHOICES = {"fsdp": ("auto", "true", "false"), "precision": ("auto", "bf16", "fp32")}
+CHOICES = {"fsdp": ("auto", "true", "false"), "precision": ("auto", "bf16", "fp32"), "arch": ARCHS}
 #: seconds a collective waits for every rank: long enough for a checkpoint's blocking part and a first step
 COLLECTIVE_TIMEOUT_S = 1800
 
@@ -35,11 +35,17 @@ class HyperparameterError(ValueError):
 @dataclass(frozen=True)
 class Hyperparameters:
     preset: str = "tiny"
+    arch: str = "gpt"
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
     seq_len: int = 1024
     dropout: float = 0.0
+    # the Llama block's (arch llama): 0 takes n_head, and the block's default width (plan.llama_ffn_hidden)
+    n_kv_head: int = 0
+    ffn_hidden: int = 0
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
     batch_size: int = 8
     grad_accum: int = 1
     lr: float = 3e-4
@@ -62,20 +68,31 @@ class Hyperparameters:
     shard_group: int = 0
     collective_timeout_s: int = COLLECTIVE_TIMEOUT_S
 
-    def model_config(self) -> GPTConfig:
+    def model_config(self, vocab_size: int = VOCAB_SIZE) -> ModelConfig:
+        """The model these hyperparameters build, with `vocab_size` embedding rows (the data's tokenizer's)."""
+        if self.arch == "llama":
+            return LlamaConfig(n_layer=self.n_layer, n_head=self.n_head, n_kv_head=self.n_kv_head or self.n_head,
+                               n_embd=self.n_embd, ffn_hidden=self.ffn_hidden or llama_ffn_hidden(self.n_embd),
+                               seq_len=self.seq_len, vocab_size=vocab_size, rope_theta=self.rope_theta,
+                               tie_embeddings=self.tie_embeddings, dropout=self.dropout)
         return GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, seq_len=self.seq_len,
-                         vocab_size=VOCAB_SIZE, dropout=self.dropout)
+                         vocab_size=vocab_size, dropout=self.dropout)
 
-    def plan_shape(self) -> Shape:
+    def plan_shape(self, vocab_size: int | None = None) -> Shape:
+        """The memory plan's shape; without `vocab_size`, the preset's planning vocabulary (its published
+        model's), else the byte tokenizer's."""
+        vocab = vocab_size or int(PRESETS[self.preset].get("vocab_size", VOCAB_SIZE))
         return Shape(n_layer=self.n_layer, n_embd=self.n_embd, n_head=self.n_head, seq_len=self.seq_len,
-                     vocab_size=VOCAB_SIZE)
+                     vocab_size=vocab, arch=self.arch, n_kv_head=self.n_kv_head, ffn_hidden=self.ffn_hidden,
+                     tie_embeddings=self.tie_embeddings)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 #: the hyperparameters that decide the model's shape (a checkpoint continues only under the same ones)
-SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "seq_len", "dropout")
+SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "seq_len", "dropout", "n_kv_head", "ffn_hidden", "rope_theta",
+              "tie_embeddings")
 
 
 def shape_of(hp: Hyperparameters) -> dict[str, Any]:
@@ -115,7 +132,8 @@ LOCAL_RUN_DIR = Path("runs") / "trainer"
 MINIMUM = {"n_layer": 1, "n_head": 1, "n_embd": 1, "seq_len": 2, "batch_size": 1, "grad_accum": 1,
            "max_steps": 1, "log_interval": 1, "eval_interval": 0, "eval_batches": 1, "checkpoint_interval": 1,
            "keep_checkpoints": 1, "prefetch": 1, "warmup_steps": 0, "lr": 0, "weight_decay": 0,
-           "grad_clip": 0, "seed": 0, "cpu_threads": 0, "shard_group": 0, "collective_timeout_s": 60}
+           "grad_clip": 0, "seed": 0, "cpu_threads": 0, "shard_group": 0, "collective_timeout_s": 60,
+           "n_kv_head": 0, "ffn_hidden": 0}
 BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
 
@@ -161,10 +179,35 @@ def _check(hp: Hyperparameters) -> None:
         raise HyperparameterError(
             f"hyperparameter n_embd: {hp.n_embd} is not a multiple of n_head {hp.n_head}"
         )
+    if hp.arch == "gpt":
+        # the GPT block has full multi-head attention, a 4x MLP and a tied head: a Llama-only value is a mistake
+        for name, ok in (("n_kv_head", hp.n_kv_head in (0, hp.n_head)),
+                         ("ffn_hidden", hp.ffn_hidden in (0, 4 * hp.n_embd)), ("tie_embeddings", hp.tie_embeddings)):
+            if not ok:
+                raise HyperparameterError(
+                    f"hyperparameter {name}: {getattr(hp, name)} is for arch llama; arch gpt has n_kv_head = n_head, "
+                    "ffn_hidden = 4 x n_embd and tied embeddings (use --arch llama, or leave it unset)")
+        return
+    if hp.rope_theta <= 0:
+        raise HyperparameterError(f"hyperparameter rope_theta: {hp.rope_theta} is not allowed (use a number above 0)")
+    if hp.n_kv_head and hp.n_head % hp.n_kv_head:
+        raise HyperparameterError(
+            f"hyperparameter n_kv_head: {hp.n_kv_head} does not divide n_head {hp.n_head} (each key/value head "
+            "serves the same number of query heads)")
+    if (hp.n_embd // hp.n_head) % 2:
+        raise HyperparameterError(
+            f"hyperparameter n_head: the head width n_embd / n_head = {hp.n_embd // hp.n_head} is odd; rotary "
+            "positions turn pairs of channels (use an even head width)")
 
 
 HELP = {
     "preset": f"model size and its training defaults: {' | '.join(PRESETS)}",
+    "arch": "the block: gpt (LayerNorm, learned positions, GELU, multi-head attention) | llama (RMSNorm, rotary "
+            "positions, SwiGLU, grouped-query attention)",
+    "n_kv_head": "key/value heads, arch llama (0: n_head, full multi-head attention)",
+    "ffn_hidden": "the SwiGLU MLP's width, arch llama (0: 2/3 of 4 x n_embd, a multiple of 256)",
+    "rope_theta": "rotary positions' base, arch llama", "tie_embeddings": "the head shares the token embedding "
+    "(true | false; arch gpt always does)",
     "n_layer": "transformer blocks", "n_head": "attention heads", "n_embd": "model width",
     "seq_len": "tokens per sequence (the context)", "dropout": "dropout probability",
     "batch_size": "sequences per rank per micro-step", "grad_accum": "micro-steps per optimizer step",
@@ -186,7 +229,7 @@ HELP = {
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="train.py", allow_abbrev=False,
-        description="Train a GPT-style model on lustrain token shards (SageMaker script mode or local). "
+        description="Train a GPT or Llama-style model on lustrain token shards (SageMaker script mode or local). "
                     "Every hyperparameter also takes dashes (--max-steps) and may come from SM_HPS.",
     )
     for f in fields(Hyperparameters):

@@ -1,7 +1,15 @@
-"""A GPT-style decoder-only transformer whose size is set by hyperparameters (nanoGPT's shape).
+"""The decoder-only transformers this trainer trains, chosen by the model config's `arch`, sized by hyperparameters.
 
-Pre-norm blocks, causal attention through scaled_dot_product_attention (flash kernels on A100), learned
-positions and an output head tied to the token embedding.
+- "gpt" (a config without `arch` is one): GPT-2's block in nanoGPT's shape. Pre-norm LayerNorm, full multi-head
+  causal attention, a 4x GELU MLP, learned positions, an output head tied to the token embedding.
+- "llama": the Llama family's block (Touvron et al., 2023; Meta's Llama 3 reference code). Pre-norm RMSNorm,
+  rotary positions (the rotate-half layout Hugging Face's LlamaForCausalLM uses, so an export copies q and k as
+  they are), grouped-query attention (n_kv_head key/value heads shared by n_head query heads), a SwiGLU MLP of
+  ffn_hidden, no biases, and an output head tied to the embedding or not.
+
+Both attend through scaled_dot_product_attention (flash kernels on GPUs), name their blocks `blocks` (what FSDP
+shards one by one and activation checkpointing recomputes), and are built on `meta` and initialised in place by
+init_weights.
 """
 
 from __future__ import annotations
@@ -23,6 +31,17 @@ MODEL_FILE = "model.pt"
 CONFIG_FILE = "config.json"
 
 
+ARCHS = ("gpt", "llama")
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"model config has unknown keys {sorted(unknown)}; known: {sorted(names)}")
+    return cls(**data)
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     n_layer: int
@@ -31,23 +50,78 @@ class GPTConfig:
     seq_len: int
     vocab_size: int = VOCAB_SIZE
     dropout: float = 0.0
+    arch: str = "gpt"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"model config has unknown keys {sorted(unknown)}; known: {sorted(names)}")
-        return cls(**data)
+        config: GPTConfig = _from_dict(cls, {"arch": "gpt", **data})
+        return config
 
     def parameter_count(self) -> int:
         """Trainable parameters, counted without building the model (the head shares the embedding)."""
         d = self.n_embd
         per_block = 2 * d + (d * 3 * d) + (d * d) + (d * 4 * d) + (4 * d * d)
         return self.vocab_size * d + self.seq_len * d + self.n_layer * per_block + d
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    n_embd: int
+    ffn_hidden: int
+    seq_len: int
+    vocab_size: int = VOCAB_SIZE
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    arch: str = "llama"
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} must be a multiple of n_head {self.n_head}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head {self.n_head} must be a multiple of n_kv_head {self.n_kv_head}")
+        if (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"the head width n_embd / n_head = {self.n_embd // self.n_head} must be even (rotary)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+        config: LlamaConfig = _from_dict(cls, data)
+        return config
+
+    def parameter_count(self) -> int:
+        """Trainable parameters, counted without building the model."""
+        d, kv = self.n_embd, self.n_kv_head * self.head_dim
+        per_block = 2 * d + d * d + 2 * d * kv + d * d + 3 * d * self.ffn_hidden
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + head + self.n_layer * per_block + d
+
+
+ModelConfig = GPTConfig | LlamaConfig
+
+
+def config_from_dict(data: dict[str, Any]) -> ModelConfig:
+    """The model config a config.json or checkpoint manifest holds; one without `arch` is a GPT's (written before
+    there was a choice)."""
+    arch = data.get("arch", "gpt")
+    if arch == "llama":
+        return LlamaConfig.from_dict(data)
+    if arch == "gpt":
+        return GPTConfig.from_dict(data)
+    raise ValueError(f"model config arch {arch!r} is not one this trainer builds (use {' | '.join(ARCHS)})")
 
 
 class CausalSelfAttention(nn.Module):
@@ -84,23 +158,24 @@ class Block(nn.Module):
         return out
 
 
-class GPT(nn.Module):
-    def __init__(self, config: GPTConfig, activation_checkpointing: bool = False) -> None:
+class CausalLM(nn.Module):
+    """What both blocks share: the token embedding `wte`, the `blocks`, the final norm and the `head`, the loss,
+    generation and initialisation. A subclass builds them and says how tokens enter the residual stream."""
+
+    config: ModelConfig
+    wte: nn.Embedding
+    blocks: nn.ModuleList
+    ln_f: nn.Module
+    head: nn.Linear
+
+    def __init__(self, activation_checkpointing: bool) -> None:
         super().__init__()
-        if config.n_embd % config.n_head:
-            raise ValueError(f"n_embd {config.n_embd} must be a multiple of n_head {config.n_head}")
-        self.config = config
         # Recomputing each block's activations in the backward pass trades ~30% compute for memory.
         self.activation_checkpointing = activation_checkpointing
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.seq_len, config.n_embd)
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
-        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.tie_weights()
-        if self.wte.weight.device.type != "meta":
-            self.reset_parameters()
+
+    @property
+    def tied(self) -> bool:
+        return True
 
     def init_std(self, name: str) -> float:
         """The standard deviation of a matrix's initial weights (gains start at one). GPT-2's scheme: residual
@@ -113,21 +188,25 @@ class GPT(nn.Module):
         init_weights(self, seed)
 
     def tie_weights(self) -> None:
-        """The head shares the token embedding (again, after to_empty gave each its own tensor)."""
-        self.head.weight = self.wte.weight
+        """The head shares the token embedding (again, after to_empty gave each its own tensor), where tied."""
+        if self.tied:
+            self.head.weight = self.wte.weight
+
+    def embed(self, idx: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The residual stream's input and the extra arguments every block takes."""
+        raise NotImplementedError
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, time, vocab) without targets; the mean cross-entropy loss with them."""
         t = idx.shape[1]
         if t > self.config.seq_len:
             raise ValueError(f"sequence of {t} tokens is longer than the model's seq_len {self.config.seq_len}")
-        pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x, extra = self.embed(idx)
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, *extra, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, *extra)
         logits: torch.Tensor = self.head(self.ln_f(x))
         if targets is None:
             return logits
@@ -148,6 +227,131 @@ class GPT(nn.Module):
                 next_token = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
             idx = torch.cat((idx, next_token), dim=1)
         return idx
+
+
+class GPT(CausalLM):
+    def __init__(self, config: GPTConfig, activation_checkpointing: bool = False) -> None:
+        super().__init__(activation_checkpointing)
+        if config.n_embd % config.n_head:
+            raise ValueError(f"n_embd {config.n_embd} must be a multiple of n_head {config.n_head}")
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.seq_len, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.tie_weights()
+        if self.wte.weight.device.type != "meta":
+            self.reset_parameters()
+
+    def embed(self, idx: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos)), ()
+
+
+def rotary(config: LlamaConfig, t: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (t, head_dim) of rotary positions 0..t-1, in fp32, in the rotate-half layout: frequency i
+    turns the pair (i, i + head_dim/2). Computed each forward (a few kFLOPs): nothing to keep in a buffer that
+    `meta` construction and to_empty would leave uninitialised."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
+    angles = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat((-second, first), dim=-1) * sin.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        kv = config.n_kv_head * config.head_dim
+        self.q_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.k_proj = nn.Linear(config.n_embd, kv, bias=False)
+        self.v_proj = nn.Linear(config.n_embd, kv, bias=False)
+        self.o_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        # grouped-query attention: each key/value head serves n_head / n_kv_head query heads, without copies
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        out: torch.Tensor = self.o_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return out
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(config.ffn_hidden, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.mlp = SwiGLU(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin))
+        out: torch.Tensor = x + self.drop(self.mlp(self.post_attention_layernorm(x)))
+        return out
+
+
+class Llama(CausalLM):
+    def __init__(self, config: LlamaConfig, activation_checkpointing: bool = False) -> None:
+        super().__init__(activation_checkpointing)
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layer))
+        self.ln_f = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.tie_weights()
+        if self.wte.weight.device.type != "meta":
+            self.reset_parameters()
+
+    @property
+    def tied(self) -> bool:
+        return self.config.tie_embeddings
+
+    def init_std(self, name: str) -> float:
+        """0.02 (Hugging Face's initializer_range for Llama), the residual stream's output projections (o_proj,
+        down_proj) shrunk with depth as in GPT-2."""
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            return 0.02 / math.sqrt(2 * self.config.n_layer)
+        return 0.02
+
+    def embed(self, idx: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        assert isinstance(self.config, LlamaConfig)
+        cos, sin = rotary(self.config, idx.shape[1], idx.device)
+        return self.drop(self.wte(idx)), (cos, sin)
+
+
+def build(config: ModelConfig, activation_checkpointing: bool = False) -> CausalLM:
+    """The model of a config, on the current default device (`with torch.device("meta")`: no memory)."""
+    if isinstance(config, LlamaConfig):
+        return Llama(config, activation_checkpointing)
+    return GPT(config, activation_checkpointing)
 
 
 #: rows drawn from one generator: the unit of deterministic initialisation, whatever a rank holds of a matrix
@@ -175,7 +379,7 @@ def local_part(p: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 @torch.no_grad()
-def init_weights(model: GPT, seed: int) -> None:
+def init_weights(model: CausalLM, seed: int) -> None:
     """Initialise each parameter where it lives, rank by rank, only the rows this rank holds.
 
     A matrix is drawn in chunks of INIT_ROWS rows, each from a generator seeded by (seed, parameter name, chunk):

@@ -4,16 +4,19 @@ Pure Python (no torch): `train.py --dry_run` prints it, and lustrain's control p
 register_job) computes the same numbers from a spec's hyperparameters when they name one of the trainer's
 presets. Every figure is bytes, from the terms below; the model is never built.
 
-Per rank, training with AdamW (fp32 master weights, two fp32 moments), sharded over a group of `shard` GPUs
-(FSDP; HSDP when the world holds several such groups, each a replica) or whole on every GPU (DDP, shard 1):
+The block is the GPT's or the Llama's (Shape.arch): grouped-query attention's narrower k and v, SwiGLU's three
+matrices and an untied head are counted where they are. Per rank, training with AdamW (fp32 master weights, two
+fp32 moments), sharded over a group of `shard` GPUs (FSDP; HSDP when the world holds several such groups, each a
+replica) or whole on every GPU (DDP, shard 1):
 
 - state: parameters 4P/shard, gradients 4P/shard, optimizer 8P/shard;
 - working (FSDP): one block's parameters gathered, with the next one prefetched (2 x block x bytes per weight),
   and one block's unsharded gradients before their reduce-scatter (4 x block);
 - activations at the micro-batch, with flash attention (no sequence-squared term): 34 x tokens x width bytes per
   layer in 16-bit precision (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-  Models", 2022, section 4.1), twice that in fp32; with activation checkpointing each layer keeps only its input
-  (2 x tokens x width) and one layer at a time is recomputed in full; plus the logits and their fp32 gradient;
+  Models", 2022, section 4.1; the Llama block's, counted the same way, in Shape), twice that in fp32; with
+  activation checkpointing each layer keeps only its input (2 x tokens x width) and one layer at a time is
+  recomputed in full; plus the logits and their fp32 gradient;
 - overhead: the CUDA context, NCCL's buffers and the caching allocator's fragmentation (GPU_OVERHEAD_BYTES).
 
 A checkpoint holds the parameters and both moments (12P bytes); DCP writes each shard once (replicas
@@ -103,6 +106,12 @@ def efa_interfaces(instance_type: str) -> int:
     return int(CATALOGUE.get(instance_type, {}).get("efa_interfaces") or 0)
 
 
+def llama_ffn_hidden(n_embd: int) -> int:
+    """The Llama block's default SwiGLU width: two thirds of 4 x width, rounded up to a multiple of 256 (Meta's
+    reference code; Llama 2 7B's 11008 from width 4096)."""
+    return -(-int(2 * 4 * n_embd / 3) // 256) * 256
+
+
 @dataclass(frozen=True)
 class Shape:
     n_layer: int
@@ -110,23 +119,66 @@ class Shape:
     n_head: int
     seq_len: int
     vocab_size: int
+    #: "gpt": LayerNorm, full multi-head attention, a 4x GELU MLP, learned positions, tied head; "llama": RMSNorm,
+    #: rotary positions (no parameters), grouped-query attention, a SwiGLU MLP, a head tied or not
+    arch: str = "gpt"
+    #: key/value heads (0: n_head) and the MLP's hidden width (0: the block's default), the Llama block's
+    n_kv_head: int = 0
+    ffn_hidden: int = 0
+    tie_embeddings: bool = True
+
+    @property
+    def kv_width(self) -> int:
+        return (self.n_kv_head or self.n_head) * (self.n_embd // self.n_head)
+
+    @property
+    def ffn(self) -> int:
+        if self.arch == "llama":
+            return self.ffn_hidden or llama_ffn_hidden(self.n_embd)
+        return 4 * self.n_embd
 
     @property
     def block_parameters(self) -> int:
         d = self.n_embd
+        if self.arch == "llama":
+            # two RMSNorm gains, q and o (d x d), k and v (d x kv_width), gate, up and down (d x ffn)
+            return 2 * d + 2 * d * d + 2 * d * self.kv_width + 3 * d * self.ffn
         return 12 * d * d + 2 * d
 
     @property
+    def lookup_parameters(self) -> int:
+        """Parameters read by index, not multiplied: learned positions, and the token embedding where the head
+        does not share it (a shared one is the head's matrix)."""
+        positions = self.seq_len * self.n_embd if self.arch == "gpt" else 0
+        return positions + (0 if self.tie_embeddings else self.vocab_size * self.n_embd)
+
+    @property
     def parameters(self) -> int:
-        """The model's trainable parameters (the head shares the token embedding); model.GPTConfig agrees."""
+        """The model's trainable parameters: the token embedding, the head where it is its own, learned positions
+        (GPT), the blocks and the final norm's gain. model.GPTConfig and model.LlamaConfig agree."""
         d = self.n_embd
-        return self.vocab_size * d + self.seq_len * d + self.n_layer * self.block_parameters + d
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        positions = self.seq_len * d if self.arch == "gpt" else 0
+        return self.vocab_size * d + head + positions + self.n_layer * self.block_parameters + d
+
+    @property
+    def activation_bytes_per_token_width(self) -> float:
+        """A layer's saved activations per token per unit of width, in 16-bit precision. The GPT block: 34
+        (Korthikanti et al., section 4.1). The Llama block, counted the same way (no dropout masks): both norms'
+        inputs and outputs, q, the attention's output twice (kept by SDPA, and its contiguous copy by o_proj; 2
+        each), k and v (2 each, kv_width wide) and the MLP's four ffn-wide tensors (gate, up, silu(gate), their
+        product; 2 each). A test holds both within 15% of what autograd saves."""
+        if self.arch == "llama":
+            d = self.n_embd
+            return 14 + 4 * self.kv_width / d + 8 * self.ffn / d
+        return ACTIVATION_BYTES_PER_TOKEN_WIDTH
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token: 6 per parameter (forward and backward) plus attention's 12 x layers x width x
-        sequence (PaLM's appendix B), without the recomputation activation checkpointing adds (MFU counts the
-        model's FLOPs, not the hardware's)."""
-        return 6.0 * self.parameters + 12.0 * self.n_layer * self.n_embd * self.seq_len
+        """Training FLOPs per token: 6 per multiplied parameter (forward and backward; an embedding lookup
+        multiplies nothing) plus attention's 12 x layers x width x sequence (PaLM's appendix B: scores and values
+        over every query head, however few key/value heads), without the recomputation activation checkpointing
+        adds (MFU counts the model's FLOPs, not the hardware's)."""
+        return 6.0 * (self.parameters - self.lookup_parameters) + 12.0 * self.n_layer * self.n_embd * self.seq_len
 
 
 @dataclass(frozen=True)
@@ -224,7 +276,7 @@ def plan(shape: Shape, *, batch_size: int, activation_checkpointing: bool, world
     weight = 2 if bf16 else 4
     working = (2 * weight + 4) * shape.block_parameters if fsdp and shard > 1 else 0
     tokens = batch_size * shape.seq_len
-    per_layer = ACTIVATION_BYTES_PER_TOKEN_WIDTH * tokens * shape.n_embd * (1 if bf16 else 2)
+    per_layer = int(shape.activation_bytes_per_token_width * tokens * shape.n_embd) * (1 if bf16 else 2)
     if activation_checkpointing:
         activations = shape.n_layer * weight * tokens * shape.n_embd + per_layer
     else:
@@ -273,7 +325,9 @@ def plan_of_run(inputs: dict[str, Any], instance_type: str, instance_count: int)
     """The plan of a run from presets.plan_inputs' values, on instance_count instances of instance_type."""
     hw = INSTANCES[instance_type]
     shape = Shape(n_layer=inputs["n_layer"], n_embd=inputs["n_embd"], n_head=inputs["n_head"],
-                  seq_len=inputs["seq_len"], vocab_size=inputs["vocab_size"])
+                  seq_len=inputs["seq_len"], vocab_size=inputs["vocab_size"], arch=inputs.get("arch", "gpt"),
+                  n_kv_head=inputs.get("n_kv_head", 0), ffn_hidden=inputs.get("ffn_hidden", 0),
+                  tie_embeddings=inputs.get("tie_embeddings", True))
     fsdp = {"auto": None, "true": True, "false": False}.get(inputs["fsdp"])
     return plan(shape, batch_size=inputs["batch_size"], activation_checkpointing=inputs["activation_checkpointing"],
                 world_size=instance_count * hw.gpus, bf16=inputs["precision"] != "fp32", fsdp=fsdp,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -48,7 +47,16 @@ from .hparams import (
     shape_of,
 )
 from .metrics import evaluation, final_summary, format_line, split_bytes
-from .model import CONFIG_FILE, GPT, MODEL_FILE, GPTConfig, init_weights, local_part
+from .model import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    CausalLM,
+    ModelConfig,
+    build,
+    config_from_dict,
+    init_weights,
+    local_part,
+)
 from .shards import DataError, DataIndex, read_index
 
 DATA_TRACE_ENV = "LUSTRAIN_DATA_TRACE"
@@ -116,11 +124,11 @@ class Outcome:
 
 
 def build_model(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, bf16: bool,
-                vocab_size: int | None = None) -> GPT:
+                config: ModelConfig | None = None) -> CausalLM:
     """The model as this rank trains it: built on `meta` (no memory), sharded there when FSDP is on, then only this
     rank's part materialised on its device and initialised (init_weights: the same weights for the same seed,
     whatever the world size). No rank ever holds the whole model unless it trains the whole model (DDP)."""
-    model = build_model_on_meta(hp, info, fsdp, shard_group, bf16, vocab_size)
+    model = build_model_on_meta(hp, info, fsdp, shard_group, bf16, config)
     model.to_empty(device=info.device)
     if not fsdp:
         model.tie_weights()
@@ -128,7 +136,7 @@ def build_model(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, b
     return model
 
 
-def layout(hp: Hyperparameters, info: Dist, bf16: bool) -> tuple[bool, int]:
+def layout(hp: Hyperparameters, info: Dist, bf16: bool, vocab_size: int | None = None) -> tuple[bool, int]:
     """(fsdp, shard group) for this world: what was asked, else what the memory plan says fits this GPU."""
     if not info.active:
         return False, 1
@@ -147,7 +155,7 @@ def layout(hp: Hyperparameters, info: Dist, bf16: bool) -> tuple[bool, int]:
     # the plan of this very GPU; its checkpoint times (from the rates) are not what is asked here
     hardware = plan.Hardware(gpus=distributed.gpus_per_host(info), gpu_bytes=props.total_memory, host_bytes=0,
                              write_gbps=1.0, stage_gbps=1.0)
-    shard = plan.choose_shard(hp.plan_shape(), batch_size=hp.batch_size,
+    shard = plan.choose_shard(hp.plan_shape(vocab_size), batch_size=hp.batch_size,
                               activation_checkpointing=hp.activation_checkpointing, world_size=info.world_size,
                               bf16=bf16, hardware=hardware, allow_ddp=hp.fsdp == "auto")
     return shard > 1 or hp.fsdp == "true", shard
@@ -174,8 +182,8 @@ class Trainer:
         if info.device.type == "cpu" and hp.cpu_threads:
             torch.set_num_threads(hp.cpu_threads)
         torch.manual_seed(hp.seed)
-        self.fsdp, self.shard_group = layout(hp, info, self.bf16)
-        self.model = build_model(hp, info, self.fsdp, self.shard_group, self.bf16, self.config.vocab_size)
+        self.fsdp, self.shard_group = layout(hp, info, self.bf16, self.config.vocab_size)
+        self.model = build_model(hp, info, self.fsdp, self.shard_group, self.bf16, self.config)
         self.parameters = self.config.parameter_count()
         self.step_module: nn.Module = self.model
         self.optimizer = make_optimizer(self.model, hp, info.device, sharded=self.fsdp)
@@ -270,7 +278,7 @@ class Trainer:
         refusal = tokenizer_refusal(loaded, self.tokenizer_info, self.paths.data)
         if refusal:
             return {"refusal": refusal}, loaded
-        if loaded.payload["model_config"] != self.config.to_dict():
+        if _as_config_dict(loaded.payload["model_config"]) != self.config.to_dict():
             held = dict(sorted(loaded.payload["model_config"].items(),
                                key=lambda kv: list(self.config.to_dict()).index(kv[0])
                                if kv[0] in self.config.to_dict() else len(kv[0])))
@@ -435,7 +443,7 @@ class Trainer:
         if info.active and not self.fsdp:
             self.step_module = distributed.wrap(self.model, info)
         tokens_per_step = hp.batch_size * hp.seq_len * self.global_micro_batches
-        flops_per_token = dataclasses.replace(hp.plan_shape(), vocab_size=self.config.vocab_size).flops_per_token()
+        flops_per_token = hp.plan_shape(self.config.vocab_size).flops_per_token()
         # this rank's micro-batches are numbered step * grad_accum + micro: the plan maps them to the data
         prefetch = Prefetcher(self.train_plan(), ShardReader(self.index, "train"), start * self.grad_accum,
                               hp.prefetch, pin=info.device.type == "cuda")
@@ -502,9 +510,9 @@ class Trainer:
         return Outcome(status, step, resumed_from, metrics, tokens_seen)
 
 
-def data_model_config(hp: Hyperparameters, tokenizer_info: dict[str, Any]) -> GPTConfig:
+def data_model_config(hp: Hyperparameters, tokenizer_info: dict[str, Any]) -> ModelConfig:
     """The model the hyperparameters describe, with the vocabulary of the data's tokenizer."""
-    return dataclasses.replace(hp.model_config(), vocab_size=int(tokenizer_info["vocab_size"]))
+    return hp.model_config(vocab_size=int(tokenizer_info["vocab_size"]))
 
 
 def tokenizer_refusal(loaded: checkpoint.Loaded, data_tokenizer: dict[str, Any], data: Path) -> str | None:
@@ -528,6 +536,15 @@ def copy_tokenizer_file(index: DataIndex, model_dir: Path) -> None:
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.copyfile(index.root / str(name), tmp)
     os.replace(tmp, target)
+
+
+def _as_config_dict(held: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's model config as this trainer writes it now (one saved before `arch` existed is a GPT's);
+    as it is where it is no config this trainer reads (the comparison then names it)."""
+    try:
+        return config_from_dict(held).to_dict()
+    except (TypeError, ValueError):
+        return held
 
 
 def _open_trace(rank: int) -> TextIO | None:
@@ -582,7 +599,8 @@ def dry_run(hp: Hyperparameters, world_size: int | None, instance_type: str | No
         # the model as the run builds it, on meta: what this rank would hold, counted, not allocated
         info = distributed.init(timeout_s=hp.collective_timeout_s)
         try:
-            model = build_model_on_meta(hp, info, layout_plan.fsdp, layout_plan.shard, bf16)
+            model = build_model_on_meta(hp, info, layout_plan.fsdp, layout_plan.shard, bf16,
+                                        hp.model_config(hp.plan_shape().vocab_size))
             held = sum(local_numel(p) for p in model.parameters())
             lines.append(f"measured_parameter_gib_per_rank={4 * held / plan.GIB:.2f}")
         finally:
@@ -596,10 +614,9 @@ def dry_run(hp: Hyperparameters, world_size: int | None, instance_type: str | No
 
 
 def build_model_on_meta(hp: Hyperparameters, info: Dist, fsdp: bool, shard_group: int, bf16: bool,
-                        vocab_size: int | None = None) -> GPT:
-    config = hp.model_config() if vocab_size is None else dataclasses.replace(hp.model_config(), vocab_size=vocab_size)
+                        config: ModelConfig | None = None) -> CausalLM:
     with torch.device("meta"):
-        model = GPT(config, activation_checkpointing=hp.activation_checkpointing)
+        model = build(config or hp.model_config(), activation_checkpointing=hp.activation_checkpointing)
     if fsdp:
         distributed.shard(model, info, bf16, shard_group)
     return model
@@ -661,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr, flush=True)
                 return 2
             trainer.log(
-                f"preset {hp.preset}: {trainer.parameters:,} parameters, {hp.n_layer} layers, {hp.n_embd} wide; "
+                f"preset {hp.preset} ({hp.arch}): {trainer.parameters:,} parameters, {hp.n_layer} layers, {hp.n_embd} wide; "
                 f"{info.world_size} rank(s) on {info.device.type}, fsdp {trainer.fsdp} (shard group {trainer.shard_group}), "
                 f"{'bf16' if trainer.bf16 else 'fp32'}; host {hosts.current} of {len(hosts.hosts) or 1}; "
                 f"data {paths.data} ({index.tokens('train'):,} train tokens, tokenizer "

@@ -16,7 +16,7 @@ from lustrain_trainer.hparams import (
     read_hosts,
     resolve_paths,
 )
-from lustrain_trainer.model import GPT
+from lustrain_trainer.model import GPT, build
 
 
 def test_sagemaker_strings_and_dashes_become_typed_values() -> None:
@@ -107,7 +107,11 @@ def test_hosts_come_from_sm_hosts_and_the_current_host_must_be_one_of_them() -> 
         read_hosts({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-3"})
 
 
-@pytest.mark.parametrize("name", [name for name in PRESETS if name != "tiny"])
+GPT_PRESETS = [name for name, values in PRESETS.items() if values.get("arch", "gpt") == "gpt"]
+LLAMA_PRESETS = [name for name in PRESETS if name not in GPT_PRESETS]
+
+
+@pytest.mark.parametrize("name", [name for name in GPT_PRESETS if name != "tiny"])
 def test_each_preset_has_the_parameter_count_in_its_name_or_its_sources_shape(name: str) -> None:
     hp, _, _ = parse(["--preset", name], {})
     with torch.device("meta"):  # shapes only: a 70b model is not built in memory
@@ -121,3 +125,40 @@ def test_each_preset_has_the_parameter_count_in_its_name_or_its_sources_shape(na
         assert 0.85 < count / scale / float(name[:-1]) <= 1.0, count
     else:
         assert abs(count / scale - float(name[:-1])) / float(name[:-1]) < 0.05, count
+
+
+#: the parameter count each Llama model's publisher gives (the safetensors index's total size over 2 bytes, the model
+#: card's rounded figure in PRESET_SOURCES)
+PUBLISHED_PARAMETERS = {"llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824, "llama3.1-8b": 8_030_261_248,
+                        "llama3.1-70b": 70_553_706_496, "llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320}
+
+
+def test_each_llama_preset_holds_its_published_models_parameters_by_the_plan_alone() -> None:
+    assert sorted(PUBLISHED_PARAMETERS) == sorted(name for name in LLAMA_PRESETS if name != "llama-tiny")
+    for name, published in PUBLISHED_PARAMETERS.items():
+        hp, _, _ = parse(["--preset", name], {})
+        shape = hp.plan_shape()  # the preset's own vocabulary: 128,256 (Llama 3) or 32,000 (Llama 2)
+        assert (shape.arch, shape.parameters) == ("llama", published), name
+        rounded = re.search(r"([\d.]+)B parameters", PRESET_SOURCES[name])
+        assert rounded and round(published / 1e9, len(rounded.group(1).split(".")[1])) == float(rounded.group(1))
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "llama3.1-8b", "llama3.2-1b"])
+def test_a_llama_model_as_built_holds_what_the_plan_counts(name: str) -> None:
+    hp, _, _ = parse(["--preset", name], {})
+    with torch.device("meta"):
+        model = build(hp.model_config(hp.plan_shape().vocab_size))
+    assert sum(p.numel() for p in model.parameters()) == hp.plan_shape().parameters
+    assert (model.head.weight is model.wte.weight) == hp.tie_embeddings
+
+
+def test_llama_values_are_checked_and_refused_for_the_gpt_block() -> None:
+    with pytest.raises(HyperparameterError, match="hyperparameter n_kv_head: 3 does not divide n_head 4"):
+        parse(["--preset", "llama-tiny", "--n_kv_head", "3"], {})
+    with pytest.raises(HyperparameterError, match="hyperparameter n_kv_head: 2 is for arch llama"):
+        parse(["--preset", "tiny", "--n_kv_head", "2"], {})
+    with pytest.raises(HyperparameterError, match="hyperparameter arch: 'mamba' is not allowed"):
+        parse(["--arch", "mamba"], {})
+    hp, _, _ = parse(["--preset", "tiny", "--arch", "llama"], {})
+    config = hp.model_config()
+    assert (config.arch, config.n_kv_head, config.ffn_hidden) == ("llama", 4, 256)  # type: ignore[union-attr]

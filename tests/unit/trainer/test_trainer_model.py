@@ -14,11 +14,13 @@ import torch
 from lustrain_trainer import checkpoint
 from lustrain_trainer.hparams import parse
 from lustrain_trainer.metrics import format_line, metric_definitions
-from lustrain_trainer.model import GPT, GPTConfig
+from lustrain_trainer.model import GPT, GPTConfig, LlamaConfig, build, config_from_dict
 from lustrain_trainer.trainer import make_optimizer
 
 TRAINER = Path(__file__).resolve().parents[3] / "trainer"
 SMALL = GPTConfig(n_layer=2, n_head=2, n_embd=16, seq_len=8)
+#: the Llama block at the same size: grouped-query attention (2 query heads, 1 key/value head), an untied head
+SMALL_LLAMA = LlamaConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=16, ffn_hidden=40, seq_len=8)
 
 
 def test_an_untrained_model_predicts_every_byte_about_equally() -> None:
@@ -29,14 +31,36 @@ def test_an_untrained_model_predicts_every_byte_about_equally() -> None:
     assert model(idx, targets).item() == pytest.approx(math.log(SMALL.vocab_size), abs=0.1)
 
 
-def test_activation_checkpointing_changes_memory_not_results() -> None:
+@pytest.mark.parametrize("config", [SMALL, SMALL_LLAMA], ids=["gpt", "llama"])
+def test_activation_checkpointing_changes_memory_not_results(config: GPTConfig | LlamaConfig) -> None:
     torch.manual_seed(0)
-    plain, recomputed = GPT(SMALL), GPT(SMALL, activation_checkpointing=True)
+    plain, recomputed = build(config), build(config, activation_checkpointing=True)
     recomputed.load_state_dict(plain.state_dict())
-    idx = torch.randint(0, SMALL.vocab_size, (2, 8))
+    idx = torch.randint(0, config.vocab_size, (2, 8))
     for model in (plain, recomputed):
         model(idx, idx).backward()
-    assert torch.allclose(plain.blocks[0].fc.weight.grad, recomputed.blocks[0].fc.weight.grad, atol=1e-6)
+    for (name, p), q in zip(plain.named_parameters(), recomputed.parameters(), strict=True):
+        assert p.grad is not None and torch.allclose(p.grad, q.grad, atol=1e-6), name
+
+
+def test_the_llama_block_is_causal_rotary_and_grouped() -> None:
+    """A token's logits depend on no later token; shifting a whole sequence's positions changes nothing but what
+    rotary positions make relative (attention sees only offsets); k and v are n_kv_head heads wide."""
+    torch.manual_seed(0)
+    model = build(SMALL_LLAMA).eval()
+    idx = torch.randint(0, SMALL_LLAMA.vocab_size, (1, 8))
+    changed = idx.clone()
+    changed[0, 5:] = (changed[0, 5:] + 1) % SMALL_LLAMA.vocab_size
+    torch.testing.assert_close(model(idx)[0, :5], model(changed)[0, :5])
+    assert not torch.allclose(model(idx)[0, 5:], model(changed)[0, 5:])
+    attention = model.blocks[0].self_attn  # type: ignore[union-attr]
+    assert attention.k_proj.weight.shape == (8, 16) and attention.q_proj.weight.shape == (16, 16)
+    assert model.head.weight is not model.wte.weight
+    assert config_from_dict(SMALL_LLAMA.to_dict()) == SMALL_LLAMA
+    # a config written before arch existed is a GPT's
+    assert config_from_dict({k: v for k, v in SMALL.to_dict().items() if k != "arch"}) == SMALL
+    with pytest.raises(ValueError, match="arch 'rwkv' is not one this trainer builds"):
+        config_from_dict({**SMALL.to_dict(), "arch": "rwkv"})
 
 
 def test_generate_continues_a_prompt_and_refuses_a_context_too_long() -> None:
@@ -138,7 +162,14 @@ def test_the_trainer_imports_nothing_of_the_control_plane() -> None:
     # imported inside the functions of data preparation alone (a BPE, a tokenizer.json from S3), never by training
     lazy = {"tokenizers", "boto3", "botocore"}
     imported, lazily = set(), set()
+    # export.py writes safetensors (a dependency of lustrain): only export.py imports it, and no module imports
+    # export.py but inside a function of generate (SageMaker's training image need not have safetensors)
     for path in TRAINER.rglob("*.py"):
+        top_level = ast.parse(path.read_text()).body
+        assert not [n for n in top_level if isinstance(n, ast.ImportFrom) and n.module == "export"], path
+    for path in TRAINER.rglob("*.py"):
+        if path.name == "export.py":
+            continue
         tree = ast.parse(path.read_text())
         top = {id(node) for node in tree.body}
         for node in ast.walk(tree):
@@ -156,15 +187,21 @@ def test_the_trainer_imports_nothing_of_the_control_plane() -> None:
 def test_initialisation_is_the_same_whatever_part_of_a_matrix_a_rank_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank initialises only the rows of its shard, drawn chunk by chunk from generators keyed by
     (seed, parameter, chunk): any cut of the rows gives the same weights as the whole model built at once."""
+    for config in (GPTConfig(n_layer=2, n_head=2, n_embd=24, seq_len=8),
+                   LlamaConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=24, ffn_hidden=72, seq_len=8)):
+        _assert_init_is_the_same_whatever_rows_a_rank_holds(config, monkeypatch)
+
+
+def _assert_init_is_the_same_whatever_rows_a_rank_holds(config: GPTConfig | LlamaConfig,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from lustrain_trainer import model as model_module
 
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=24, seq_len=8)
-    whole = GPT(config)
+    whole = build(config)
     model_module.init_weights(whole, seed=3)
     for cut in (1, 7, model_module.INIT_ROWS + 5):
         parts = {}
         for first in (0, cut):
-            part = GPT(config)
+            part = build(config)
 
             def holds(p: torch.Tensor, first: int = first, cut: int = cut) -> tuple[torch.Tensor, int]:
                 rows = p.data[first:cut] if first == 0 else p.data[cut:]
@@ -173,17 +210,23 @@ def test_initialisation_is_the_same_whatever_part_of_a_matrix_a_rank_holds(monke
             monkeypatch.setattr(model_module, "local_part", holds)
             model_module.init_weights(part, seed=3)
             parts[first] = part.state_dict()
+        monkeypatch.undo()
         for name, tensor in whole.state_dict().items():
             assert torch.equal(tensor[:cut], parts[0][name][:cut]) and torch.equal(tensor[cut:], parts[cut][name][cut:])
-    other = GPT(config)
+    other = build(config)
     model_module.init_weights(other, seed=4)
-    assert not torch.equal(other.blocks[0].fc.weight, whole.blocks[0].fc.weight)
+    matrix = next(name for name, p in whole.named_parameters() if p.dim() == 2 and name.startswith("blocks.0"))
+    assert not torch.equal(other.get_parameter(matrix), whole.get_parameter(matrix))
 
 
 def test_a_model_built_on_meta_holds_no_memory_until_materialised() -> None:
     with torch.device("meta"):
         model = GPT(GPTConfig(n_layer=80, n_head=64, n_embd=8192, seq_len=4096))  # the 70b preset's shape
+        llama = build(LlamaConfig(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192, ffn_hidden=28672, seq_len=8192,
+                                  vocab_size=128256, rope_theta=500000.0))  # llama3.1-70b's
     assert all(p.is_meta for p in model.parameters()) and model.head.weight is model.wte.weight
+    assert all(p.is_meta for p in llama.parameters()) and llama.head.weight is not llama.wte.weight
+    assert not list(llama.buffers())  # rotary positions are computed, not held: nothing left uninitialised
 
 
 def test_efa_defaults_fill_only_what_the_launcher_and_the_spec_left_unset(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -77,3 +77,31 @@ def test_mfu_is_measured_against_the_gpus_bf16_peak() -> None:
     assert plan.peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
     assert plan.peak_tflops("NVIDIA H100 80GB HBM3") == plan.peak_tflops("NVIDIA H200") == 989.0
     assert plan.peak_tflops("cpu") is None
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_a_layers_activations_are_what_autograd_saves(arch: str) -> None:
+    """The plan's activation bytes per token and unit of width for one block, against the bytes of every tensor
+    autograd keeps for the backward pass of a real block (fp32 here: half as many in 16-bit)."""
+    import torch
+    from lustrain_trainer.model import GPTConfig, LlamaConfig, build, rotary
+
+    shape = plan.Shape(n_layer=1, n_embd=256, n_head=4, seq_len=64, vocab_size=257, arch=arch, n_kv_head=2,
+                       ffn_hidden=704, tie_embeddings=True)
+    config = (LlamaConfig(n_layer=1, n_head=4, n_kv_head=2, n_embd=256, ffn_hidden=704, seq_len=64)
+              if arch == "llama" else GPTConfig(n_layer=1, n_head=4, n_embd=256, seq_len=64))
+    block = build(config).blocks[0]
+    weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    saved: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in weights:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randn(2, 64, 256, requires_grad=True)
+    extra = rotary(config, 64, x.device) if isinstance(config, LlamaConfig) else ()
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        block(x, *extra)
+    measured = sum(saved.values()) / 2 / (2 * 64 * 256)
+    assert abs(shape.activation_bytes_per_token_width / measured - 1) < 0.15, measured

@@ -27,6 +27,8 @@ TRAINER = Path(__file__).resolve().parents[3] / "trainer"
 # a model small enough that process start-up, not training, is most of each run
 MICRO = ["--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--seq_len", "32", "--batch_size", "4",
          "--eval_interval", "0", "--log_interval", "1"]
+# the same, in the Llama block: grouped-query attention (two query heads share one key/value head), an untied head
+LLAMA_MICRO = [*MICRO, "--arch", "llama", "--n_kv_head", "1", "--ffn_hidden", "48", "--tie_embeddings", "false"]
 
 
 def sagemaker_env(root: Path, data: Path, **extra: str) -> dict[str, str]:
@@ -116,12 +118,13 @@ def test_fsdp_trains_the_model_ddp_trains_and_its_checkpoint_resumes_without_it(
     data: Path, sourcedir: Path, tmp_path: Path
 ) -> None:
     """FSDP (fully_shard, over gloo on CPU) on 2 ranks: the same weights as DDP after the same steps, and a
-    sharded run's checkpoint resumes in an unsharded one (a job may move between instance types)."""
+    sharded run's checkpoint resumes in an unsharded one (a job may move between instance types). The Llama block
+    (the GPT block's FSDP is the HSDP test's): each rank initialised only its shard, yet the weights are DDP's."""
     models = {}
     for fsdp in ("true", "false"):
         root = tmp_path / f"fsdp-{fsdp}"
         env = sagemaker_env(root, data)
-        done = run(sourcedir, env, *MICRO, "--max_steps", "6", "--checkpoint_interval", "3", "--fsdp", fsdp,
+        done = run(sourcedir, env, *LLAMA_MICRO, "--max_steps", "6", "--checkpoint_interval", "3", "--fsdp", fsdp,
                    torchrun=2)
         assert done.returncode == 0, done.stderr
         assert f"fsdp {fsdp.title()}" in done.stdout
@@ -130,8 +133,9 @@ def test_fsdp_trains_the_model_ddp_trains_and_its_checkpoint_resumes_without_it(
     for name, tensor in models["true"].items():
         torch.testing.assert_close(tensor, models["false"][name], rtol=1e-5, atol=1e-6)
 
+    assert "lm_head" not in models["true"] and "head.weight" in models["true"]  # untied: a matrix of its own
     sharded = tmp_path / "fsdp-true"
-    done = run(sourcedir, sagemaker_env(sharded, data), *MICRO, "--max_steps", "9", "--checkpoint_interval", "3",
+    done = run(sourcedir, sagemaker_env(sharded, data), *LLAMA_MICRO, "--max_steps", "9", "--checkpoint_interval", "3",
                "--fsdp", "false", torchrun=2)
     assert done.returncode == 0, done.stderr
     assert re.search(r"resumed from step-000000006-\w+ at step 6", done.stdout)
@@ -206,6 +210,32 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_state(
     a = torch.load(straight / "model" / "model.pt", weights_only=True)
     b = torch.load(interrupted / "model" / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_tiny_llama_learns_and_resumes_from_its_checkpoint_to_the_same_model(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # a constant learning rate after warm-up: a run stopped at step 20 trains as the first 20 steps of one to 40
+    args = ["--preset", "llama-tiny", "--batch_size", "4", "--eval_interval", "0", "--log_interval", "5",
+            "--warmup_steps", "5", "--min_lr_ratio", "1", "--checkpoint_interval", "20"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train_in_process(monkeypatch, sagemaker_env(straight, data), *args, "--max_steps", "40") == 0
+    losses = metric_values(capsys.readouterr().out, "train_loss")
+    assert len(losses) == 8 and losses[-1] < losses[0] - 1.0, losses  # ln(257) = 5.55 is knowing nothing
+
+    env = sagemaker_env(resumed, data)
+    assert train_in_process(monkeypatch, env, *args, "--max_steps", "20") == 0
+    assert train_in_process(monkeypatch, env, *args, "--max_steps", "40") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"resumed from step-000000020-\w+ at step 20", out) and "step=20 resumed_from=20" in out
+    summary = json.loads((resumed / "output" / "summary.json").read_text())
+    assert (summary["resumed_from_step"], summary["step"]) == (20, 40)
+    config = json.loads((resumed / "model" / "config.json").read_text())["model"]
+    assert (config["arch"], config["n_kv_head"], config["tie_embeddings"]) == ("llama", 2, True)
+    a = torch.load(straight / "model" / "model.pt", weights_only=True)
+    b = torch.load(resumed / "model" / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    text = generate.sample(generate.load_model(resumed / "model"), "def ", 10, 0.8, 20, seed=1)
+    assert text.startswith("def ")
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(data: Path, sourcedir: Path, tmp_path: Path) -> None:
