@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,11 @@ class Settings:
     provision_s: float = 0.0
     #: Twin seconds per second of KeepAlivePeriodInSeconds: how long a warm pool waits for the next job here
     keep_alive_scale: float = 1.0
+    #: The training processes' CPU priority (nice), below the control plane's. On AWS the trainer has instances
+    #: of its own and never delays a Lambda, a poll or a timer; on one machine a trainer at full speed would take
+    #: their CPU, so its control plane would answer late. A trainer that trains until something stops it (a budget,
+    #: a cancel) takes only the CPU nothing else here wants. 0 runs it at the twin's own priority.
+    trainer_nice: int = 10
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -129,6 +135,7 @@ class Settings:
             work_root=Path(root) if root else None,
             provision_s=float(env.get("LUSTRAIN_TWIN_SM_PROVISION_S", defaults.provision_s)),
             keep_alive_scale=float(env.get("LUSTRAIN_TWIN_SM_KEEP_ALIVE_SCALE", defaults.keep_alive_scale)),
+            trainer_nice=int(env.get("LUSTRAIN_TWIN_SM_TRAINER_NICE", defaults.trainer_nice)),
         )
 
 
@@ -518,7 +525,7 @@ class _JobRun:
         stderr_tail: deque[str] = deque(maxlen=20)
         with layout.log.open("a", encoding="utf-8") as log_file:
             process = subprocess.Popen(
-                launched,
+                niced(launched, self.settings.trainer_nice),
                 cwd=code_dir,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -672,6 +679,13 @@ class _JobRun:
         for path in sorted(p for p in layout.checkpoints.rglob("*") if p.is_file()):
             key = as_dir_prefix(prefix) + path.relative_to(layout.checkpoints).as_posix()
             self.storage.put(bucket, key, path.read_bytes())
+
+
+def niced(command: list[str], niceness: int) -> list[str]:
+    """The command run at `niceness` by POSIX nice(1), which execs it (same process, so stop and kill reach it,
+    and every process it starts inherits the priority from its first instruction); as given at 0 or without nice."""
+    nice = shutil.which("nice") if niceness > 0 else None
+    return [nice, "-n", str(niceness), *command] if nice else command
 
 
 def kill(process: subprocess.Popen[bytes] | None) -> None:
