@@ -19,14 +19,7 @@ from lustrain_core import aws_requests, limits, planner
 from lustrain_core.config import Settings
 from lustrain_core.document import Code, Filesystem, Job, Network, Plan, Run, Sections
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
-from lustrain_core.launch_plan import (
-    TAG_CREATED_BY,
-    LaunchPlan,
-    Resume,
-    TrainingPlan,
-    decide,
-    training_job_name,
-)
+from lustrain_core.launch_plan import TAG_CREATED_BY, Found, LaunchPlan, decide, training_job_name
 from lustrain_core.spec import JobSpec
 
 # placeholders for the ids later steps make: valid by AWS's own patterns, so only the spec's values are judged
@@ -42,11 +35,10 @@ def compile_launch(
     job_id: str,
     settings: Settings,
     plan: dict[str, Any],
-    resume: Resume | None = None,
-    training_plan: TrainingPlan | None = None,
+    found: Found | None = None,
 ) -> LaunchPlan:
     """Every decision of the run, checked against what AWS accepts; SpecInvalid names each field AWS would refuse."""
-    launch = decide(spec, job_id, settings, plan, resume, training_plan)
+    launch = decide(spec, job_id, settings, plan, found)
     _check_requests(spec, launch, plan, settings)
     return launch
 
@@ -74,15 +66,14 @@ def registered(
     *,
     data_gib: float | None = None,
     extension_bytes: dict[str, int] | None = None,
-    resume: Resume | None = None,
     plan: dict[str, Any] | None = None,
-    training_plan: TrainingPlan | None = None,
+    found: Found | None = None,
 ) -> dict[str, Any]:
     """$.job's compiled part, as register_job makes it: the normalised spec, its plan and its launch plan (the test
     stubs and the events/ samples are built by this too)."""
     if plan is None:
         plan = planner.plan(spec, data_gib=data_gib, extension_bytes=extension_bytes).to_dict()
-    launch = compile_launch(spec, job_id, settings, plan, resume, training_plan)
+    launch = compile_launch(spec, job_id, settings, plan, found)
     return {
         "job_id": job_id,
         "spec": spec.model_dump(mode="json"),

@@ -9,7 +9,8 @@ turn it, with the ids the steps before made and the stack's settings, into AWS r
 Adding a spec field that reaches CreateTrainingJob touches four files: spec.py (the field and its check), this
 module (a LaunchPlan field and the line of `decide` that sets it), aws_requests.py (where the request carries it,
 and the request path's spec field in SPEC_FIELDS when AWS limits it) and README.md (the field, the launch plan's
-row). tests/unit/test_module_layout.py holds the builders to that.
+row). tests/unit/test_module_layout.py holds the builders to that. A field whose value register_job must first
+read in AWS (as compute.training_plan's) adds that read and its place in `Found` (steps/job.py fills it).
 """
 
 from __future__ import annotations
@@ -210,16 +211,23 @@ class LaunchPlan(_Model):
 # --------------------------------------------------------------------------- deciding
 
 
+@dataclass(frozen=True)
+class Found:
+    """What register_job read in AWS for the launch plan (steps/job.py): none of it in a compile before a run is
+    registered (`lustrain validate`, `plan`, `submit`)."""
+
+    #: the checkpoint checkpoints.resume_from names, its manifest read
+    resume: Resume | None = None
+    #: compute.training_plan, as DescribeTrainingPlan answered
+    training_plan: TrainingPlan | None = None
+
+
 def decide(
-    spec: JobSpec,
-    job_id: str,
-    settings: Settings,
-    plan: dict[str, Any],
-    resume: Resume | None = None,
-    training_plan: TrainingPlan | None = None,
+    spec: JobSpec, job_id: str, settings: Settings, plan: dict[str, Any], found: Found | None = None
 ) -> LaunchPlan:
     """Every decision of the run; SpecInvalid names each field that cannot be decided (lustrain_core.launch then
     checks the requests built from it against what AWS accepts)."""
+    found = found or Found()
     errors: list[FieldError] = []
     image = _collect(errors, lambda: training_image(spec, settings.region))
     encoded = _collect(errors, lambda: hyperparameters(spec, "", settings.region)) or {}
@@ -256,10 +264,10 @@ def decide(
         checkpoint_s3_uri=checkpoint_location(spec, job_id),
         model_output_s3_uri=model_output_path(settings, job_id),
         output_compression=compression,
-        resume=resume,
+        resume=found.resume,
         max_runtime_seconds=math.ceil(compute.max_runtime_hours * 3600),
         max_wait_seconds=None if wait is None else math.ceil(wait * 3600),
-        training_plan=training_plan,
+        training_plan=found.training_plan,
         keep_alive_seconds=compute.keep_alive_minutes * 60,
         preload=preload_of(spec, job_id, settings.region, plan) if spec.data.preload else None,
     )

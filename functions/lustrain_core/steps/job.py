@@ -361,9 +361,9 @@ def register_job(
         data_gib, extension_bytes = measure_data(s3, spec.data.s3_uri)
     plan = planner.plan(spec, data_gib=data_gib, extension_bytes=extension_bytes).to_dict()
     policy.check_plan(plan)
-    compiled = launch.compile_launch(spec, job_id, settings, plan, resume, training_plan).model_dump(
-        mode="json"
-    )
+    compiled = launch.compile_launch(
+        spec, job_id, settings, plan, launch_plan.Found(resume=resume, training_plan=training_plan)
+    ).model_dump(mode="json")
 
     normalised = spec.model_dump(mode="json")
     size = len(json.dumps(normalised)) + len(json.dumps(plan)) + len(json.dumps(compiled))
