@@ -91,7 +91,11 @@ def test_the_layers_import_downwards_only() -> None:
     """The run document's models and the launch plan know no step; the builders know no step and no compiler."""
     graph = import_graph()
     below = {
-        "lustrain_core.launch_plan": {"lustrain_core.document", "lustrain_core.aws_requests", "lustrain_core.launch"},
+        "lustrain_core.launch_plan": {
+            "lustrain_core.document",
+            "lustrain_core.aws_requests",
+            "lustrain_core.launch",
+        },
         "lustrain_core.document": {"lustrain_core.aws_requests", "lustrain_core.launch"},
         "lustrain_core.aws_requests": {"lustrain_core.launch"},
     }
@@ -103,7 +107,12 @@ def test_the_layers_import_downwards_only() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["lustrain_core.document", "lustrain_core.aws_requests", "lustrain_core.steps.training", "lustrain_core.steps.warm_pool"],
+    [
+        "lustrain_core.document",
+        "lustrain_core.aws_requests",
+        "lustrain_core.steps.training",
+        "lustrain_core.steps.warm_pool",
+    ],
 )
 def test_each_layer_imports_first_in_a_fresh_interpreter(module: str) -> None:
     """Imported first, in a fresh interpreter, as a Lambda handler's cold start imports it."""
@@ -128,7 +137,9 @@ def test_the_training_job_builders_read_the_launch_plan_and_never_the_spec() -> 
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     builders = ["training_job", "preload_job", "channels", "resource_config", "stopping_condition"]
     for name in builders:
-        assert not _reads_spec(functions[name]), f"aws_requests.{name} reads the spec at {_reads_spec(functions[name])}"
+        assert not _reads_spec(functions[name]), (
+            f"aws_requests.{name} reads the spec at {_reads_spec(functions[name])}"
+        )
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "lustrain_core.spec" not in imported
 
