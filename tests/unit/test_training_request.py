@@ -342,3 +342,16 @@ def test_a_run_registered_before_the_launch_plan_held_its_instances_sends_the_sa
     assert sent_before["OutputDataConfig"]["S3OutputPath"] == f"{now['job']['spec']['output']['s3_uri'].rstrip('/')}/{now['job']['job_id']}/"
     sent_before["OutputDataConfig"] = sent_now["OutputDataConfig"]
     assert sent_before == sent_now
+
+
+def test_a_warm_up_recorded_before_it_held_its_output_location_still_gets_one():
+    from lustrain_core import aws_requests
+    from lustrain_core.document import Run
+
+    now = document({"data": {"preload": True}})
+    before = copy.deepcopy(now)
+    del before["job"]["launch"]["preload"]["output_s3_uri"]
+    sent_now = aws_requests.preload_job(Run.parse(now, "network", "filesystem"), SETTINGS)
+    sent_before = aws_requests.preload_job(Run.parse(before, "network", "filesystem"), SETTINGS)
+    assert sent_before == sent_now
+    assert sent_now["OutputDataConfig"]["S3OutputPath"].endswith(f"/{now['job']['job_id']}/warmup/")
