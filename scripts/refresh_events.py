@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from lustrain_core.config import Settings
+from lustrain_core.document import SECTIONS
 from lustrain_core.launch import registered
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import SECTIONS
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 #: the samples' stack: `sam local invoke` runs them under the template's defaults

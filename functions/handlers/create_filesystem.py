@@ -8,7 +8,8 @@ from aws_lambda_powertools import Logger
 from lustrain_core import clients
 from lustrain_core.aws_errors import translate_aws_errors
 from lustrain_core.config import Settings
-from lustrain_core.steps import dumped, filesystem
+from lustrain_core.document import dumped
+from lustrain_core.steps import filesystem
 
 logger = Logger(service="lustrain")
 

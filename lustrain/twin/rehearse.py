@@ -22,9 +22,10 @@ from typing import Any
 import boto3
 import yaml
 from lustrain_core import resources as registry
+from lustrain_core.document import Attempt, Recovery
 from lustrain_core.launch import compile_offline
 from lustrain_core.spec import JobSpec, load_spec_file
-from lustrain_core.steps import Attempt, Recovery, attempts
+from lustrain_core.steps import attempts
 
 from lustrain.submit import upload_code_dir
 

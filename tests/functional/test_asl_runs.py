@@ -25,6 +25,7 @@ from typing import Any
 import boto3
 import pytest
 from infra_support import any_role
+from lustrain_core.document import Admission, Attempt, Code, Filesystem, Network, Recovery, dumped
 from lustrain_core.errors import (
     FileSystemFailed,
     NetworkInvalid,
@@ -32,7 +33,6 @@ from lustrain_core.errors import (
     SpecInvalid,
     TeardownIncomplete,
 )
-from lustrain_core.steps import Admission, Attempt, Code, Filesystem, Network, Recovery, dumped
 from lustrain_core.steps.filesystem import next_wait
 from moto import mock_aws
 

@@ -10,9 +10,10 @@ import boto3
 import pytest
 from infra_support import REGION, job_record, register, spec
 from lustrain_core.config import Settings
+from lustrain_core.document import dumped
 from lustrain_core.errors import QuotaExceeded
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import dumped, queue, quota, records, sweep
+from lustrain_core.steps import queue, quota, records, sweep
 
 from lustrain.twin.patches import service_quotas
 

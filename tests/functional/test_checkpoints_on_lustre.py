@@ -10,10 +10,9 @@ import boto3
 import pytest
 from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register, spec
 from lustrain_core.errors import SpecInvalid, TeardownIncomplete
-from lustrain_core.launch import checkpoint_location
+from lustrain_core.launch_plan import checkpoint_location, link_for
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps import exports
-from lustrain_core.steps import filesystem as fs_step
 from training_support import code_section, held_training_jobs
 
 from lustrain.twin import faults
@@ -255,7 +254,7 @@ def test_a_spec_whose_checkpoints_cannot_have_their_own_link_is_refused_naming_t
 ):
     doc = spec(checkpoints=ON_LUSTRE, **sections)
     with pytest.raises(SpecInvalid) as refused:
-        fs_step.link_for(validate_spec(doc), "run-0123abcd")
+        link_for(validate_spec(doc), "run-0123abcd")
     (error,) = refused.value.errors
     assert error.path == field and words in error.message
 
@@ -264,7 +263,7 @@ def test_output_and_checkpoints_both_on_lustre_work_with_a_checkpoint_prefix_of_
     doc = spec(
         checkpoints={**ON_LUSTRE, "s3_uri": "s3://lustrain-test-ckpt/runs/"}, output={"to_filesystem": True}
     )
-    links = fs_step.link_for(validate_spec(doc), "run-0123abcd")
+    links = link_for(validate_spec(doc), "run-0123abcd")
     assert [link.purpose for link in links.links] == ["data", "output", "checkpoints"]
     assert links.export_paths == ["/lustrain-output/run-0123abcd", "/lustrain-checkpoints/run-0123abcd"]
 

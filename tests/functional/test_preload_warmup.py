@@ -11,8 +11,8 @@ from typing import Any
 import boto3
 import pytest
 from infra_support import DATA, REGION, MinuteLeft, invoke, job_record, register, seed_data, spec
+from lustrain_core import aws_requests
 from lustrain_core.errors import FileSystemFailed
-from lustrain_core.steps import preload
 from training_support import calls_of, held_training_jobs, move_job
 
 from lustrain.twin import faults
@@ -68,7 +68,7 @@ def test_the_warm_up_starts_once_the_file_system_is_ready_and_the_loop_waits_for
         assert described["AlgorithmSpecification"]["TrainingImage"].endswith(
             "/pytorch-training:2.8-cpu-py312"
         )
-        assert described["AlgorithmSpecification"]["ContainerEntrypoint"] == preload.ENTRYPOINT
+        assert described["AlgorithmSpecification"]["ContainerEntrypoint"] == aws_requests.PRELOAD_ENTRYPOINT
         (channel,) = described["InputDataConfig"]
         source = channel["DataSource"]["FileSystemDataSource"]
         assert source["FileSystemId"] == document["filesystem"]["file_system_id"]

@@ -10,9 +10,10 @@ from typing import Any
 import boto3
 import pytest
 from infra_support import REGION, invoke, job_record, register, spec
+from lustrain_core.aws_requests import training_job as request_from
+from lustrain_core.document import Run, dumped
 from lustrain_core.errors import QuotaExceeded, SpecInvalid
-from lustrain_core.steps import Run, dumped, queue
-from lustrain_core.steps.training import request_from
+from lustrain_core.steps import queue
 from training_support import training_input
 
 from lustrain.twin import training_plans

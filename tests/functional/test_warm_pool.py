@@ -218,8 +218,8 @@ def test_a_run_whose_pool_sagemaker_did_not_keep_deletes_its_network_at_once(aws
 
 
 def test_the_pools_kept_time_is_in_the_estimate_and_set_aside_from_each_attempts_budget(aws):
+    from lustrain_core.document import Run
     from lustrain_core.prices import INSTANCE_TYPES
-    from lustrain_core.steps import Run
     from lustrain_core.steps.budget import attempt_budget, billed_seconds
 
     hourly = INSTANCE_TYPES["ml.p4d.24xlarge"].hourly_usd
@@ -273,7 +273,8 @@ class Pools:
 
 
 def test_pool_instances_count_against_the_quota_but_a_pool_the_run_takes_over_does_not(aws):
-    from lustrain_core.steps import Run, quota
+    from lustrain_core.document import Run
+    from lustrain_core.steps import quota
 
     service_quotas.set_quota("ml.p4d.24xlarge", 4)
     service_quotas.set_quota("ml.p4d.24xlarge", 4, warm_pool=True)

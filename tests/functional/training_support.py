@@ -9,7 +9,7 @@ from typing import Any
 
 import boto3
 from infra_support import REGION, register
-from lustrain_core.steps import Code, Filesystem, MetricDefinition, Network, dumped
+from lustrain_core.document import Code, Filesystem, MetricDefinition, Network, dumped
 
 CODE_BUCKET = "lustrain-test-code"
 RESULTS_BUCKET = "lustrain-test-results"

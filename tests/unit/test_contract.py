@@ -648,7 +648,7 @@ def test_allowed_prefixes_must_end_at_a_folder_so_iam_and_register_job_agree() -
 
 
 def test_the_readmes_launch_plan_table_lists_exactly_the_models_fields() -> None:
-    from lustrain_core.launch import LaunchPlan
+    from lustrain_core.launch_plan import LaunchPlan
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("<!-- launch-plan-fields -->")[1].split("<!-- /launch-plan-fields -->")[0]
@@ -657,7 +657,7 @@ def test_the_readmes_launch_plan_table_lists_exactly_the_models_fields() -> None
 
 
 def test_the_readmes_run_document_table_lists_exactly_each_sections_fields() -> None:
-    from lustrain_core.steps import SECTIONS
+    from lustrain_core.document import SECTIONS
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("<!-- run-document-sections -->")[1].split("<!-- /run-document-sections -->")[0]

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
+from lustrain_core import aws_requests
 from lustrain_core.aws_errors import translate_aws_errors
+from lustrain_core.document import Job
 from lustrain_core.errors import AwsThrottled, AwsUnavailable
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import Job, job
 from lustrain_core.steps import filesystem as fs
+from lustrain_core.steps import job
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 
@@ -88,7 +90,7 @@ def test_the_file_system_samples_agree_with_the_directory_path_rule():
         document = load(name)
         described = document["filesystem"]
         mount_path = Job.from_document(document).spec.filesystem.mount_path
-        assert described["directory_path"] == fs.directory_path(described["mount_name"], mount_path)
+        assert described["directory_path"] == aws_requests.directory_path(described["mount_name"], mount_path)
     assert fs.poll_settings(load("check_filesystem")) == load("check_filesystem")["poll"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from aws_lambda_powertools.utilities.parser import ValidationError, parse
-from lustrain_core.steps import Job
+from lustrain_core.document import Job
 from lustrain_core.steps.events import TrainingJobStateChangeEvent, classify_failure
 from lustrain_core.steps.notify import summary
 

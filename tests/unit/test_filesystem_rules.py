@@ -10,10 +10,12 @@ from typing import Any
 import botocore.session
 import pytest
 from botocore.validate import ParamValidator
+from lustrain_core import aws_requests, launch_plan
 from lustrain_core.config import Settings
+from lustrain_core.document import Job, Network
 from lustrain_core.errors import SpecInvalid
+from lustrain_core.launch import job_of
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import Job, Network
 from lustrain_core.steps import filesystem as fs
 
 FSX = botocore.session.get_session().get_service_model("fsx")
@@ -33,7 +35,7 @@ def job_with(**sections: Any) -> Job:
     for key, value in sections.items():
         doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
     spec = validate_spec(doc)
-    return Job.of(spec, "gpt-0badc0de", SETTINGS)
+    return job_of(spec, "gpt-0badc0de", SETTINGS)
 
 
 def valid(operation: str, request: dict[str, Any]) -> None:
@@ -59,42 +61,42 @@ def only_error(exc: pytest.ExceptionInfo[SpecInvalid]) -> tuple[str, str]:
     ],
 )
 def test_directory_path_is_the_mount_name_then_the_mount_path(mount_path, expected):
-    assert fs.directory_path("abcdef12", mount_path) == expected
+    assert aws_requests.directory_path("abcdef12", mount_path) == expected
 
 
 # --- linking S3: what mount_path means for each deployment type ----------------------------------------
 
 
 def test_scratch_at_the_root_is_linked_with_import_path():
-    links = fs.link_for(job_with(filesystem={"mount_path": "/"}).spec, "gpt-0badc0de")
+    links = launch_plan.link_for(job_with(filesystem={"mount_path": "/"}).spec, "gpt-0badc0de")
     assert links.method == "import_path"
-    assert links.links == (fs.Link("/", "s3://datasets/pile-tokens/", "data"),)
+    assert links.links == (launch_plan.Link(path="/", s3_uri="s3://datasets/pile-tokens/", purpose="data"),)
     assert links.dra_links == ()
 
 
 def test_scratch_below_the_root_is_linked_by_an_association_at_mount_path():
-    links = fs.link_for(job_with().spec, "gpt-0badc0de")
+    links = launch_plan.link_for(job_with().spec, "gpt-0badc0de")
     assert links.method == "dra"
-    assert links.dra_links == (fs.Link("/data", "s3://datasets/pile-tokens/", "data"),)
+    assert links.dra_links == (launch_plan.Link(path="/data", s3_uri="s3://datasets/pile-tokens/", purpose="data"),)
 
 
 def test_persistent_is_always_linked_by_an_association_even_at_the_root():
-    links = fs.link_for(job_with(filesystem={"deployment_type": "persistent", "mount_path": "/"}).spec, "j")
+    links = launch_plan.link_for(job_with(filesystem={"deployment_type": "persistent", "mount_path": "/"}).spec, "j")
     assert links.method == "dra"
     assert links.dra_links[0].path == "/"
 
 
 def test_output_on_the_file_system_gets_its_own_export_link_per_job():
-    links = fs.link_for(
+    links = launch_plan.link_for(
         job_with(output={"to_filesystem": True, "expected_size_gib": 10}).spec, "gpt-0badc0de"
     )
     assert links.output_path == "/lustrain-output/gpt-0badc0de"
-    assert fs.Link("/lustrain-output/gpt-0badc0de", "s3://results/gpt/", "output") in links.dra_links
+    assert launch_plan.Link(path="/lustrain-output/gpt-0badc0de", s3_uri="s3://results/gpt/", purpose="output") in links.dra_links
 
 
 def test_output_on_the_file_system_with_data_at_the_root_is_refused_at_mount_path():
     with pytest.raises(SpecInvalid) as exc:
-        fs.link_for(job_with(filesystem={"mount_path": "/"}, output={"to_filesystem": True}).spec, "j")
+        launch_plan.link_for(job_with(filesystem={"mount_path": "/"}, output={"to_filesystem": True}).spec, "j")
     path, message = only_error(exc)
     assert path == "filesystem.mount_path"
     assert "only one" in message and "/data" in message
@@ -109,14 +111,14 @@ def test_a_mount_path_inside_the_output_area_is_refused():
         }
     )
     with pytest.raises(SpecInvalid) as exc:
-        fs.link_for(spec, "j")
+        launch_plan.link_for(spec, "j")
     path, message = only_error(exc)
     assert path == "filesystem.mount_path" and "/lustrain-output" in message
 
 
 def test_a_mount_path_climbing_out_with_dotdot_is_refused():
     with pytest.raises(SpecInvalid) as exc:
-        fs.link_for(job_with(filesystem={"mount_path": "/data/../etc"}).spec, "j")
+        launch_plan.link_for(job_with(filesystem={"mount_path": "/data/../etc"}).spec, "j")
     assert only_error(exc)[0] == "filesystem.mount_path"
 
 
@@ -125,7 +127,7 @@ def test_a_mount_path_climbing_out_with_dotdot_is_refused():
 
 def test_the_scratch_create_request_is_what_was_planned():
     job = job_with()
-    request = fs.create_request(job, NETWORK, SETTINGS)
+    request = aws_requests.file_system(job, NETWORK, SETTINGS)
     valid("CreateFileSystem", request)
     assert request["ClientRequestToken"] == "gpt-0badc0de"
     assert request["StorageCapacity"] == job.plan["filesystem"]["storage_gib"]
@@ -143,7 +145,7 @@ def test_the_scratch_create_request_is_what_was_planned():
 
 
 def test_the_scratch_import_path_request_imports_the_prefix_and_keeps_it_current():
-    request = fs.create_request(
+    request = aws_requests.file_system(
         job_with(filesystem={"mount_path": "/", "compression": "none"}), NETWORK, SETTINGS
     )
     valid("CreateFileSystem", request)
@@ -159,7 +161,7 @@ def test_the_scratch_import_path_request_imports_the_prefix_and_keeps_it_current
 
 def test_the_persistent_request_carries_the_planned_throughput():
     job = job_with(filesystem={"deployment_type": "persistent", "throughput_per_tib": 250})
-    request = fs.create_request(job, NETWORK, SETTINGS)
+    request = aws_requests.file_system(job, NETWORK, SETTINGS)
     valid("CreateFileSystem", request)
     assert request["LustreConfiguration"]["DeploymentType"] == "PERSISTENT_2"
     assert request["LustreConfiguration"]["PerUnitStorageThroughput"] == 250
@@ -168,9 +170,9 @@ def test_the_persistent_request_carries_the_planned_throughput():
 
 def test_the_data_link_imports_and_the_output_link_exports():
     job = job_with(output={"to_filesystem": True})
-    data, output = fs.link_for(job.spec, job.job_id).dra_links
-    data_request = fs.dra_request(job, "fs-0123456789abcdef0", data, SETTINGS)
-    output_request = fs.dra_request(job, "fs-0123456789abcdef0", output, SETTINGS)
+    data, output = job.launch.dra_links
+    data_request = aws_requests.data_repository_association(job, "fs-0123456789abcdef0", data, SETTINGS)
+    output_request = aws_requests.data_repository_association(job, "fs-0123456789abcdef0", output, SETTINGS)
     valid("CreateDataRepositoryAssociation", data_request)
     valid("CreateDataRepositoryAssociation", output_request)
     assert (data_request["FileSystemPath"], data_request["DataRepositoryPath"]) == (

@@ -21,10 +21,10 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lustrain_core.document import Job
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.planner import plan
 from lustrain_core.spec import JobSpec, load_spec, validate_spec
-from lustrain_core.steps import Job
 from lustrain_core.steps.events import parse_state_change
 from lustrain_core.steps.job import parse_start
 

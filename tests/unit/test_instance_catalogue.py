@@ -210,7 +210,10 @@ def test_the_shipped_file_parses_to_what_the_modules_hold() -> None:
 
 def test_local_nvme_and_the_health_check_follow_the_rows() -> None:
     from lustrain_core.steps.network import EFA_RULES, required_rules
-    from lustrain_core.steps.training import infra_check
+    from lustrain_core.launch_plan import instances_of
+
+    def infra_check(spec: Any) -> bool:
+        return instances_of(spec).infra_check
 
     assert INSTANCE_TYPES["ml.p6-b200.48xlarge"].local_nvme and not INSTANCE_TYPES["ml.m5.xlarge"].local_nvme
     assert infra_check(spec_for("ml.p5.48xlarge", 2)) and not infra_check(spec_for("ml.p5.48xlarge", 1))
@@ -224,7 +227,7 @@ import json, sys
 from lustrain_core.planner import plan
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps.network import EFA_RULES, required_rules
-from lustrain_core.steps.training import _resource_config, infra_check
+from lustrain_core.launch_plan import instances_of
 from lustrain_trainer import plan as trainer_plan
 
 spec = validate_spec({
@@ -235,8 +238,8 @@ spec = validate_spec({
 p = plan(spec)
 print(json.dumps({
     "efa": p.network.efa_interfaces, "ips": p.network.ips_per_instance, "quota": p.quota["quota_name"],
-    "compute_usd": p.cost.compute_usd, "resources": _resource_config(spec, "alias/k"),
-    "infra_check": infra_check(spec), "efa_rules": set(EFA_RULES) <= set(required_rules("ml.p5.4xlarge", 2)),
+    "compute_usd": p.cost.compute_usd, "resources": instances_of(spec).model_dump(),
+    "infra_check": instances_of(spec).infra_check, "efa_rules": set(EFA_RULES) <= set(required_rules("ml.p5.4xlarge", 2)),
     "peak": trainer_plan.peak_tflops("NVIDIA H100 80GB HBM3", "ml.p5.4xlarge"),
     "trainer_knows": "ml.p5.4xlarge" in trainer_plan.INSTANCES,
 }))
@@ -283,10 +286,8 @@ def test_adding_a_type_is_one_row(tmp_path: Path) -> None:
     assert out["efa"] == 1 and out["ips"] == 5
     assert out["quota"] == "ml.p5.4xlarge for training job usage"
     assert out["compute_usd"] == 2 * 12.5 * 1
-    assert out["resources"] == {
-        "InstanceType": "ml.p5.4xlarge",
-        "InstanceCount": 2,
-    }  # local NVMe: no volume key
+    assert out["resources"]["instance_type"] == "ml.p5.4xlarge" and out["resources"]["instance_count"] == 2
+    assert out["resources"]["volume_size_gib"] is None  # local NVMe: no volume key
     assert out["infra_check"] is False and out["efa_rules"] is True
     assert out["peak"] == 989.0 and out["trainer_knows"] is True
 

@@ -10,12 +10,13 @@ import regex
 from botocore.validate import ParamValidator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lustrain_core import limits
+from lustrain_core import aws_requests, launch_plan, limits
 from lustrain_core.config import Settings
+from lustrain_core.document import Code, Filesystem, Network, Run, Sections
 from lustrain_core.errors import SpecInvalid
-from lustrain_core.launch import PLACEHOLDER_GROUP, PLACEHOLDER_SUBNET, check_resumable, compile_offline
+from lustrain_core.launch import PLACEHOLDER_GROUP, PLACEHOLDER_SUBNET, compile_offline, job_of
+from lustrain_core.launch_plan import check_resumable
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import Code, Filesystem, Job, Network, Run, Sections, filesystem, network, training
 
 BASE = {
     "name": "gpt",
@@ -72,7 +73,7 @@ def test_a_tag_value_with_a_character_fsx_and_sagemaker_refuse_is_named(value):
 def test_each_run_checkpoints_under_its_own_job_id():
     spec = spec_with()
     _, first = compile_offline(spec)
-    other = Job.of(spec, "gpt-0badc0de")
+    other = job_of(spec, "gpt-0badc0de")
     assert first.checkpoint_s3_uri == "s3://bkt/out/gpt-00000000/checkpoints/"
     assert other.launch.checkpoint_s3_uri == "s3://bkt/out/gpt-0badc0de/checkpoints/"
 
@@ -127,18 +128,18 @@ def test_any_spec_the_compiler_accepts_makes_requests_aws_accepts(name, tags, hp
     except SpecInvalid:
         return
     settings_ = Settings()
-    job = Job.of(spec, launch.job_id, settings_)
+    job = job_of(spec, launch.job_id, settings_)
     net = Network(subnet_id=PLACEHOLDER_SUBNET, security_group_ids=[PLACEHOLDER_GROUP])
     run = Run(job, Sections(
         network=net,
         filesystem=Filesystem(file_system_id="fs-0123456789abcdef0", mount_name="abcdefgh"),
         code=Code(submit_directory="s3://artifacts/code/x/sourcedir.tar.gz"),
     ))
-    name_1 = training.training_job_name(spec.name, launch.job_id, 1)
+    name_1 = launch_plan.training_job_name(spec.name, launch.job_id, 1)
     requests = {
-        ("sagemaker", "CreateTrainingJob"): training.request_from(run, name_1, settings_),
-        ("fsx", "CreateFileSystem"): filesystem.create_request(job, net, settings_),
-        ("ec2", "CreateSecurityGroup"): network.security_group_request(job, "vpc-0123456789abcdef0"),
+        ("sagemaker", "CreateTrainingJob"): aws_requests.training_job(run, name_1, settings_),
+        ("fsx", "CreateFileSystem"): aws_requests.file_system(job, net, settings_),
+        ("ec2", "CreateSecurityGroup"): aws_requests.security_group(job, "vpc-0123456789abcdef0"),
     }
     for (service, operation), request in requests.items():
         report = ParamValidator().validate(request, limits.input_shape(service, operation))
@@ -157,7 +158,7 @@ def test_any_spec_the_compiler_accepts_makes_requests_aws_accepts(name, tags, hp
 
 def test_the_trainer_and_the_control_plane_name_the_run_variables_and_the_channel_alike():
     """lustrain_trainer ships alone to SageMaker and cannot import the core: the contract is held here."""
-    from lustrain_core import launch
+    from lustrain_core import launch_plan as launch
     from lustrain_trainer import checkpoint, trainer
 
     assert (launch.RUN_ID_VARIABLE, launch.RESUME_FROM_VARIABLE) == (checkpoint.RUN_ID_ENV, checkpoint.RESUME_FROM_ENV)

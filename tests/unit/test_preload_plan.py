@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from lustrain_core import limits, planner
+from lustrain_core import aws_requests, limits, planner
 from lustrain_core.config import Settings
+from lustrain_core.document import Code, Filesystem, Job, Network, Plan, Run, Sections
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.launch import compile_offline
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import Code, Filesystem, Job, Network, Plan, Run, Sections, preload
+from lustrain_core.steps import preload
 
 from lustrain.cli import render_plan
 
@@ -95,7 +96,7 @@ def test_the_launch_plan_decides_the_warm_up_job_and_its_request_passes_botocore
             code=Code(submit_directory="s3://bkt/code/"),
         ),
     )
-    request = preload.request_from(run, Settings())
+    request = aws_requests.preload_job(run, Settings())
     assert limits.problems("sagemaker", "CreateTrainingJob", request) == []
     # each ContainerEntrypoint item is at most 256 characters (botocore's model): the script fits
     assert all(len(item) <= 256 for item in request["AlgorithmSpecification"]["ContainerEntrypoint"])

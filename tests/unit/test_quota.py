@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 from lustrain_core.config import Settings
+from lustrain_core.document import Job
 from lustrain_core.errors import QuotaExceeded, SpecInvalid
 from lustrain_core.launch import registered
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import Job, quota
+from lustrain_core.steps import quota
 
 P4D = "ml.p4d.24xlarge for training job usage"
 P4D_SPOT = "ml.p4d.24xlarge for spot training job usage"

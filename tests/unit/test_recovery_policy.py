@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from lustrain_core import recovery
 from lustrain_core.config import Settings
+from lustrain_core.document import Attempt, Failure, Run, Sections
 from lustrain_core.errors import ALL_ERRORS
+from lustrain_core.launch import job_of
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import Attempt, Failure, Job, Run, Sections
 from lustrain_core.steps.attempts import decide, final_attempt, goodput
 from lustrain_core.steps.budget import attempt_budget, attempt_cost_usd, budget_limit
 from lustrain_core.steps.events import classify_failure
@@ -97,7 +98,7 @@ def run_of(error: str, **compute: object) -> Run:
             "budget": {"max_usd": 1000},
         }
     )
-    job = Job.of(spec, "gpt-0badc0de", data_gib=10)
+    job = job_of(spec, "gpt-0badc0de", data_gib=10)
     return Run(job, Sections(failure=Failure(Error=error, Cause="...")))
 
 

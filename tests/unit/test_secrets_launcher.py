@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from lustrain_core import planner, secrets_launcher
+from lustrain_core import launch_plan, planner, secrets_launcher
 from lustrain_core.spec import load_spec
-from lustrain_core.steps import code, training
+from lustrain_core.steps import code
 
 SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:gpt/hf-AbCdEf"
 PARAMETER = "arn:aws:ssm:us-east-1:123456789012:parameter/gpt/wandb"
@@ -150,13 +150,13 @@ def test_a_source_holding_the_launchers_name_is_refused():
 
 def test_with_secrets_sagemaker_runs_the_launcher_and_the_environment_holds_no_secret():
     spec = spec_with_secrets()
-    hps = training.hyperparameters(spec, "s3://b/k/sourcedir.tar.gz", "us-east-1")
+    hps = launch_plan.hyperparameters(spec, "s3://b/k/sourcedir.tar.gz", "us-east-1")
     assert json.loads(hps["sagemaker_program"]) == secrets_launcher.LAUNCHER_FILE
     assert (
-        json.loads(training.hyperparameters(load_spec(MINIMAL), "", "us-east-1")["sagemaker_program"])
+        json.loads(launch_plan.hyperparameters(load_spec(MINIMAL), "", "us-east-1")["sagemaker_program"])
         == "train.py"
     )
-    shown = json.dumps([hps, training.environment(spec)])
+    shown = json.dumps([hps, launch_plan.environment(spec)])
     assert "HF_TOKEN" not in shown and "the-secret-value" not in shown
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from lustrain_core.errors import SpecInvalid
-from lustrain_core.launch import checkpoint_location
+from lustrain_core.launch_plan import checkpoint_location
 from lustrain_core.spec import MAX_SPEC_BYTES, json_schema, load_spec
 
 MINIMAL = "name: gpt\ndata: {s3_uri: s3://bkt/data/}\noutput: {s3_uri: s3://bkt/out/}\n"

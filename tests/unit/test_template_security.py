@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lustrain_core.aws_requests import file_system as create_request
 from lustrain_core.config import Settings
-from lustrain_core.steps import Job, Network, network
-from lustrain_core.steps.filesystem import create_request
+from lustrain_core.document import Job, Network
+from lustrain_core.steps import network
 from lustrain_core.steps.training import build_training_request, training_job_name
 
 from lustrain.twin.cfn import load_template

@@ -324,3 +324,34 @@ def test_a_run_registered_before_the_archive_path_still_writes_to_its_results_lo
         "S3OutputPath": f"s3://my-team-results/gpt-small/{doc['job']['job_id']}/",
         "CompressionType": "GZIP",
     }
+
+
+def test_a_run_registered_before_the_launch_plan_held_its_instances_sends_the_same_request():
+    """A run recorded by the release before (its launch plan without `instances`, its model's location null, its
+    warm-up without an output) still running at a deploy: the missing decisions are made by the launch plan's own
+    functions, and its next attempt's request is what the run registered now would send (less the model's
+    location, which was then the results location)."""
+    now = document({"compute": {"instance_type": "ml.m5.xlarge", "instance_count": 2}})
+    before = copy.deepcopy(now)
+    del before["job"]["launch"]["instances"]
+    before["job"]["launch"]["model_output_s3_uri"] = None
+    sent_now = build_training_request(now, training_job_name="gpt-small-5ed4fdf7-1", settings=SETTINGS)
+    sent_before = build_training_request(before, training_job_name="gpt-small-5ed4fdf7-1", settings=SETTINGS)
+    assert sent_before["ResourceConfig"] == sent_now["ResourceConfig"]
+    assert sent_before["ResourceConfig"]["VolumeSizeInGB"] >= 30  # no local NVMe on m5: a volume
+    assert sent_before["OutputDataConfig"]["S3OutputPath"] == f"{now['job']['spec']['output']['s3_uri'].rstrip('/')}/{now['job']['job_id']}/"
+    sent_before["OutputDataConfig"] = sent_now["OutputDataConfig"]
+    assert sent_before == sent_now
+
+
+def test_a_warm_up_recorded_before_it_held_its_output_location_still_gets_one():
+    from lustrain_core import aws_requests
+    from lustrain_core.document import Run
+
+    now = document({"data": {"preload": True}})
+    before = copy.deepcopy(now)
+    del before["job"]["launch"]["preload"]["output_s3_uri"]
+    sent_now = aws_requests.preload_job(Run.parse(now, "network", "filesystem"), SETTINGS)
+    sent_before = aws_requests.preload_job(Run.parse(before, "network", "filesystem"), SETTINGS)
+    assert sent_before == sent_now
+    assert sent_now["OutputDataConfig"]["S3OutputPath"].endswith(f"/{now['job']['job_id']}/warmup/")

@@ -1,7 +1,7 @@
 """The archive of a completed training job: its results gathered under s3://<artifacts>/<ARCHIVE_PREFIX><job id>/.
 
     jobs/<training job>/output/  what SageMaker uploaded there itself (OutputDataConfig.S3OutputPath is
-                                 training.model_output_path): model.tar.gz and output.tar.gz (CompressionType
+                                 launch_plan.model_output_path): model.tar.gz and output.tar.gz (CompressionType
                                  GZIP), or the files of /opt/ml/model under model/ and of /opt/ml/output/data
                                  under data/ (NONE)
     describe_training_job.json   the job's DescribeTrainingJob (datetimes as ISO 8601)
@@ -45,8 +45,6 @@ from lustrain_core.steps.records import now_iso
 MANIFEST = "manifest.json"
 DESCRIPTION = "describe_training_job.json"
 FINAL_METRICS = "final_metrics.json"
-#: where under the run's archive SageMaker uploads each training job's output (training.model_output_path)
-JOBS_DIR = "jobs/"
 #: S3's checksum algorithms, in the order the manifest prefers one when an object has several
 CHECKSUMS = ("CRC64NVME", "SHA256", "SHA1", "CRC32C", "CRC32")
 #: HeadObject calls made at once for a model of many files (an uncompressed model)

@@ -36,9 +36,11 @@ from typing import Any
 
 from lustrain_core import recovery
 from lustrain_core.config import Settings
-from lustrain_core.steps import Attempt, Recovery, Run, exports, records
+from lustrain_core.document import Attempt, Recovery, Run
+from lustrain_core.launch_plan import training_job_name
+from lustrain_core.steps import exports, records
 from lustrain_core.steps.budget import MIN_RUNTIME_SECONDS, attempt_budget, attempt_cost_usd, billed_seconds
-from lustrain_core.steps.training import describe_training_job, training_job_name
+from lustrain_core.steps.training import describe_training_job
 
 #: the stack's ceiling on the wait between two attempts (seconds); unset: the policy's waits as they are
 WAIT_MAX_SETTING = "LUSTRAIN_ATTEMPT_WAIT_MAX_SECONDS"

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lustrain_core.config import Settings
+from lustrain_core.document import Run
 from lustrain_core.prices import PriceTable
-from lustrain_core.steps import Run
 from lustrain_core.steps.policy import MAX_BUDGET, Policy
 
 #: An attempt the budget leaves less training time than this is not started: it would pay for the start of a
@@ -54,7 +54,9 @@ def attempt_cost_usd(run: Run, billable_seconds: int, prices: PriceTable | None 
     """What one attempt's instances cost: its billable seconds (SageMaker's, spot savings included) at the list
     price of the instance type."""
     compute = run.job.spec.compute
-    billed = (prices or PriceTable()).billed_compute_usd(compute.instance_type, compute.instance_count, billable_seconds)
+    billed = (prices or PriceTable()).billed_compute_usd(
+        compute.instance_type, compute.instance_count, billable_seconds
+    )
     return billed if billed is not None else 0.0
 
 

@@ -34,9 +34,9 @@ from botocore.exceptions import ClientError
 from lustrain_core import secrets_launcher
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
+from lustrain_core.document import Code, MetricDefinition, Run
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
 from lustrain_core.spec import JobSpec
-from lustrain_core.steps import Code, MetricDefinition, Run
 from lustrain_core.steps.job import split_s3_uri
 
 BUNDLE_NAME = "sourcedir.tar.gz"

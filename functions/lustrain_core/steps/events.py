@@ -46,6 +46,7 @@ from lustrain_core import recovery
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import EventInvalid, LustrainError
+from lustrain_core.launch_plan import training_job_name
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
@@ -55,7 +56,6 @@ from lustrain_core.steps.training import (
     describe_training_job,
     get_token_item,
     token_key,
-    training_job_name,
 )
 
 DETAIL_TYPE = "SageMaker Training Job State Change"

@@ -23,7 +23,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import error_code
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
 
 #: which export a task is: "teardown", or "attempt-<n>" for the end of attempt n
 EXPORT_TAG = "lustrain:export"

@@ -37,7 +37,7 @@ Checkpoints on the file system (checkpoints.to_filesystem)
 The trainer writes its sharded checkpoints under CHECKPOINT_ROOT/<job id> (`checkpoint_path`), a read-write
 channel (SM_CHANNEL_CHECKPOINTS), instead of /opt/ml/checkpoints and SageMaker's checkpoint sync: a checkpoint's
 burst lands at Lustre's throughput, not S3's upload pace. A third DRA links that path to the run's checkpoint
-prefix (launch.checkpoint_location) with neither AutoImport nor AutoExport: nothing travels to S3 while the job
+prefix (launch_plan.checkpoint_location) with neither AutoImport nor AutoExport: nothing travels to S3 while the job
 trains. The checkpoints reach S3 by EXPORT_TO_REPOSITORY tasks over that path: next_attempt starts one when an
 attempt ends (steps/attempts.py), and teardown runs one and waits for it to succeed before the file system is
 deleted (`export_on_teardown` lists both paths). A later attempt of the run mounts the same directory and resumes
@@ -47,6 +47,10 @@ The links are created by check_filesystem once the file system is AVAILABLE (FSx
 `lifecycle` is AVAILABLE only when the file system and each link are; meanwhile it reads CREATING, and
 `file_system_lifecycle` and `links` say which part is pending.
 
+Where each path goes and to which prefix it links is the launch plan's decision (launch_plan.link_for, recorded as
+$.job.launch's links, output_path and checkpoint_path); CreateFileSystem and CreateDataRepositoryAssociation are
+built from it by aws_requests (LUSTRE_VERSION lives there, OUTPUT_ROOT and CHECKPOINT_ROOT in launch_plan).
+
 Reusing a file system (filesystem.file_system_id) creates none and never records it, so teardown never deletes it:
 it must exist, be a Lustre file system that is AVAILABLE, sit in the job's VPC, and have a DRA or ImportPath that
 covers data.s3_uri at mount_path.
@@ -54,44 +58,20 @@ covers data.s3_uri at mount_path.
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
-from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import aws_requests
+from lustrain_core.aws_requests import directory_path
 from lustrain_core.config import Settings
-from lustrain_core.errors import FileSystemFailed, SpecInvalid
-from lustrain_core.spec import JobSpec
-from lustrain_core.steps import (
-    TAG_CREATED_BY,
-    TAG_JOB_ID,
-    Filesystem,
-    Job,
-    LinkState,
-    Network,
-    Poll,
-    Run,
-    Sections,
-    records,
-    tag_dict,
-)
+from lustrain_core.document import Filesystem, Job, LinkState, Network, Poll, Run, Sections
+from lustrain_core.errors import FileSystemFailed
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, norm_path, s3_prefix, tag_dict
+from lustrain_core.steps import preload, records
 
-#: Where a job's output lives on a file system when output.to_filesystem is true (one directory per job).
-OUTPUT_ROOT = "/lustrain-output"
-#: Where a job's checkpoints live on a file system when checkpoints.to_filesystem is true (one directory per job).
-CHECKPOINT_ROOT = "/lustrain-checkpoints"
-#: FileSystemTypeVersion of every file system lustrain creates (left out, FSx makes SCRATCH_2 a Lustre 2.10)
-LUSTRE_VERSION = "2.15"
 FAILED_LIFECYCLES = frozenset({"FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"})
-ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
-#: the stack's KMS key (optional), the same setting start_training reads for the job's output and volume
-KMS_KEY_SETTING = "LUSTRAIN_KMS_KEY_ID"
-
-#: On a file system the spec keeps (filesystem.keep), so that a sweep of a run whose record is gone keeps it too.
-TAG_KEEP = "lustrain:keep"
-
 #: the first look after CreateFileSystem waits the creation time to expect (initial_seconds), every later look
 #: max_seconds after the one before: a file system ready after the first look is noticed within max_seconds
 DEFAULT_POLL = {"initial_seconds": 480, "max_seconds": 30, "max_polls": 240}
@@ -99,187 +79,6 @@ DEFAULT_POLL = {"initial_seconds": 480, "max_seconds": 30, "max_polls": 240}
 #: (10 s of 30): a new association is AVAILABLE once its metadata import ends, seconds for a small prefix; a long
 #: import is then looked at every max_seconds
 LINK_FIRST_LOOK_SHARE = 3
-
-
-def directory_path(mount_name: str, mount_path: str) -> str:
-    """SageMaker's FileSystemDataSource DirectoryPath for a path inside a Lustre file system: /<MountName><path>."""
-    inside = mount_path.rstrip("/")
-    return f"/{mount_name}{inside}"
-
-
-def output_path(job_id: str) -> str:
-    return f"{OUTPUT_ROOT}/{job_id}"
-
-
-def checkpoint_path(job_id: str) -> str:
-    return f"{CHECKPOINT_ROOT}/{job_id}"
-
-
-def _norm(path: str) -> str:
-    return path.rstrip("/") or "/"
-
-
-def _prefix(uri: str) -> str:
-    return uri if uri.endswith("/") else uri + "/"
-
-
-def _overlaps(a: str, b: str) -> bool:
-    a, b = _norm(a), _norm(b)
-    return a == b or a == "/" or b == "/" or a.startswith(b + "/") or b.startswith(a + "/")
-
-
-@dataclass(frozen=True)
-class Link:
-    """One S3 link of the file system: a DRA at `path`, or the ImportPath (then `path` is "/")."""
-
-    path: str
-    s3_uri: str
-    purpose: str  # "data" | "output" | "checkpoints"
-
-
-@dataclass(frozen=True)
-class LinkPlan:
-    method: str  # "import_path" | "dra"
-    links: tuple[Link, ...]
-    output_path: str | None
-    checkpoint_path: str | None = None
-
-    @property
-    def dra_links(self) -> tuple[Link, ...]:
-        return tuple(link for link in self.links if self.method == "dra" or link.purpose != "data")
-
-    @property
-    def export_paths(self) -> list[str]:
-        """The paths whose files reach S3 only by an export (output and checkpoints written to Lustre)."""
-        return [path for path in (self.output_path, self.checkpoint_path) if path]
-
-
-def link_for(spec: JobSpec, job_id: str) -> LinkPlan:
-    """How this spec's file system is linked to S3; SpecInvalid when mount_path cannot hold."""
-    mount = _norm(spec.filesystem.mount_path)
-    if ".." in mount.split("/") or "//" in spec.filesystem.mount_path:
-        raise SpecInvalid.one(
-            "filesystem.mount_path",
-            spec.filesystem.mount_path,
-            "a plain absolute path like /data, without .. or //",
-        )
-    out = output_path(job_id) if spec.output.to_filesystem else None
-    if out is not None:
-        _check_room_beside(spec, mount, OUTPUT_ROOT, "output.to_filesystem", "output")
-    ckpt = _checkpoint_link(spec, job_id, mount)
-    links = [Link(mount, spec.data.s3_uri, "data")]
-    if out is not None:
-        links.append(Link(out, spec.output.s3_uri, "output"))
-    if ckpt is not None:
-        links.append(ckpt)
-    scratch_at_root = (
-        spec.filesystem.deployment_type == "scratch" and mount == "/" and out is None and ckpt is None
-    )
-    return LinkPlan(
-        "import_path" if scratch_at_root else "dra",
-        tuple(links),
-        out,
-        ckpt.path if ckpt is not None else None,
-    )
-
-
-def _check_room_beside(spec: JobSpec, mount: str, root: str, field: str, what: str) -> None:
-    """A second link (`field`, writing `what` under `root`) needs the data's link off "/" and clear of `root`."""
-    if mount == "/":
-        raise SpecInvalid.one(
-            "filesystem.mount_path",
-            spec.filesystem.mount_path,
-            f'a link at "/" must be the file system\'s only one, and {field} needs a second for the {what}: use '
-            "a mount_path like /data",
-        )
-    if _overlaps(mount, root):
-        raise SpecInvalid.one(
-            "filesystem.mount_path",
-            spec.filesystem.mount_path,
-            f"{root} is where lustrain writes {what} on the file system: choose another path",
-        )
-
-
-def _checkpoint_link(spec: JobSpec, job_id: str, mount: str) -> Link | None:
-    """The DRA of checkpoints.to_filesystem: the run's checkpoint directory <-> its checkpoint prefix in S3."""
-    if not spec.checkpoints.to_filesystem:
-        return None
-    from lustrain_core.launch import checkpoint_location
-
-    field = "checkpoints.to_filesystem"
-    _check_room_beside(spec, mount, CHECKPOINT_ROOT, field, "checkpoints")
-    s3_uri = checkpoint_location(spec, job_id)
-    if spec.output.to_filesystem and _s3_overlaps(s3_uri, spec.output.s3_uri):
-        # each DRA of a file system links its own S3 prefix (CreateDataRepositoryAssociation's API reference:
-        # "a unique S3 bucket or prefix"); the output's link would hold the checkpoints' prefix inside its own
-        raise SpecInvalid.one(
-            field,
-            True,
-            f"with output.to_filesystem the checkpoints need a prefix of their own, outside output.s3_uri "
-            f"{spec.output.s3_uri}: set checkpoints.s3_uri (for example s3://<bucket>/checkpoints/)",
-        )
-    return Link(checkpoint_path(job_id), s3_uri, "checkpoints")
-
-
-def _s3_overlaps(a: str, b: str) -> bool:
-    a, b = _prefix(a), _prefix(b)
-    return a.startswith(b) or b.startswith(a)
-
-
-def create_request(job: Job, network: Network, settings: Settings) -> dict[str, Any]:
-    """The CreateFileSystem request of a run's file system, as planned."""
-    planned = job.planned.filesystem
-    kind = planned.deployment_type
-    links = link_for(job.spec, job.job_id)
-    lustre: dict[str, Any] = {
-        "DeploymentType": kind,
-        "DataCompressionType": "LZ4" if job.spec.filesystem.compression == "lz4" else "NONE",
-    }
-    if kind == "PERSISTENT_2":
-        lustre["PerUnitStorageThroughput"] = int(planned.per_unit_storage_throughput or 0)
-    tags = job.tags("filesystem")
-    if job.spec.filesystem.keep:
-        tags.append({"Key": TAG_KEEP, "Value": "true"})
-    request: dict[str, Any] = {
-        "ClientRequestToken": job.job_id,
-        "FileSystemType": "LUSTRE",
-        "StorageCapacity": int(planned.storage_gib or 0),
-        "StorageType": "SSD",
-        "FileSystemTypeVersion": LUSTRE_VERSION,
-        "SubnetIds": [network.subnet_id],
-        "SecurityGroupIds": list(network.security_group_ids),
-        "Tags": tags,
-        "LustreConfiguration": lustre,
-    }
-    kms_key_id = settings.extra.get(KMS_KEY_SETTING, "").strip()
-    if kms_key_id and kind.startswith("PERSISTENT"):
-        # FSx takes a customer key on persistent file systems only; scratch ones use an FSx-managed key
-        request["KmsKeyId"] = kms_key_id
-    if links.method == "import_path":
-        lustre["ImportPath"] = job.spec.data.s3_uri
-        lustre["AutoImportPolicy"] = "NEW_CHANGED_DELETED"
-    return request
-
-
-def dra_request(job: Job, file_system_id: str, link: Link, settings: Settings) -> dict[str, Any]:
-    """CreateDataRepositoryAssociation for one link: data is imported (and kept current), output exported."""
-    s3: dict[str, Any] = {"AutoImportPolicy": {"Events": ALL_EVENTS}}
-    if link.purpose == "output":
-        s3 = {"AutoExportPolicy": {"Events": ALL_EVENTS}}
-    if link.purpose == "checkpoints":
-        # neither way automatically: a checkpoint burst must not turn into S3 traffic while the job trains; the
-        # exports (EXPORT_TO_REPOSITORY) send them at the end of each attempt and before the file system goes
-        s3 = {"AutoImportPolicy": {"Events": []}, "AutoExportPolicy": {"Events": []}}
-    token = hashlib.sha256(f"{job.job_id}:{file_system_id}:{link.path}".encode()).hexdigest()[:32]
-    return {
-        "FileSystemId": file_system_id,
-        "FileSystemPath": link.path,
-        "DataRepositoryPath": link.s3_uri,
-        "BatchImportMetaDataOnCreate": link.purpose == "data",
-        "S3": s3,
-        "ClientRequestToken": token,
-        "Tags": job.tags(f"link_{link.purpose}"),
-    }
 
 
 def poll_settings(document: dict[str, Any]) -> dict[str, int]:
@@ -345,7 +144,7 @@ def _failure(fs: dict[str, Any]) -> str:
 
 def data_location(fs: dict[str, Any], dras: list[dict[str, Any]], data_s3_uri: str) -> str | None:
     """Where data.s3_uri appears inside a file system through its DRAs or ImportPath, or None."""
-    want = _prefix(data_s3_uri)
+    want = s3_prefix(data_s3_uri)
     linked = [
         (d["DataRepositoryPath"], d.get("FileSystemPath", "/"))
         for d in dras
@@ -355,9 +154,9 @@ def data_location(fs: dict[str, Any], dras: list[dict[str, Any]], data_s3_uri: s
     if import_path:
         linked.append((import_path, "/"))
     for repo, fs_path in linked:
-        if want.startswith(_prefix(repo)):
-            rest = want[len(_prefix(repo)) :].rstrip("/")
-            return _norm(posixpath.join(fs_path, rest)) if rest else _norm(fs_path)
+        if want.startswith(s3_prefix(repo)):
+            rest = want[len(s3_prefix(repo)) :].rstrip("/")
+            return norm_path(posixpath.join(fs_path, rest)) if rest else norm_path(fs_path)
     return None
 
 
@@ -396,7 +195,7 @@ def validate_reuse(fsx: Any, job: Job, network: Network) -> dict[str, Any]:
             f"--data-repository-path {job.spec.data.s3_uri}) or reuse another file system",
             file_system_id=fs_id,
         )
-    if where != _norm(job.spec.filesystem.mount_path):
+    if where != norm_path(job.spec.filesystem.mount_path):
         raise FileSystemFailed(
             f"filesystem.mount_path: data.s3_uri appears at {where} on {fs_id}, not at "
             f"{job.spec.filesystem.mount_path}: set filesystem.mount_path: {where}",
@@ -419,8 +218,8 @@ def _result(
     ready: bool,
 ) -> Filesystem:
     mount = _mount_name(fs)
-    out = output_path(job.job_id) if job.spec.output.to_filesystem else None
-    ckpt = checkpoint_path(job.job_id) if job.spec.checkpoints.to_filesystem else None
+    out = job.launch.output_path
+    ckpt = job.launch.checkpoint_path
     return Filesystem(
         file_system_id=fs["FileSystemId"],
         lifecycle="AVAILABLE"
@@ -430,7 +229,7 @@ def _result(
         ready=ready,
         dns_name=fs.get("DNSName"),
         mount_name=mount,
-        directory_path=directory_path(mount, job.spec.filesystem.mount_path) if mount else None,
+        directory_path=directory_path(mount, job.launch.data_path) if mount else None,
         output_path=out,
         output_directory_path=directory_path(mount, out) if mount and out else None,
         checkpoint_path=ckpt,
@@ -450,7 +249,7 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
     records.require(ddb, settings.jobs_table, job.job_id)
     network = run.network
     poll = poll_settings(document)
-    links = link_for(job.spec, job.job_id)
+    links = job.launch
     if job.spec.filesystem.file_system_id:
         fs = validate_reuse(fsx, job, network)
         if links.export_paths:
@@ -472,7 +271,7 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
     if live:
         fs = live[0]
     else:
-        fs = fsx.create_file_system(**create_request(job, network, settings))["FileSystem"]
+        fs = fsx.create_file_system(**aws_requests.file_system(job, network, settings))["FileSystem"]
     records.add_resources(
         ddb, settings.jobs_table, job.job_id, [{"type": "file_system", "id": fs["FileSystemId"]}]
     )
@@ -500,7 +299,7 @@ def _note_export(ddb: Any, settings: Settings, job: Job, file_system_id: str, pa
 
 def ensure_links(fsx: Any, ddb: Any, settings: Settings, job: Job, fs: dict[str, Any]) -> list[LinkState]:
     """Create the DRAs the run needs on an AVAILABLE file system (once) and report each one's lifecycle."""
-    plan = link_for(job.spec, job.job_id)
+    plan = job.launch
     wanted = (
         plan.dra_links
         if job.spec.filesystem.file_system_id is None
@@ -510,18 +309,18 @@ def ensure_links(fsx: Any, ddb: Any, settings: Settings, job: Job, fs: dict[str,
         return []
     fs_id = fs["FileSystemId"]
     current = {
-        _norm(d.get("FileSystemPath", "/")): d
+        norm_path(d.get("FileSystemPath", "/")): d
         for d in associations(fsx, fs_id)
         if d.get("Lifecycle") != "DELETING"
     }
     states = []
     for link in wanted:
-        dra = current.get(_norm(link.path))
+        dra = current.get(norm_path(link.path))
         if dra is None:
-            dra = fsx.create_data_repository_association(**dra_request(job, fs_id, link, settings))[
-                "Association"
-            ]
-        elif _prefix(dra["DataRepositoryPath"]) != _prefix(link.s3_uri):
+            dra = fsx.create_data_repository_association(
+                **aws_requests.data_repository_association(job, fs_id, link, settings)
+            )["Association"]
+        elif s3_prefix(dra["DataRepositoryPath"]) != s3_prefix(link.s3_uri):
             raise FileSystemFailed(
                 f"{fs_id} already links {link.path} to {dra['DataRepositoryPath']}, not {link.s3_uri}",
                 file_system_id=fs_id,
@@ -609,8 +408,6 @@ def check_filesystem(
         wait = max(1, wait // LINK_FIRST_LOOK_SHARE)
     preloading = False
     if ready and job.launch.preload is not None:
-        from lustrain_core.steps import preload
-
         warm = Run.parse(document, "filesystem", "network")
         state, wait = preload.advance(
             warm, sagemaker=sagemaker, ddb=ddb, settings=settings, sts=sts, polls=polls, poll=poll

@@ -33,7 +33,7 @@ from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEve
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lustrain_core import launch, planner
+from lustrain_core import launch, launch_plan, planner
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
@@ -89,7 +89,9 @@ class SpecSource:
 def parse_start(event: dict[str, Any]) -> SpecSource:
     """The execution input, whichever way the run was started."""
     if not isinstance(event, dict):
-        raise SpecInvalid.one("", event, "a run starts from a JSON object: an S3 event, {spec} or {spec_s3_uri}")
+        raise SpecInvalid.one(
+            "", event, "a run starts from a JSON object: an S3 event, {spec} or {spec_s3_uri}"
+        )
     if isinstance(event.get("input"), dict):
         event = {**event["input"], "execution": event.get("execution")}
     if "detail-type" in event:
@@ -113,7 +115,9 @@ def parse_start(event: dict[str, Any]) -> SpecSource:
         fingerprint = obj.etag or obj.version_id
         if not fingerprint:
             raise SpecInvalid.one(
-                "detail.object.etag", MISSING, "the dropped object's ETag (or its version-id), as S3 sends them"
+                "detail.object.etag",
+                MISSING,
+                "the dropped object's ETag (or its version-id), as S3 sends them",
             )
         return SpecSource(
             kind="s3-event",
@@ -237,7 +241,9 @@ def _listing(s3: Any, uri: str, field: str, what: str, max_keys: int = 1) -> lis
     except ClientError as exc:
         if error_code(exc) in {"NoSuchBucket", "AccessDenied", "AllAccessDisabled", "PermanentRedirect"}:
             raise SpecInvalid.one(
-                field, uri, f"{what} cannot be listed by the stack ({explained(exc)}); check the bucket and its policy"
+                field,
+                uri,
+                f"{what} cannot be listed by the stack ({explained(exc)}); check the bucket and its policy",
             ) from None
         raise
 
@@ -248,22 +254,28 @@ def check_locations(s3: Any, spec: JobSpec) -> None:
     buckets the run writes to (output, checkpoints) exist and can be reached. Which prefixes the stack may write is
     its AllowedOutputPrefixes (Policy.check_spec), from which the training role's grants are made."""
     if spec.data.size_gib is not None and not _listing(s3, spec.data.s3_uri, "data.s3_uri", "the data"):
-        raise SpecInvalid.one("data.s3_uri", spec.data.s3_uri, "no objects under this prefix: upload the data or fix the URI")
+        raise SpecInvalid.one(
+            "data.s3_uri", spec.data.s3_uri, "no objects under this prefix: upload the data or fix the URI"
+        )
     source = spec.code.source
     if not _listing(s3, source, "code.source", "the code"):
-        raise SpecInvalid.one("code.source", source, "no objects under this prefix: upload the code or fix the URI")
+        raise SpecInvalid.one(
+            "code.source", source, "no objects under this prefix: upload the code or fix the URI"
+        )
     entry = source.rstrip("/") + "/" + spec.code.entry_point
     key = split_s3_uri(entry, "code.source")[1]
     if not any(o["Key"] == key for o in _listing(s3, entry, "code.source", "the code")):
         raise SpecInvalid.one(
-            "code.entry_point", spec.code.entry_point, f"not found under code.source {source}: the script SageMaker runs"
+            "code.entry_point",
+            spec.code.entry_point,
+            f"not found under code.source {source}: the script SageMaker runs",
         )
     _listing(s3, spec.output.s3_uri, "output.s3_uri", "the output location", max_keys=0)
     if spec.checkpoints.s3_uri:
         _listing(s3, spec.checkpoints.s3_uri, "checkpoints.s3_uri", "the checkpoint location", max_keys=0)
 
 
-def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch.Resume | None:
+def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch_plan.Resume | None:
     """The checkpoint checkpoints.resume_from names, checked against the spec's model before anything exists."""
     ref = spec.checkpoints.resume_from
     if ref is None:
@@ -274,33 +286,45 @@ def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch.
     else:
         earlier = records.get(ddb, settings.jobs_table, ref)
         if earlier is None or "launch" not in earlier:
-            raise SpecInvalid.one(field, ref, "no run with this job id in this stack (give the s3:// prefix instead)")
+            raise SpecInvalid.one(
+                field, ref, "no run with this job id in this stack (give the s3:// prefix instead)"
+            )
         prefix = str(earlier["launch"]["checkpoint_s3_uri"])
     steps = []
     bucket, key_prefix = split_s3_uri(prefix, field)
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key_prefix):
             for obj in page.get("Contents", []):
-                match = launch.MANIFEST_NAME.fullmatch(obj["Key"][len(key_prefix) :])
+                match = launch_plan.MANIFEST_NAME.fullmatch(obj["Key"][len(key_prefix) :])
                 if match:
                     steps.append((int(match[1]), str(obj["Key"])))
         if not steps:
             raise SpecInvalid.one(
-                field, ref, f"no checkpoint under {prefix} (lustrain's trainer commits each checkpoint with its manifest step-N.json)"
+                field,
+                ref,
+                f"no checkpoint under {prefix} (lustrain's trainer commits each checkpoint with its manifest step-N.json)",
             )
         step, key = max(steps)
-        manifest = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read(launch.MAX_MANIFEST_BYTES))
+        manifest = json.loads(
+            s3.get_object(Bucket=bucket, Key=key)["Body"].read(launch_plan.MAX_MANIFEST_BYTES)
+        )
     except ClientError as exc:
         if error_code(exc) in {"NoSuchBucket", "NoSuchKey", "AccessDenied"}:
-            raise SpecInvalid.one(field, ref, f"the checkpoint cannot be read by the stack ({explained(exc)})") from None
+            raise SpecInvalid.one(
+                field, ref, f"the checkpoint cannot be read by the stack ({explained(exc)})"
+            ) from None
         raise
     except ValueError:
-        raise SpecInvalid.one(field, ref, f"s3://{bucket}/{key} is not a checkpoint manifest (JSON)") from None
-    launch.check_resumable(spec, manifest, f"s3://{bucket}/{key}")
-    return launch.Resume(s3_uri=f"s3://{bucket}/{key.removesuffix('.json')}", step=step, run=manifest.get("run"))
+        raise SpecInvalid.one(
+            field, ref, f"s3://{bucket}/{key} is not a checkpoint manifest (JSON)"
+        ) from None
+    launch_plan.check_resumable(spec, manifest, f"s3://{bucket}/{key}")
+    return launch_plan.Resume(
+        s3_uri=f"s3://{bucket}/{key.removesuffix('.json')}", step=step, run=manifest.get("run")
+    )
 
 
-def check_zones(ec2: Any, spec: JobSpec, training_plan: launch.TrainingPlan | None = None) -> None:
+def check_zones(ec2: Any, spec: JobSpec, training_plan: launch_plan.TrainingPlan | None = None) -> None:
     """A new network's zone, before anything exists: network.availability_zone names available zones that offer
     compute.instance_type, and the training plan's zone if the run has one (steps/zones.py; a given subnet's zone
     is checked by create_network)."""
@@ -337,7 +361,9 @@ def register_job(
         data_gib, extension_bytes = measure_data(s3, spec.data.s3_uri)
     plan = planner.plan(spec, data_gib=data_gib, extension_bytes=extension_bytes).to_dict()
     policy.check_plan(plan)
-    compiled = launch.compile_launch(spec, job_id, settings, plan, resume, training_plan).model_dump(mode="json")
+    compiled = launch.compile_launch(
+        spec, job_id, settings, plan, launch_plan.Found(resume=resume, training_plan=training_plan)
+    ).model_dump(mode="json")
 
     normalised = spec.model_dump(mode="json")
     size = len(json.dumps(normalised)) + len(json.dumps(plan)) + len(json.dumps(compiled))

@@ -41,22 +41,15 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import aws_requests
 from lustrain_core.aws_errors import error_code
+from lustrain_core.aws_requests import inter_container_encryption, tag_spec
 from lustrain_core.config import Settings
+from lustrain_core.document import Job, Network, Resource, Run
 from lustrain_core.errors import NetworkInvalid, SpecInvalid
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
 from lustrain_core.prices import INSTANCE_TYPES
-from lustrain_core.steps import (
-    TAG_CREATED_BY,
-    TAG_JOB_ID,
-    Job,
-    Network,
-    Resource,
-    Run,
-    records,
-    warm_pool,
-    zones,
-)
-from lustrain_core.steps.training import inter_container_encryption
+from lustrain_core.steps import records, warm_pool, zones
 
 LUSTRE_PORT_RANGES = ((988, 988), (1018, 1023))
 HTTPS = 443
@@ -184,20 +177,6 @@ def _tag_filters(job_id: str, stack_name: str) -> list[dict[str, Any]]:
     ]
 
 
-def tag_spec(job: Job, resource: str, resource_type: str) -> list[dict[str, Any]]:
-    return [{"ResourceType": resource_type, "Tags": job.tags(resource)}]
-
-
-def security_group_request(job: Job, vpc_id: str) -> dict[str, Any]:
-    """CreateSecurityGroup of the run's group (its name from the launch plan)."""
-    return {
-        "GroupName": job.launch.names.security_group,
-        "Description": f"lustrain {job.job_id}: EFA and Lustre between the training instances and the file system",
-        "VpcId": vpc_id,
-        "TagSpecifications": tag_spec(job, "security_group", "security-group"),
-    }
-
-
 def _zone_choices(ec2: Any, job: Job) -> list[zones.Zone]:
     plan = job.launch.training_plan
     return zones.zone_choices(
@@ -311,9 +290,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
     if vpcs:
         vpc_id = vpcs[0]["VpcId"]
     else:
-        vpc_id = ec2.create_vpc(CidrBlock=str(net.vpc_cidr), TagSpecifications=tag_spec(job, "vpc", "vpc"))[
-            "Vpc"
-        ]["VpcId"]
+        vpc_id = ec2.create_vpc(**aws_requests.vpc(job, str(net.vpc_cidr)))["Vpc"]["VpcId"]
     remember("vpc", vpc_id)
 
     subnets = ec2.describe_subnets(Filters=filters)["Subnets"]
@@ -359,7 +336,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
     if groups:
         group_id = groups[0]["GroupId"]
     else:
-        group_id = ec2.create_security_group(**security_group_request(job, vpc_id))["GroupId"]
+        group_id = ec2.create_security_group(**aws_requests.security_group(job, vpc_id))["GroupId"]
     remember("security_group", group_id)
     _ensure_rules(ec2, group_id, s3_prefix_list(ec2, settings.region))
     for service in job.spec.code.secret_services:

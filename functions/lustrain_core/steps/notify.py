@@ -94,8 +94,10 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "manifest_s3_uri": training.get("manifest_s3_uri"),
         "metrics": _object(training.get("metrics")),
         # all the run's teardowns deleted: a retried teardown (its first answer lost) itself deleted nothing
-        "stopped": _listed(_object(teardown.get("torn_down")).get("stopped")) or _listed(teardown.get("stopped")),
-        "deleted": _listed(_object(teardown.get("torn_down")).get("deleted")) or _listed(teardown.get("deleted")),
+        "stopped": _listed(_object(teardown.get("torn_down")).get("stopped"))
+        or _listed(teardown.get("stopped")),
+        "deleted": _listed(_object(teardown.get("torn_down")).get("deleted"))
+        or _listed(teardown.get("deleted")),
         "kept": _listed(teardown.get("kept")),
         "remaining": _listed(teardown.get("remaining")),
         # a teardown that failed leaves its own {Error, Cause} where its report would be

@@ -45,8 +45,9 @@ from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
+from lustrain_core.document import Admission, Run
 from lustrain_core.spec import Compute
-from lustrain_core.steps import Admission, Run, quota, records, training_plans, warm_pool
+from lustrain_core.steps import quota, records, training_plans, warm_pool
 
 #: the stack's seconds between two looks at the queue by a waiting run (template: QueuePollSeconds)
 POLL_SETTING = "LUSTRAIN_QUEUE_POLL_SECONDS"
@@ -76,7 +77,9 @@ def _measure(
     instances of a warm pool the run takes over, `reusable`)."""
     if job.launch.training_plan is not None:
         return training_plans.measure(job, sagemaker=sagemaker, held=held)
-    return quota.measure(job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held, reusable=reusable)
+    return quota.measure(
+        job, quotas=quotas, sagemaker=sagemaker, settings=settings, held=held, reusable=reusable
+    )
 
 
 def _refusal(job: Any, measured: dict[str, Any], settings: Settings, *, quotas: Any, why: str) -> Exception:
@@ -113,7 +116,12 @@ def read_pool(ddb: Any, table: str, pool: str) -> dict[str, Any]:
         try:
             ddb.put_item(
                 TableName=table,
-                Item={"pool_name": {"S": pool}, "epoch": {"N": "0"}, "waiting": {"M": {}}, "holds": {"M": {}}},
+                Item={
+                    "pool_name": {"S": pool},
+                    "epoch": {"N": "0"},
+                    "waiting": {"M": {}},
+                    "holds": {"M": {}},
+                },
                 ConditionExpression="attribute_not_exists(pool_name)",
             )
         except ClientError as exc:
@@ -128,7 +136,9 @@ def read_pool(ddb: Any, table: str, pool: str) -> dict[str, Any]:
     }
 
 
-def _update(ddb: Any, table: str, pool: str, expression: str, condition: str, job_id: str, **values: Any) -> bool:
+def _update(
+    ddb: Any, table: str, pool: str, expression: str, condition: str, job_id: str, **values: Any
+) -> bool:
     """One conditional change of the pool item, bumping its epoch; False when the condition no longer held."""
     attribute_values = {f":{name}": records.to_attribute(value) for name, value in values.items()}
     attribute_values[":one"] = {"N": "1"}
@@ -283,15 +293,26 @@ def take_place(
         since = records.moment(ticket.get("since")) or now
         queued_s = int(ticket.get("before_s") or 0) + max(0, int(now - since))
         ahead = [
-            t for j, t in state["waiting"].items() if j != job.job_id and str(t.get("order")) < str(ticket["order"])
+            t
+            for j, t in state["waiting"].items()
+            if j != job.job_id and str(t.get("order")) < str(ticket["order"])
         ]
         if not quota.fits_ever(measured):
             leave(ddb, settings, compute, job.job_id)
             raise _refusal(
-                job, measured, settings, quotas=quotas, why="more than the whole quota: no wait can make it fit"
+                job,
+                measured,
+                settings,
+                quotas=quotas,
+                why="more than the whole quota: no wait can make it fit",
             )
         if not ahead and quota.fits_now(measured) and not hold_off:
-            hold = {"instances": compute.instance_count, "since": _iso(now), "queued_s": queued_s, "order": ticket["order"]}
+            hold = {
+                "instances": compute.instance_count,
+                "since": _iso(now),
+                "queued_s": queued_s,
+                "order": ticket["order"],
+            }
             admitted = _update(
                 ddb,
                 table,
@@ -337,13 +358,23 @@ def _answer(
 ) -> Admission:
     """$.quota, with the run's place also written to its job record (`queue`: `lustrain status`, the sweeper)."""
     answer = Admission(**fields, **_numbers(measured))
-    place = {"state": "admitted" if answer.admitted else "queued", "pool": answer.pool, "queued_s": answer.queued_s}
+    place = {
+        "state": "admitted" if answer.admitted else "queued",
+        "pool": answer.pool,
+        "queued_s": answer.queued_s,
+    }
     records.set_fields(ddb, settings.jobs_table, run.job.job_id, {"queue": {**place, **record}})
     return answer
 
 
 def _admitted(
-    ddb: Any, settings: Settings, run: Run, pool: str, order: str, measured: dict[str, Any], hold: dict[str, Any]
+    ddb: Any,
+    settings: Settings,
+    run: Run,
+    pool: str,
+    order: str,
+    measured: dict[str, Any],
+    hold: dict[str, Any],
 ) -> Admission:
     admitted_at = str(hold["since"])
     return _answer(
@@ -379,7 +410,12 @@ def _waiting(
         settings,
         run,
         measured,
-        {"position": position, "ahead_instances": ahead_instances, "since": ticket.get("since"), "left_s": left_s},
+        {
+            "position": position,
+            "ahead_instances": ahead_instances,
+            "since": ticket.get("since"),
+            "left_s": left_s,
+        },
         admitted=False,
         pool=pool,
         order=str(ticket["order"]),

@@ -20,8 +20,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.config import Settings
+from lustrain_core.document import Job
 from lustrain_core.errors import QuotaExceeded, SpecInvalid
-from lustrain_core.steps import Job, warm_pool
+from lustrain_core.steps import warm_pool
 
 SERVICE_CODE = "sagemaker"
 REQUEST_INCREASE = "LUSTRAIN_REQUEST_QUOTA_INCREASE"

@@ -44,8 +44,9 @@ from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
 from lustrain_core.spec import Compute
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, queue, records, tag_dict
+from lustrain_core.steps import queue, records
 from lustrain_core.steps.teardown import TRAINING_JOB, Clock, teardown_job
 
 STATE_MACHINE_SETTING = "LUSTRAIN_STATE_MACHINE_ARN"
@@ -54,7 +55,6 @@ DEFAULT_GRACE_HOURS = 6.0
 #: The error a run ended by the sweeper gets in its record.
 ABANDONED = "RunAbandoned"
 FINISHED = records.FINISHED
-
 
 
 # --------------------------------------------------------------------------- the stack's settings

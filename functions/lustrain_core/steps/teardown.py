@@ -35,9 +35,10 @@ from typing import Any
 from lustrain_core import resources as registry
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid, TeardownIncomplete
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
 from lustrain_core.spec import validate_spec
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, queue, records, warm_pool
 from lustrain_core.steps import filesystem as fsx_step
+from lustrain_core.steps import queue, records, warm_pool
 from lustrain_core.steps.teardown_base import (
     BUSY,
     DEFAULT_INTERVAL_SECONDS,

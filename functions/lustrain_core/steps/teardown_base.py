@@ -13,7 +13,7 @@ from typing import Any
 from lustrain_core import clients
 from lustrain_core import resources as registry
 from lustrain_core.config import Settings
-from lustrain_core.steps import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
 
 TRAINING_JOB = registry.TRAINING_JOB.name
 NETWORK_ORDER = registry.NETWORK_ORDER

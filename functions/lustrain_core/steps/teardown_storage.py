@@ -9,7 +9,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import error_code, not_found
-from lustrain_core.steps import exports, tag_dict
+from lustrain_core.aws_requests import TAG_KEEP
+from lustrain_core.launch_plan import tag_dict
+from lustrain_core.steps import exports
 from lustrain_core.steps import filesystem as fsx_step
 from lustrain_core.steps.teardown_base import BUSY, RUNNING_TASK, SETTLING_FS, Scope
 
@@ -69,7 +71,7 @@ class FileSystems(Scope):
         if not self.ours(fs.get("Tags")):
             self.report.kept.append({**entry, "reason": "not tagged as this job's: never deleted"})
             return None
-        keep = keep or tag_dict(fs.get("Tags")).get(fsx_step.TAG_KEEP) == "true"
+        keep = keep or tag_dict(fs.get("Tags")).get(TAG_KEEP) == "true"
         while fs["Lifecycle"] in SETTLING_FS:
             if not self.clock.wait():
                 return f"file system {fs_id} is still {fs['Lifecycle']}"

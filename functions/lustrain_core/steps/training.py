@@ -28,8 +28,6 @@ TrainingJobStillRunning, and the run ends with its teardown stopping the live jo
 from __future__ import annotations
 
 import json
-import math
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,14 +35,14 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
-from lustrain_core import images, recovery, secrets_launcher
+from lustrain_core import aws_requests
 from lustrain_core.aws_errors import CONDITION_FAILED, QUOTA_REFUSED, error_code, training_job_missing
 from lustrain_core.config import Settings
+from lustrain_core.document import Job, Run
 from lustrain_core.errors import (
     ALL_ERRORS,
     MISSING,
     BudgetExceeded,
-    FieldError,
     LustrainError,
     QuotaExceeded,
     SpecInvalid,
@@ -52,11 +50,11 @@ from lustrain_core.errors import (
     TrainingJobCompleted,
     TrainingJobStillRunning,
 )
-from lustrain_core.launch import RESUME_CHANNEL, RESUME_FROM_VARIABLE, RUN_ID_VARIABLE, TrainingPlan
-from lustrain_core.prices import INSTANCE_TYPES
-from lustrain_core.spec import JobSpec
-from lustrain_core.steps import Job, Run, queue, records
-from lustrain_core.steps.archive import JOBS_DIR
+from lustrain_core.launch_plan import archive_target
+
+# the name of an attempt's job is the launch plan's decision; operate and the steps look it up here too
+from lustrain_core.launch_plan import training_job_name as training_job_name
+from lustrain_core.steps import queue, records
 from lustrain_core.steps.budget import (
     MIN_RUNTIME_SECONDS,
     AttemptBudget,
@@ -64,265 +62,13 @@ from lustrain_core.steps.budget import (
     attempt_cost_usd,
     billed_seconds,
 )
-from lustrain_core.steps.filesystem import checkpoint_path, directory_path, output_path
 
-NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-MAX_NAME = 63
-TRAINING_CHANNEL = "training"
-#: with output.to_filesystem the job writes under this channel (SM_CHANNEL_OUTPUT), exported to S3 at teardown
-OUTPUT_CHANNEL = "output"
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
-#: with checkpoints.to_filesystem the trainer writes its checkpoints under this read-write channel
-#: (SM_CHANNEL_CHECKPOINTS) on the run's file system, and the job has no CheckpointConfig
-CHECKPOINT_CHANNEL = "checkpoints"
-#: SageMaker's own default volume; EBS-only instance types need one sized for model, output and checkpoints
-DEFAULT_VOLUME_GIB = 30
 #: the tokens item outlives the longest possible run by this much, then DynamoDB's TTL removes it
 TOKEN_GRACE_SECONDS = 24 * 3600
-#: the stack may set a KMS key for the job's output and (where AWS allows) its storage volume
-KMS_KEY_SETTING = "LUSTRAIN_KMS_KEY_ID"
-#: the stack may encrypt the traffic between a job's instances (it slows distributed training down)
-INTER_CONTAINER_ENCRYPTION_SETTING = "LUSTRAIN_INTER_CONTAINER_ENCRYPTION"
 RESOURCE_TYPE = "training_job"
 
 WAITING = "waiting"
 CALLBACK_SENT = "callback_sent"
-
-#: the trainer's own variables (the run's id, the run it continues)
-RESERVED_ENVIRONMENT_PREFIX = "LUSTRAIN_"
-
-
-def job_hex(job_id: str, spec_name: str) -> str:
-    """The 8 hex digits of a job id (`<spec name>-<8 hex>`, register_job's form)."""
-    match = re.fullmatch(rf"{re.escape(spec_name)}-([0-9a-f]{{8}})", job_id)
-    if match is None:
-        raise SpecInvalid.one("job.job_id", job_id, f"a job id of the form {spec_name}-<8 hex digits>")
-    return match[1]
-
-
-def training_job_name(spec_name: str, job_id: str, attempt: int) -> str:
-    """`<spec name>-<8 hex of job id>-<attempt>`: at most 40 + 1 + 8 + 1 + digits, well within SageMaker's 63."""
-    name = f"{spec_name}-{job_hex(job_id, spec_name)}-{attempt}"
-    if attempt < 1 or len(name) > MAX_NAME or not NAME_PATTERN.fullmatch(name):
-        raise ValueError(
-            f"training job name {name!r} breaks SageMaker's rule: at most {MAX_NAME} characters matching "
-            f"{NAME_PATTERN.pattern}"
-        )
-    return name
-
-
-def archive_target(settings: Settings, job_id: str) -> str:
-    return f"s3://{settings.artifacts_bucket}/{settings.archive_prefix}{job_id}/"
-
-
-def model_output_path(settings: Settings, job_id: str) -> str:
-    """OutputDataConfig.S3OutputPath: under the run's archive, so that the model is archived where SageMaker
-    uploads it and never copied (steps/archive.py); the execution role writes there only for its own run."""
-    return archive_target(settings, job_id) + JOBS_DIR
-
-
-def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[str, str]:
-    """Script mode's hyperparameters: every value JSON-encoded, as the SageMaker SDK sends them. Their limits
-    (count, key and value lengths) are CreateTrainingJob's, checked by the launch compiler against its model."""
-    values: dict[str, Any] = {
-        # with code.secrets SageMaker starts the launcher upload_code adds, which reads them and runs the entry point
-        "sagemaker_program": secrets_launcher.LAUNCHER_FILE if spec.code.secrets else spec.code.entry_point,
-        "sagemaker_submit_directory": submit_directory,
-        "sagemaker_region": region,
-    }
-    if spec.code.distribution == "torchrun":
-        values["sagemaker_torch_distributed_enabled"] = True
-    values.update(spec.code.hyperparameters)
-    return {key: json.dumps(value) for key, value in values.items()}
-
-
-#: The job's environment unless the spec sets them. On a stop SageMaker sends SIGTERM and allows 120 s
-#: (StopTrainingJob's API reference); torchrun forwards the signal to its workers and kills them 30 s later, unless
-#: TORCH_ELASTIC_SHUTDOWN_TIMEOUT (read from torch 2.12 on) says otherwise: 110 s leaves the trainer's stop-time
-#: checkpoint the most of SageMaker's grace. (On older torch the 30 s stand: the memory plan says whether the
-#: stop's checkpoint fits them, stop_within_torchrun_default_grace.)
-ENVIRONMENT_DEFAULTS = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110"}
-
-
-def environment(spec: JobSpec) -> dict[str, str]:
-    """The job's environment as the spec gives it, over ENVIRONMENT_DEFAULTS; LUSTRAIN_* names are lustrain's own
-    (the run's identity)."""
-    reserved = [key for key in spec.code.environment if key.upper().startswith(RESERVED_ENVIRONMENT_PREFIX)]
-    if reserved:
-        raise SpecInvalid(
-            [
-                FieldError(
-                    f"code.environment.{key}", key, f"{RESERVED_ENVIRONMENT_PREFIX}* names are lustrain's own"
-                )
-                for key in reserved
-            ]
-        )
-    return {**ENVIRONMENT_DEFAULTS, **spec.code.environment}
-
-
-def training_image(spec: JobSpec, region: str) -> str:
-    if spec.image.uri:
-        return spec.image.uri
-    assert spec.image.framework_version is not None  # the spec holds exactly one of the two
-    return images.pytorch_training_image(spec.image.framework_version, region, spec.compute.instance_type)
-
-
-def _stopping_condition(job: Job, budget_runtime_seconds: int | None = None) -> dict[str, int]:
-    """compute.max_runtime_hours, or less where the budget left pays for less (steps/budget.py)."""
-    runtime = job.launch.max_runtime_seconds
-    if budget_runtime_seconds is not None:
-        runtime = min(runtime, budget_runtime_seconds)
-    condition = {"MaxRuntimeInSeconds": runtime}
-    if job.launch.max_wait_seconds is not None:
-        condition["MaxWaitTimeInSeconds"] = job.launch.max_wait_seconds
-    return condition
-
-
-def _resource_config(
-    spec: JobSpec, kms_key_id: str | None, training_plan: TrainingPlan | None = None, keep_alive_seconds: int = 0
-) -> dict[str, Any]:
-    itype = INSTANCE_TYPES.get(spec.compute.instance_type)
-    if itype is None:
-        raise SpecInvalid.one(
-            "compute.instance_type",
-            spec.compute.instance_type,
-            f"unknown to lustrain; known: {', '.join(sorted(INSTANCE_TYPES))}",
-        )
-    config: dict[str, Any] = {
-        "InstanceType": spec.compute.instance_type,
-        "InstanceCount": spec.compute.instance_count,
-    }
-    if training_plan is not None:  # the reserved capacity the instances come from (compute.training_plan)
-        config["TrainingPlanArn"] = training_plan.arn
-    if keep_alive_seconds:
-        # the instances stay in a warm pool this long after the job, for the next job of the same shape
-        config["KeepAlivePeriodInSeconds"] = keep_alive_seconds
-    if itype.local_nvme:
-        # SageMaker puts everything on the instance's NVMe and refuses a volume key there
-        return config
-    on_volume = 0.0 if spec.output.to_filesystem else spec.output.expected_size_gib
-    # the model, its output and the local checkpoint copies all live on the volume
-    config["VolumeSizeInGB"] = max(DEFAULT_VOLUME_GIB, math.ceil(2 * on_volume))
-    if kms_key_id:
-        config["VolumeKmsKeyId"] = kms_key_id
-    return config
-
-
-def resource_config_of(job: Job, settings: Settings) -> dict[str, Any]:
-    """The run's ResourceConfig, with the stack's volume key: also what its warm pool is matched by."""
-    kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
-    return _resource_config(job.spec, kms_key_id, job.launch.training_plan, job.launch.keep_alive_seconds)
-
-
-def inter_container_encryption(settings: Settings) -> bool:
-    raw = settings.extra.get(INTER_CONTAINER_ENCRYPTION_SETTING, "").strip().lower()
-    if raw not in {"", "true", "false"}:
-        raise ValueError(
-            f"stack setting {INTER_CONTAINER_ENCRYPTION_SETTING}={raw!r} must be true or false: fix the stack's "
-            "parameter"
-        )
-    return raw == "true"
-
-
-def _channels(run: Run) -> list[dict[str, Any]]:
-    job = run.job
-    spec = job.spec
-    fs_id = run.filesystem.file_system_id
-    mount_name = run.filesystem.mount_name
-    if not mount_name:
-        raise SpecInvalid.one(
-            "filesystem.mount_name", MISSING, "the file system's MountName (check_filesystem's)"
-        )
-
-    def channel(name: str, path: str, mode: str) -> dict[str, Any]:
-        source = {
-            "FileSystemId": fs_id,
-            "FileSystemType": "FSxLustre",
-            "FileSystemAccessMode": mode,
-            "DirectoryPath": directory_path(mount_name, path),
-        }
-        return {"ChannelName": name, "DataSource": {"FileSystemDataSource": source}}
-
-    to_fs = spec.output.to_filesystem
-    channels = [channel(TRAINING_CHANNEL, spec.filesystem.mount_path, "rw" if to_fs else "ro")]
-    if to_fs:
-        channels.append(channel(OUTPUT_CHANNEL, output_path(job.job_id), "rw"))
-    if spec.checkpoints.to_filesystem:
-        # the same directory for every attempt of the run: a new attempt resumes from what the last one wrote
-        channels.append(channel(CHECKPOINT_CHANNEL, checkpoint_path(job.job_id), "rw"))
-    resume = job.launch.resume
-    if resume is not None:
-        # the checkpoint this run continues (its manifest step-N.json and shards), copied to every instance at start
-        s3 = {"S3DataType": "S3Prefix", "S3Uri": resume.s3_uri, "S3DataDistributionType": "FullyReplicated"}
-        channels.append(
-            {"ChannelName": RESUME_CHANNEL, "DataSource": {"S3DataSource": s3}, "InputMode": "File"}
-        )
-    return channels
-
-
-def request_from(
-    run: Run, training_job_name: str, settings: Settings, budget_runtime_seconds: int | None = None
-) -> dict[str, Any]:
-    """The whole CreateTrainingJob request: the launch plan's decisions, and the ids of the steps before
-    (network, file system, code bundle), with the stack's own settings (role, KMS key, encryption); its
-    MaxRuntimeInSeconds no longer than `budget_runtime_seconds`, what the budget left pays for."""
-    job = run.job
-    launch = job.launch
-    spec = job.spec
-    kms_key_id = settings.extra.get(KMS_KEY_SETTING) or None
-
-    algorithm: dict[str, Any] = {"TrainingImage": launch.image_uri, "TrainingInputMode": "File"}
-    if run.code.metric_definitions:
-        algorithm["MetricDefinitions"] = [
-            {"Name": m.Name, "Regex": m.Regex} for m in run.code.metric_definitions
-        ]
-    # under the run's own archive (launch.model_output_s3_uri), the only part of it its role may write
-    # (run_session_tags); a run registered before that was decided: its results location's <job id>/
-    output: dict[str, Any] = {
-        "S3OutputPath": launch.model_output_s3_uri or f"{spec.output.s3_uri.rstrip('/')}/{job.job_id}/",
-        "CompressionType": launch.output_compression,
-    }
-    if kms_key_id:
-        output["KmsKeyId"] = kms_key_id
-    environment = {**launch.environment, RUN_ID_VARIABLE: job.job_id}
-    if launch.resume is not None and launch.resume.run:
-        environment[RESUME_FROM_VARIABLE] = launch.resume.run
-    request: dict[str, Any] = {
-        "TrainingJobName": training_job_name,
-        "RoleArn": settings.sagemaker_role_arn,
-        "AlgorithmSpecification": algorithm,
-        "HyperParameters": {
-            **launch.hyperparameters,
-            "sagemaker_submit_directory": json.dumps(run.code.submit_directory),
-        },
-        "InputDataConfig": _channels(run),
-        "OutputDataConfig": output,
-        "ResourceConfig": resource_config_of(job, settings),
-        "VpcConfig": {
-            "Subnets": [run.network.subnet_id],
-            "SecurityGroupIds": list(run.network.security_group_ids),
-        },
-        "StoppingCondition": _stopping_condition(job, budget_runtime_seconds),
-        "EnableInterContainerTrafficEncryption": inter_container_encryption(settings),
-        "EnableManagedSpotTraining": spec.compute.spot,
-        "Environment": environment,
-        "Tags": job.tags("training_job"),
-        # SageMaker assumes the execution role with the session tags of the session that creates the job (the
-        # launcher's, run_session_tags): the role's S3 grants name them, so the job reaches only its own run's
-        # code, checkpoints and results
-        "SessionChainingConfig": {"EnableSessionTagChaining": True},
-    }
-    if not spec.checkpoints.to_filesystem:
-        # SageMaker syncs LocalPath to S3 while the job runs and back at its start (and at a spot restart)
-        request["CheckpointConfig"] = {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH}
-    if spec.compute.spot:
-        # spot capacity can be reclaimed: SageMaker restarts the job in place from its last checkpoint this many
-        # times before the run's own attempts (the run policy) count
-        request["RetryStrategy"] = {"MaximumRetryAttempts": recovery.SAGEMAKER_SPOT_RETRIES}
-    if infra_check(spec):
-        request["InfraCheckConfig"] = {"EnableInfraCheck": True}
-    return request
-
 
 #: the stack's role start_training creates training jobs from, in a session tagged with the run (run_session_tags)
 LAUNCHER_ROLE_SETTING = "LUSTRAIN_LAUNCHER_ROLE_ARN"
@@ -359,13 +105,6 @@ def launcher(sts: Any, sagemaker: Any, settings: Settings, job: Job) -> Any:
     )
 
 
-def infra_check(spec: JobSpec) -> bool:
-    """SageMaker's health check of the instances' hardware and their network before the script starts: for jobs
-    of several instances of a type that has it (INSTANCE_TYPES' infra_check), where one bad host stalls them all."""
-    itype = INSTANCE_TYPES.get(spec.compute.instance_type)
-    return spec.compute.instance_count > 1 and itype is not None and itype.infra_check
-
-
 def build_training_request(
     document: dict[str, Any],
     *,
@@ -373,7 +112,9 @@ def build_training_request(
     settings: Settings,
 ) -> dict[str, Any]:
     """The whole CreateTrainingJob request of a run, from the state document (job, network, filesystem, code)."""
-    return request_from(Run.parse(document, "network", "filesystem", "code"), training_job_name, settings)
+    return aws_requests.training_job(
+        Run.parse(document, "network", "filesystem", "code"), training_job_name, settings
+    )
 
 
 # --------------------------------------------------------------------------- the tokens table
@@ -585,7 +326,9 @@ def start_training(
             f"it: under the {MIN_RUNTIME_SECONDS} s worth starting a fleet for",
             **budget.to_dict(),
         )
-    request = request_from(run, name, settings, budget.runtime_seconds if budget is not None else None)
+    request = aws_requests.training_job(
+        run, name, settings, budget.runtime_seconds if budget is not None else None
+    )
     _store_token(ddb, settings, job, name, attempt, token, clock(), budget)
     records.add_resources(ddb, settings.jobs_table, job.job_id, [{"type": RESOURCE_TYPE, "id": name}])
     try:

@@ -10,7 +10,7 @@ job uses it by naming it in CreateTrainingJob's ResourceConfig.TrainingPlanArn. 
   the plan exists here (ResourceNotFound -> compute.training_plan), is not Expired or Failed, reserves
   compute.instance_type, at least compute.instance_count of them, starts within compute.max_queue_hours, and
   leaves compute.max_runtime_hours between its start (or now) and its end. network.availability_zone, if given, must
-  name the plan's zone (steps/zones.py). The launch plan carries what it found (launch.TrainingPlan).
+  name the plan's zone (steps/zones.py). The launch plan carries what it found (launch_plan.TrainingPlan).
 - The capacity queue (steps/queue.py) admits the run against the plan's instances (`measure`: the plan's
   AvailableInstanceCount, less what the queue holds for other runs of the plan), not the on-demand quota, and only
   once the plan is Active: the network and the file system, which bill, are made after the admission. A plan that
@@ -28,10 +28,10 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import error_code, explained
+from lustrain_core.document import Job
 from lustrain_core.errors import FieldError, QuotaExceeded, SpecInvalid
-from lustrain_core.launch import TrainingPlan
+from lustrain_core.launch_plan import TrainingPlan
 from lustrain_core.spec import JobSpec
-from lustrain_core.steps import Job
 
 FIELD = "compute.training_plan"
 USABLE = frozenset({"Pending", "Scheduled", "Active"})

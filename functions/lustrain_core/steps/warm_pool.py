@@ -32,10 +32,11 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lustrain_core import instance_types
+from lustrain_core import aws_requests, instance_types
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code, training_job_missing
 from lustrain_core.config import Settings
-from lustrain_core.steps import Job, Network, records, training
+from lustrain_core.document import Job, Network
+from lustrain_core.steps import records
 
 #: the job record's fields: the run's pool shape (create_network), the kept network it claimed (a retried
 #: create_network finds it there, and its teardown offers it on), and whether its teardown offered its pool
@@ -59,15 +60,15 @@ def quota_name(instance_type: str) -> str:
 
 
 def shape(job: Job, settings: Settings) -> str:
-    """What a pool is reused by: the matching criteria SageMaker lists, as request_from sends them, but for the VPC
-    (which the offer carries), and what the kept network must serve beside them: the zone asked for, the subnet's
-    size and the secrets' interface endpoints."""
-    resources = training.resource_config_of(job, settings)
+    """What a pool is reused by: the matching criteria SageMaker lists, as aws_requests.training_job sends them, but
+    for the VPC (which the offer carries), and what the kept network must serve beside them: the zone asked for, the
+    subnet's size and the secrets' interface endpoints."""
+    resources = aws_requests.resource_config(job.launch, settings)
     resources.pop("KeepAlivePeriodInSeconds", None)
     key = {
         "role": settings.sagemaker_role_arn,
         "resources": resources,
-        "encryption": training.inter_container_encryption(settings),
+        "encryption": aws_requests.inter_container_encryption(settings),
         "zone": job.spec.network.availability_zone,
         "secrets": sorted(job.spec.code.secret_services),
         "subnet": str(job.planned.network.subnet_cidr),
