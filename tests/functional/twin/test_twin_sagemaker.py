@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import tarfile
 import threading
 import time
@@ -52,6 +53,7 @@ seen = {
     "num_gpus": os.environ["SM_NUM_GPUS"],
     "job_name": json.loads(os.environ["SM_TRAINING_ENV"])["job_name"],
     "world_size": os.environ.get("WORLD_SIZE"),
+    "nice": os.getpriority(os.PRIO_PROCESS, 0),
 }
 with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "seen-" + rank + ".json"), "w") as f:
     json.dump(seen, f)
@@ -65,6 +67,11 @@ print("step=1 train_loss=2.0 tokens_per_s=10", flush=True)
 with open(os.path.join(os.environ["SM_MODEL_DIR"], "model.pt"), "w") as f:
     f.write("trained")
 """
+
+def trainer_nice() -> int:
+    """The priority the twin's trainers run at: the twin's own, lowered by Settings.trainer_nice (19 at most)."""
+    return min(19, os.getpriority(os.PRIO_PROCESS, 0) + simulator.settings().trainer_nice)
+
 
 METRICS = [
     {"Name": "train_loss", "Regex": r"\btrain_loss=([0-9.eE+-]+)"},
@@ -345,7 +352,10 @@ def test_job_goes_in_progress_then_completed_with_its_model_in_s3_and_events_in_
         "num_gpus": "0",
         "job_name": "gpt-small-1",
         "world_size": None,
+        # below the control plane's priority: a trainer here never takes a Lambda's or a poll's CPU
+        "nice": trainer_nice(),
     }
+    assert simulator.settings().trainer_nice > 0
     assert twin.object("checkpoints/gpt-small-1/step-1.pt") == b"checkpoint"
     assert done["CreationTime"] <= done["TrainingStartTime"] <= done["TrainingEndTime"]
     assert done["BillableTimeInSeconds"] >= 1
@@ -400,6 +410,16 @@ def test_s3_channel_is_downloaded_into_the_channel_directory(twin: Twin) -> None
     assert twin.describe("s3-channel")["TrainingJobStatus"] == "Completed"
     seen = json.loads(untar(twin.object("results/s3-channel/output/output.tar.gz"))["seen-0.json"])
     assert seen["files"] == ["a.txt", "sub/b.txt"]
+
+
+def test_a_trainer_nice_of_0_runs_the_trainer_at_the_twins_own_priority(twin: Twin) -> None:
+    simulator.configure(trainer_nice=0)
+    request = twin.request("own-priority")
+    del request["VpcConfig"]
+    twin.sm.create_training_job(**request)
+    simulator.wait_all(timeout=60)
+    seen = json.loads(untar(twin.object("results/own-priority/output/output.tar.gz"))["seen-0.json"])
+    assert seen["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_directory_path_without_the_mount_name_fails_the_mount_with_awss_text(twin: Twin) -> None:
@@ -717,5 +737,6 @@ def test_distributed_job_runs_one_worker_per_instance_under_torchrun(twin: Twin)
     assert sorted(outputs) == ["seen-0.json", "seen-1.json"]
     for seen in map(json.loads, outputs.values()):
         assert seen["world_size"] == "2"
+        assert seen["nice"] == trainer_nice()  # torchrun's workers inherit the launcher's priority
         assert seen["hosts"] == ["algo-1", "algo-2"]
         assert seen["files"] == ["a.txt", "sub/b.txt"]
