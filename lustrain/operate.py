@@ -30,6 +30,7 @@ from lustrain_core.prices import PriceTable
 from lustrain_core.steps import records
 from lustrain_core.steps.budget import filesystem_hourly_usd
 from lustrain_core.steps.execution_end import CANCEL_ERROR
+from lustrain_core.steps.notify import cause_text
 from lustrain_core.steps.training import training_job_name
 from lustrain_trainer.metrics import EVALUATION, STEP
 
@@ -114,10 +115,59 @@ _moment = records.moment
 
 
 def _records(stack: Stack) -> list[dict[str, Any]]:
+    """Every run's record, oldest first: the jobs table's, and one for each execution that recorded no run."""
     found: list[dict[str, Any]] = []
     for page in stack.client("dynamodb").get_paginator("scan").paginate(TableName=stack.jobs_table):
         found += [records.from_item(item) for item in page.get("Items", [])]
+    found += _unrecorded(stack, {str(r["execution"]) for r in found if r.get("execution")})
     return sorted(found, key=lambda r: str(r.get("created_at", "")))
+
+
+def _unrecorded(stack: Stack, recorded: set[str]) -> list[dict[str, Any]]:
+    """A record for each execution of the stack that register_job never recorded: a spec it refused (the
+    execution FAILED with SpecInvalid or SpecForbidden), or one still being registered (RUNNING). The run is named
+    by its execution; its error is the execution's, its cause the error's message. An execution that SUCCEEDED
+    without a record was a duplicate drop: its run is the first drop's, listed once."""
+    sfn = stack.client("stepfunctions")
+    found: list[dict[str, Any]] = []
+    try:
+        for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=stack.state_machine_arn):
+            for listed in page.get("executions", []):
+                if listed["name"] in recorded or listed["status"] == "SUCCEEDED":
+                    continue
+                found.append(_execution_record(sfn.describe_execution(executionArn=listed["executionArn"])))
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in {"StateMachineDoesNotExist", "ExecutionDoesNotExist"}:
+            return found
+        raise
+    return found
+
+
+def _execution_record(execution: dict[str, Any]) -> dict[str, Any]:
+    """What a run's record would say of an execution that has none: named by the execution and the spec's key."""
+    try:
+        dropped = json.loads(execution.get("input") or "{}")["detail"]
+        bucket, key = str(dropped["bucket"]["name"]), str(dropped["object"]["key"])
+    except (ValueError, KeyError, TypeError):
+        bucket, key = "", ""
+    record: dict[str, Any] = {
+        "job_id": execution["name"],
+        "execution": execution["name"],
+        "status": "RUNNING",
+        "created_at": _iso(execution["startDate"]),
+        "spec": {"name": key.rsplit("/", 1)[-1].rsplit(".", 1)[0]},
+        "source": {"uri": f"s3://{bucket}/{key}"} if key else {},
+        "resources": [],
+        "unrecorded": True,
+    }
+    if execution["status"] != "RUNNING":
+        record["status"] = "FAILED"
+        record["finished_at"] = _iso(execution.get("stopDate") or execution["startDate"])
+        record["error"] = {
+            "Error": execution.get("error") or execution["status"],
+            "Cause": execution.get("cause") or "",
+        }
+    return record
 
 
 def _execution(stack: Stack, record: dict[str, Any]) -> dict[str, Any] | None:
@@ -229,12 +279,14 @@ def find_run(stack: Stack, run: str) -> dict[str, Any]:
 
 
 def started_from(stack: Stack, spec_s3_uri: str, timeout_s: float = 60.0, poll_s: float = 1.0) -> dict[str, Any] | None:
-    """The record of the run a dropped spec started (register_job writes it within seconds of the drop), or None
-    when none appeared within `timeout_s` (the drop was refused before register_job: its notice says why)."""
+    """The record of the run a dropped spec started (register_job writes it within seconds of the drop; a spec it
+    refused is a FAILED run named by its execution, with the refusal as its error), or None when none appeared
+    within `timeout_s` (the drop started no execution)."""
     deadline = time.monotonic() + timeout_s
     while True:
         for record in _records(stack):
-            if (record.get("source") or {}).get("uri") == spec_s3_uri:
+            registering = record.get("unrecorded") and record.get("status") == "RUNNING"
+            if (record.get("source") or {}).get("uri") == spec_s3_uri and not registering:
                 return record
         if time.monotonic() >= deadline:
             return None
@@ -426,7 +478,8 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         queue=dict(record.get("queue") or {}),
         file_system=file_system,
         training_job=training,
-        cause=str(cause) if cause else None,
+        # in words: a Lambda function's error is its message (its stack trace stays in the function's log)
+        cause=cause_text(cause) or None,
         # the ledger: what the run created and its teardown has not deleted (all it holds while it runs)
         resources_left=list(record.get("resources", [])),
     )

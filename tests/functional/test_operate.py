@@ -3,10 +3,13 @@ its job id, execution name or ARN, or its spec name when that is unique; the cos
 
 from __future__ import annotations
 
+import json
+import types
 from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from infra_support import REGION
 from lustrain_core.errors import UsageInvalid
 from lustrain_core.steps import records
@@ -88,3 +91,107 @@ def test_the_notebook_api_is_the_cli_s_own_calls():
     assert lustrain.report.build.__module__ == "lustrain.report" and callable(lustrain.submit.submit)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         lustrain.nothing  # noqa: B018
+
+
+# --------------------------------------------------------------------------- executions without a record
+
+REFUSED = "0f1e2d3c-refused-drop"
+REFUSAL = "invalid job spec, 1 problem:\n  - compute.instance_count: 0 is not allowed: at least 1"
+
+
+def lambda_error(error_type: str, message: str) -> str:
+    """A Catch's Cause for a Lambda function that raised: Python's runtime answer, stack trace included."""
+    return json.dumps(
+        {
+            "errorMessage": message,
+            "errorType": error_type,
+            "requestId": "5e8a",
+            "stackTrace": ['  File "/var/task/handlers/register_job.py", line 40, in handler\n'],
+        }
+    )
+
+
+class FakeStepFunctions:
+    """Step Functions as the operator's calls see it: one execution refused at registration (no record), one that
+    recorded the run exec-3, one duplicate drop that SUCCEEDED without a record of its own."""
+
+    def __init__(self) -> None:
+        started = NOW - timedelta(minutes=30)
+        drop = {"detail": {"bucket": {"name": "jobs"}, "object": {"key": "jobs/bad.yaml"}}}
+        self.executions = {
+            f"{MACHINE.replace('stateMachine', 'execution')}:{name}": {
+                "executionArn": f"{MACHINE.replace('stateMachine', 'execution')}:{name}",
+                "stateMachineArn": MACHINE,
+                "name": name,
+                "status": status,
+                "startDate": started,
+                "stopDate": started + timedelta(seconds=3),
+                "input": json.dumps(drop),
+                **extra,
+            }
+            for name, status, extra in (
+                (REFUSED, "FAILED", {"error": "SpecInvalid", "cause": lambda_error("SpecInvalid", REFUSAL)}),
+                ("exec-3", "RUNNING", {}),
+                ("duplicate-drop", "SUCCEEDED", {}),
+            )
+        }
+
+    def get_paginator(self, operation: str):
+        pages = {
+            "list_executions": lambda **_: [{"executions": list(self.executions.values())}],
+            "get_execution_history": lambda executionArn, **_: [{"events": []}],
+        }
+        return types.SimpleNamespace(paginate=pages[operation])
+
+    def describe_execution(self, executionArn: str) -> dict:
+        if executionArn not in self.executions:
+            raise ClientError({"Error": {"Code": "ExecutionDoesNotExist"}}, "DescribeExecution")
+        return self.executions[executionArn]
+
+
+@pytest.fixture
+def with_executions(stack, monkeypatch):
+    fake = FakeStepFunctions()
+    real = stack.client
+    monkeypatch.setattr(
+        operate.Stack, "client", lambda self, service: fake if service == "stepfunctions" else real(service)
+    )
+    return stack
+
+
+def test_a_spec_refused_at_registration_is_a_run_with_its_error_in_words(
+    with_executions, monkeypatch, capsys
+):
+    listed = {r.job_id: r for r in operate.runs(with_executions, now=NOW.timestamp())}
+    # the refused drop is a run, named by its execution; the duplicate drop is the first drop's run, not another
+    assert set(listed) == {"gpt-aaaaaaaa", "gpt-bbbbbbbb", "bert-cccccccc", REFUSED}
+    refused = listed[REFUSED]
+    assert (refused.name, refused.state, refused.error, refused.cost_so_far_usd) == (
+        "bad",
+        "FAILED",
+        "SpecInvalid",
+        0,
+    )
+    assert refused.elapsed_s == 3.0
+    shown = operate.status(with_executions, REFUSED)
+    assert shown.cause == REFUSAL and shown.resources_left == []
+    # the CLI: listed by `runs`, shown by `status` by its execution name, the refusal in words, no stack trace
+    from lustrain import cli
+
+    monkeypatch.setattr(cli, "_stack", lambda args: with_executions)
+    assert cli.main(["runs"]) == 0
+    assert any(
+        line.startswith(REFUSED) and "FAILED (SpecInvalid)" in line
+        for line in capsys.readouterr().out.splitlines()
+    )
+    assert cli.main(["status", REFUSED]) == 0
+    out = capsys.readouterr().out
+    assert f"run {REFUSED} (bad): FAILED, SpecInvalid" in out
+    assert (
+        "compute.instance_count: 0 is not allowed" in out
+        and "stackTrace" not in out
+        and "errorMessage" not in out
+    )
+    # `watch` ends at once on it, saying why
+    assert cli.main(["watch", REFUSED, "--interval", "0"]) == 1
+    assert "FAILED (SpecInvalid: invalid job spec" in capsys.readouterr().out

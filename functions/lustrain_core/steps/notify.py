@@ -29,7 +29,7 @@ MAX_SUBJECT = 99
 _JOB_ID = re.compile(r"^[a-z0-9-]{1,40}-[0-9a-f]{8}$")
 
 
-def _cause_text(cause: Any) -> str:
+def cause_text(cause: Any) -> str:
     """A Catch's Cause is often a Lambda error as JSON ({"errorType", "errorMessage", ...}): show the message."""
     if isinstance(cause, str):
         try:
@@ -88,7 +88,7 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         or (f"inline start of execution {source['execution']}" if source.get("execution") else None),
         "execution": document.get("execution") or source.get("execution"),
         "error": error.get("Error") if error else None,
-        "cause": _cause_text(error.get("Cause")) if error else None,
+        "cause": cause_text(error.get("Cause")) if error else None,
         "training_job_name": training.get("training_job_name"),
         "archive_s3_uri": training.get("archive_s3_uri"),
         "manifest_s3_uri": training.get("manifest_s3_uri"),
@@ -100,7 +100,7 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "remaining": _listed(teardown.get("remaining")),
         # a teardown that failed leaves its own {Error, Cause} where its report would be
         "teardown_error": (
-            f"{teardown['Error']}: {_cause_text(teardown.get('Cause'))}" if teardown.get("Error") else None
+            f"{teardown['Error']}: {cause_text(teardown.get('Cause'))}" if teardown.get("Error") else None
         ),
         "estimated_cost_usd": _number(cost.get("total_usd")),
         "billed_compute_usd": _billed_compute_usd(spec, training.get("billable_seconds")),
