@@ -330,6 +330,11 @@ def _iso(moment: Any) -> str:
     return moment.astimezone(UTC).strftime(records.ISO_FORMAT) if isinstance(moment, datetime) else str(moment)
 
 
+#: The history events that end an execution: a state still open then (the training state of a run stopped while
+#: it trained: StopExecution runs no Catch, so the state never exits) ends with the execution.
+EXECUTION_ENDS = frozenset({"ExecutionSucceeded", "ExecutionFailed", "ExecutionAborted", "ExecutionTimedOut"})
+
+
 def timeline(history: list[dict[str, Any]]) -> list[StateSpan]:
     """Each state the execution entered, when, and for how long (None while it is in it)."""
     spans: list[StateSpan] = []
@@ -338,7 +343,11 @@ def timeline(history: list[dict[str, Any]]) -> list[StateSpan]:
     closed: dict[int, tuple[datetime, datetime | None]] = {}
     for event in history:
         when = event["timestamp"]
-        if "stateEnteredEventDetails" in event:
+        if event.get("type") in EXECUTION_ENDS:
+            for index, (entered, exited) in closed.items():
+                if exited is None:
+                    closed[index] = (entered, when)
+        elif "stateEnteredEventDetails" in event:
             name = event["stateEnteredEventDetails"]["name"]
             open_at[name] = when
             order.append(name)

@@ -82,6 +82,24 @@ def test_the_timeline_spans_each_state_entered():
     assert [(s.state, s.seconds) for s in spans] == [("Register the job", 2.0), ("Start the training job", None)]
 
 
+def test_a_state_still_open_when_the_execution_stopped_ends_with_it():
+    """A run cancelled while it trains: StopExecution runs no Catch, so the training state never exits; it ends
+    when the execution stopped (ExecutionAborted), not at `now` in status and the report's time line."""
+    at = NOW
+    history = [
+        {"timestamp": at, "type": "TaskStateEntered", "stateEnteredEventDetails": {"name": "Register the job"}},
+        {"timestamp": at + timedelta(seconds=2), "type": "TaskStateExited",
+         "stateExitedEventDetails": {"name": "Register the job"}},
+        {"timestamp": at + timedelta(seconds=2), "type": "TaskStateEntered",
+         "stateEnteredEventDetails": {"name": "Start the training job"}},
+        {"timestamp": at + timedelta(seconds=18), "type": "ExecutionAborted",
+         "executionAbortedEventDetails": {"error": "RunCancelled"}},
+    ]
+    spans = operate.timeline(history)
+    assert [(s.state, s.seconds) for s in spans] == [("Register the job", 2.0), ("Start the training job", 16.0)]
+    assert spans[-1].exited_at == "2026-06-02T12:00:18Z"
+
+
 def test_the_notebook_api_is_the_cli_s_own_calls():
     import lustrain
 
