@@ -214,12 +214,16 @@ def cost_so_far_usd(record: dict[str, Any], jobs: list[dict[str, Any]], now: flo
             str(compute.get("instance_type")), float(compute.get("instance_count", 1)), float(seconds or 0)
         )
         total += billed or 0.0
-    # the file system bills from its creation (about the run's start) until its teardown (the record's end)
-    created = bool((plan.get("filesystem") or {}).get("storage_gib")) and not (spec.get("filesystem") or {}).get(
+    # the file system bills from its creation until its teardown (the record's end): only a run that created one
+    # (its ledger holds it, or its teardown deleted it) pays for it, from its admission out of the capacity queue
+    # (nothing is created before it; a run cancelled while queued created nothing and pays nothing)
+    torn_down = record.get("torn_down") or {}
+    ledger = [*(record.get("resources") or []), *(torn_down.get("deleted") or [])]
+    created = any(r.get("type") == "file_system" for r in ledger) and not (spec.get("filesystem") or {}).get(
         "file_system_id"
     )
     fs_hourly = filesystem_hourly_usd(plan, float(compute.get("max_runtime_hours") or 0))
-    started = _moment(record.get("created_at"))
+    started = _moment((record.get("queue") or {}).get("admitted_at")) or _moment(record.get("created_at"))
     if created and started is not None:
         total += fs_hourly * max(0.0, (_moment(record.get("finished_at")) or now) - started) / 3600
     return round(total, 2)

@@ -29,7 +29,8 @@ def record(job_id: str, name: str, execution: str, created: datetime, **extra) -
         "spec": {"name": name, "compute": {"instance_type": "ml.p4d.24xlarge", "instance_count": 2,
                                            "max_runtime_hours": 3}},
         "plan": {"cost": {"filesystem_usd": 4.0}, "filesystem": {"storage_gib": 1200}},
-        "resources": [],
+        "queue": {"state": "admitted", "admitted_at": created.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        "resources": [{"type": "file_system", "id": f"fs-{job_id}"}],
         **extra,
     }
 
@@ -69,6 +70,30 @@ def test_runs_lists_each_run_oldest_first_with_the_file_system_hours_so_far(stac
     assert (first.instances, first.attempt, first.elapsed_s) == (2, 0, 7200.0)
     # no training job yet: 2 hours of a file system priced $4 for its 4 hours (3 h runtime + 1)
     assert first.cost_so_far_usd == 2.0
+
+
+def test_the_file_system_costs_from_its_creation_and_a_run_cancelled_while_queued_costs_nothing(aws):
+    """The file system is created after the run's admission out of the queue: it bills from then, and a run
+    cancelled while it queued created none (its ledger and its teardown name none) and has cost $0.00."""
+    stack = operate.Stack("lustrain", MACHINE, aws.jobs_table, "jobs", "artifacts", boto3.Session(region_name=REGION))
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    iso = "%Y-%m-%dT%H:%M:%SZ"
+    queued = NOW - timedelta(hours=3)
+    records.put_new(ddb, aws.jobs_table, record(
+        "queued-dddddddd", "queued", "exec-4", queued, status="FAILED", resources=[],
+        queue={"state": "queued", "pool": "ml.p4d.24xlarge/on-demand"},
+        finished_at=(NOW - timedelta(hours=1)).strftime(iso), error={"Error": "RunCancelled", "Cause": "cancelled"},
+        torn_down={"deleted": [], "stopped": []},
+    ))
+    # queued 2 hours, admitted an hour ago, its file system since deleted by its teardown
+    records.put_new(ddb, aws.jobs_table, record(
+        "waited-eeeeeeee", "waited", "exec-5", queued, status="FAILED", resources=[],
+        queue={"state": "admitted", "admitted_at": (NOW - timedelta(hours=1)).strftime(iso)},
+        finished_at=(NOW - timedelta(minutes=30)).strftime(iso), error={"Error": "RunCancelled", "Cause": "cancelled"},
+        torn_down={"deleted": [{"type": "file_system", "id": "fs-0123"}], "stopped": []},
+    ))
+    costs = {r.job_id: r.cost_so_far_usd for r in operate.runs(stack, now=NOW.timestamp())}
+    assert costs == {"queued-dddddddd": 0.0, "waited-eeeeeeee": 0.5}  # $1 an hour for half an hour
 
 
 def test_the_timeline_spans_each_state_entered():
