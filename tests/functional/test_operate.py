@@ -238,3 +238,40 @@ def test_a_spec_refused_at_registration_is_a_run_with_its_error_in_words(
     # `watch` ends at once on it, saying why
     assert cli.main(["watch", REFUSED, "--interval", "0"]) == 1
     assert "FAILED (SpecInvalid: invalid job spec" in capsys.readouterr().out
+
+
+QUOTA_REFUSAL = (
+    "5 x ml.p4d.24xlarge do not fit the quota 'ml.p4d.24xlarge for training job usage' (4 in us-east-1); an "
+    "increase to 5 was requested"
+)
+
+
+def test_a_quota_refusal_is_the_run_s_cause_in_words_never_the_lambda_error_json(stack, monkeypatch, capsys, tmp_path):
+    """A run's error kept by its Catch is a Lambda error as JSON (stack trace included): status, watch and the
+    report show its message; an execution that failed with a Fail state's {Error, Cause} shows both in words."""
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.put_new(ddb, stack.jobs_table, record(
+        "quota-ffffffff", "quota", "exec-6", NOW, status="FAILED", resources=[],
+        finished_at=(NOW + timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        error={"Error": "QuotaExceeded", "Cause": lambda_error("QuotaExceeded", QUOTA_REFUSAL)},
+    ))
+    assert operate.status(stack, "quota-ffffffff").cause == QUOTA_REFUSAL
+    from lustrain import cli, report
+
+    monkeypatch.setattr(cli, "_stack", lambda args: stack)
+    assert cli.main(["status", "quota-ffffffff"]) == 0
+    out = capsys.readouterr().out
+    assert f"  cause:       {QUOTA_REFUSAL}" in out and "stackTrace" not in out
+    page = report.build(stack, "quota-ffffffff", tmp_path, now=NOW.timestamp()).html_path.read_text()
+    assert "stackTrace" not in page and "errorMessage" not in page and "an increase to 5 was requested" in page
+
+    # an execution that ended in a Fail state whose Cause is the caught error as JSON (a States.* error)
+    fake = FakeStepFunctions()
+    fake.executions[next(iter(fake.executions))].update(
+        error="StepFunctionsError",
+        cause=json.dumps({"Error": "States.TaskFailed", "Cause": lambda_error("QuotaExceeded", QUOTA_REFUSAL)}),
+    )
+    real = stack.client
+    monkeypatch.setattr(operate.Stack, "client", lambda self, service: fake if service == "stepfunctions" else real(service))
+    assert operate.status(stack, REFUSED).cause == f"States.TaskFailed: {QUOTA_REFUSAL}"
+

@@ -30,7 +30,9 @@ _JOB_ID = re.compile(r"^[a-z0-9-]{1,40}-[0-9a-f]{8}$")
 
 
 def cause_text(cause: Any) -> str:
-    """A Catch's Cause is often a Lambda error as JSON ({"errorType", "errorMessage", ...}): show the message."""
+    """A Cause in words. A Catch's Cause is often a Lambda error as JSON ({"errorType", "errorMessage",
+    "stackTrace", ...}): its message (the stack trace stays in the function's log); a Fail state's Cause may be a
+    caught error as JSON ({"Error", "Cause"}): its name and its cause, in words."""
     if isinstance(cause, str):
         try:
             parsed = json.loads(cause)
@@ -38,6 +40,9 @@ def cause_text(cause: Any) -> str:
             return cause
         if isinstance(parsed, dict) and parsed.get("errorMessage"):
             return str(parsed["errorMessage"])
+        if isinstance(parsed, dict) and parsed.get("Error"):
+            inner = cause_text(parsed.get("Cause"))
+            return f"{parsed['Error']}: {inner}" if inner else str(parsed["Error"])
     return str(cause) if cause is not None else ""
 
 
