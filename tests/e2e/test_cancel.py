@@ -71,7 +71,7 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         )
         watcher.start()
         until(lambda: watched or None, "a first look from watch")
-        # the log's step, read as `watch` shows it (the job's log reaches CloudWatch in batches)
+        # the log's step, read as `watch` shows it (the job's log reaches CloudWatch as it runs, as on SageMaker)
         step, total = until(lambda: ((p := operate.progress(ours, "by-cli"))[0] and p) or None, "a logged step", 60)
         assert total == 100_000 and step > 0
 

@@ -472,6 +472,28 @@ def test_stop_training_job_sends_sigterm_then_stops_and_still_uploads_the_model(
     )
     twin.sm.create_training_job(**request)
     assert ready.wait(30), "the trainer never started"
+    # the line it printed is in CloudWatch while the job still runs (SageMaker streams a job's log)
+    logs = boto3.client("logs", region_name=REGION)
+
+    def streamed() -> list[str]:
+        try:
+            found = logs.describe_log_streams(
+                logGroupName="/aws/sagemaker/TrainingJobs", logStreamNamePrefix="stop-me/"
+            )["logStreams"]
+        except logs.exceptions.ResourceNotFoundException:
+            return []  # no line shipped yet: the log group comes with the first
+        return [
+            e["message"]
+            for stream in found
+            for e in logs.get_log_events(
+                logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream["logStreamName"]
+            )["events"]
+        ]
+
+    deadline = time.monotonic() + 10
+    while "ready" not in streamed() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "ready" in streamed() and twin.describe("stop-me")["TrainingJobStatus"] == "InProgress"
 
     twin.sm.stop_training_job(TrainingJobName="stop-me")
     stopping = twin.describe("stop-me")
