@@ -169,9 +169,9 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
         fig, ax = plt.subplots(figsize=(5, 3))
         labels = list(series[name])
         values = [series[name][label][0][1] for label in labels]
-        bars = ax.bar(labels, values)
+        drawn = ax.bar(labels, values)
         # each bar carries its value, a zero one too (a bar of height 0 draws nothing but its label)
-        ax.bar_label(bars, labels=[shown_as.format(value) for value in values], padding=2)
+        ax.bar_label(drawn, labels=[shown_as.format(value) for value in values], padding=2)
         ax.set_ylim(0, max(values) * 1.25 if max(values) > 0 else 1)
         ax.set_ylabel(unit)
         ax.set_title(title)
