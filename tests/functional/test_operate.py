@@ -275,3 +275,17 @@ def test_a_quota_refusal_is_the_run_s_cause_in_words_never_the_lambda_error_json
     monkeypatch.setattr(operate.Stack, "client", lambda self, service: fake if service == "stepfunctions" else real(service))
     assert operate.status(stack, REFUSED).cause == f"States.TaskFailed: {QUOTA_REFUSAL}"
 
+
+
+def test_submit_says_a_dropped_spec_was_refused_and_why(with_executions, monkeypatch, capsys):
+    """`lustrain submit --stack` waits for the run its drop started: a drop register_job refused is that run."""
+    from lustrain import submit
+
+    monkeypatch.setattr(submit, "stack_buckets", lambda stack, session: ("jobs", "artifacts"))
+    monkeypatch.setattr(submit, "submit", lambda *a, **k: submit.Submission("s3://jobs/jobs/bad.yaml", None, 1.0))
+    monkeypatch.setattr(operate.Stack, "locate", classmethod(lambda cls, name, session=None: with_executions))
+    from lustrain import cli
+
+    assert cli.main(["submit", "bad.yaml", "--stack", "lustrain", "--wait", "0"]) == 2
+    out = capsys.readouterr().out
+    assert f"run {REFUSED} was refused: SpecInvalid: {REFUSAL}" in out and "started" not in out
