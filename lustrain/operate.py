@@ -114,12 +114,14 @@ class RunSummary:
 _moment = records.moment
 
 
-def _records(stack: Stack) -> list[dict[str, Any]]:
-    """Every run's record, oldest first: the jobs table's, and one for each execution that recorded no run."""
+def _records(stack: Stack, unrecorded: bool = True) -> list[dict[str, Any]]:
+    """Every run's record, oldest first: the jobs table's, and (unless told not to) one for each execution that
+    recorded no run."""
     found: list[dict[str, Any]] = []
     for page in stack.client("dynamodb").get_paginator("scan").paginate(TableName=stack.jobs_table):
         found += [records.from_item(item) for item in page.get("Items", [])]
-    found += _unrecorded(stack, {str(r["execution"]) for r in found if r.get("execution")})
+    if unrecorded:
+        found += _unrecorded(stack, {str(r["execution"]) for r in found if r.get("execution")})
     return sorted(found, key=lambda r: str(r.get("created_at", "")))
 
 
@@ -264,8 +266,22 @@ def runs(stack: Stack, now: float | None = None) -> list[RunSummary]:
 
 
 def find_run(stack: Stack, run: str) -> dict[str, Any]:
-    """The record of the run named `run`: a job id, an execution name or ARN, or a spec name shared by no other."""
-    found = _records(stack)
+    """The record of the run named `run`: a job id, an execution name or ARN, or a spec name shared by no other.
+    The jobs table is asked first; the executions that recorded no run only when it has none so named (`watch`
+    asks at each look, and a stack's executions are many more than its refused ones)."""
+    recorded = _records(stack, unrecorded=False)
+    found = _named(recorded, run)
+    if found is None:
+        everything = recorded + _unrecorded(stack, {str(r["execution"]) for r in recorded if r.get("execution")})
+        found = _named(everything, run)
+    if found is None:
+        raise UsageInvalid.one(
+            "RUN", run, f"no run of stack {stack.name} has this job id, execution name or spec name"
+        )
+    return found
+
+
+def _named(found: list[dict[str, Any]], run: str) -> dict[str, Any] | None:
     execution = run.rsplit(":", 1)[-1] if run.startswith("arn:") else run
     for key, value in (("job_id", run), ("execution", execution)):
         exact = [r for r in found if r.get(key) == value]
@@ -277,9 +293,7 @@ def find_run(stack: Stack, run: str) -> dict[str, Any]:
     if named:
         listed = ", ".join(f"{r['job_id']} ({r.get('status')}, {r.get('created_at')})" for r in named)
         raise UsageInvalid.one("RUN", run, f"is the name of {len(named)} runs; name one by its job id: {listed}")
-    raise UsageInvalid.one(
-        "RUN", run, f"no run of stack {stack.name} has this job id, execution name or spec name"
-    )
+    return None
 
 
 def started_from(stack: Stack, spec_s3_uri: str, timeout_s: float = 60.0, poll_s: float = 1.0) -> dict[str, Any] | None:
