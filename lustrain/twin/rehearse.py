@@ -27,7 +27,7 @@ from lustrain_core.launch import compile_offline
 from lustrain_core.spec import JobSpec, load_spec_file
 from lustrain_core.steps import attempts
 
-from lustrain.submit import upload_code_dir
+from lustrain.submit import local_code_dir, upload_code_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO_ROOT / "template.yaml"
@@ -335,11 +335,13 @@ def example_shards(max_bytes: str = "3MiB") -> Path:
 
 
 def submittable(spec: JobSpec, base: Path, outputs: dict[str, str], say: Printer) -> dict[str, Any]:
-    """What the CLI uploads: a local code.source goes to the artifacts bucket first, as `lustrain submit` does."""
+    """What the CLI uploads: a local code.source goes to the artifacts bucket first, as `lustrain submit` does,
+    read from the spec file's directory (`base`). A copy of one of the repository's own specs (tests write them to
+    temporary directories) that names `trainer/` where it has none gets the repository's."""
     doc = spec.model_dump(mode="json", exclude_none=False)
     source = spec.code.source
     if not source.startswith("s3://"):
-        local = (base / source) if not Path(source).is_absolute() else Path(source)
+        local = local_code_dir(base / "spec.yaml", source)
         if not local.is_dir():
             local = REPO_ROOT / source
         bucket = outputs.get("ArtifactsBucketName") or next(v for k, v in outputs.items() if "Artifact" in k)
