@@ -63,7 +63,7 @@ SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 <<
 BPE_VOCAB = (tok.VOCAB_SIZE, 1 << 20)
 #: the text a BPE is trained on, at most: its merges are decided by the most frequent pairs, which a few hundred MB
 #: of a corpus ranks as the whole would; the trainer holds the sample's distinct words in memory, and its time grows
-#: with the sample, not the corpus (bench/prepare.py: 22 s for the 31 MB stdlib corpus on two busy cores, so minutes
+#: with the sample, not the corpus (bench/prepare.py: 18 s for the 31 MB stdlib corpus on two busy cores, so minutes
 #: for 256 MiB)
 BPE_SAMPLE = 256 << 20
 #: documents encoded at once (a batch runs on all cores), or fewer when they reach BATCH_BYTES
