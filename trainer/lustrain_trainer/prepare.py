@@ -734,8 +734,8 @@ def prepare(src: Path | str | Store, out: Path | str | Store, pattern: str = "**
         work(source, target, 0, 1, say)
     else:
         for k, code in enumerate(run_workers(source, target, instances)):
-            if code:
-                say(f"worker {k}/{instances} exited with code {code}")
+            if code:  # the merge names the parts it left
+                print(f"worker {k}/{instances} exited with code {code}", file=sys.stderr)
     return merge(target)
 
 

@@ -10,6 +10,8 @@ import pytest
 from lustrain_trainer import prepare as prep
 from lustrain_trainer.shards import read_index
 
+from lustrain.cli import main as cli_main
+
 #: small shards, so that the small corpus is cut into several parts and N workers each get some
 SMALL = ["--shard-size", "8KiB", "--val-fraction", "0.1"]
 
@@ -42,11 +44,12 @@ def test_one_two_and_four_workers_make_the_same_files_byte_for_byte(corpus: Path
     args = [*SMALL, "--tokenizer", tokenizer]
     one, two, four = tmp_path / "one", tmp_path / "two", tmp_path / "four"
     assert prep.main([str(corpus), str(one), *args]) == 0
-    # two workers by stages, in this process; four as separate processes (each its own tokenizer library state)
+    # two workers by stages, in this process; four as separate processes (each its own tokenizer library state), by
+    # the command a user runs
     assert prep.main([str(corpus), str(two), *args, "--stage", "plan"]) == 0
     work_in_process(corpus, two, 2)
     assert prep.main([str(two), "--stage", "merge"]) == 0
-    assert prep.main([str(corpus), str(four), *args, "--instances", "4"]) == 0
+    assert cli_main(["data", "prepare", str(corpus), str(four), *args, "--instances", "4"]) == 0
 
     files = tree(one)
     assert tree(two) == files and tree(four) == files
