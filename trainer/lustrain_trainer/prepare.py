@@ -250,12 +250,17 @@ class S3Store:
     def read_if_any(self, rel: str) -> bytes | None:
         from botocore.exceptions import ClientError
 
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self.prefix + rel)["Body"].read()  # type: ignore[no-any-return]
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise PrepareError(f"reading {self.label}/{rel}: {exc}") from exc
+        def get() -> bytes | None:
+            try:
+                return self.client.get_object(Bucket=self.bucket, Key=self.prefix + rel)["Body"].read()  # type: ignore[no-any-return]
+            except ClientError as exc:
+                # NoSuchKey needs s3:ListBucket, which listing OUT needs anyway (without it S3 answers AccessDenied:
+                # GetObject's documentation)
+                if exc.response.get("Error", {}).get("Code") == "NoSuchKey":
+                    return None
+                raise
+
+        return self._call(f"reading {self.label}/{rel}", get)  # type: ignore[no-any-return]
 
     def write(self, rel: str, data: bytes) -> None:
         self._call(f"writing {self.label}/{rel}",
@@ -548,7 +553,8 @@ def plan(src: Store, out: Store, pattern: str = "**/*", max_bytes: int | None = 
     }
     if trained:
         document["tokenizer_source"] = trained
-    text = (json.dumps(document, indent=1) + "\n").encode()
+    # compact: a corpus of millions of files makes a plan of hundreds of MB, which every worker reads
+    text = (json.dumps(document, separators=(",", ":")) + "\n").encode()
     if out.read_if_any(PLAN_NAME) != text:
         out.delete(rel for rel in sorted(out.sizes()) if is_output(rel))
     if tokenizer_json is not None:
