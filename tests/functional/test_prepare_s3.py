@@ -49,10 +49,14 @@ def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
         keys = {o["Key"]: o for o in s3.list_objects_v2(Bucket="prepared")["Contents"]}
         remote = {key.removeprefix("runs/one/"): s3.get_object(Bucket="prepared", Key=key)["Body"].read()
                   for key in keys}
+        # another plan into the same OUT removes the previous preparation's files
+        assert prep.main([src, out, "--shard-size", "1MiB", "--stage", "plan"]) == 0
+        replanned = [o["Key"] for o in s3.list_objects_v2(Bucket="prepared")["Contents"]]
         missing = prep.main(["s3://nowhere/web", str(tmp_path / "none"), "--stage", "plan"])
 
     assert missing == 2 and "listing s3://nowhere/web: NoSuchBucket" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+    assert replanned == ["runs/one/prepare-plan.json"]
     assert sorted(remote) == sorted(local)
     shards = [name for name in local if name.endswith(".bin")]
     assert len(shards) > 3 and all(remote[name] == local[name] for name in shards)

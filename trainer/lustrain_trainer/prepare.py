@@ -215,6 +215,7 @@ class S3Store:
         self._staging: Path | None = None
 
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        from boto3.exceptions import Boto3Error
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -222,7 +223,7 @@ class S3Store:
         except ClientError as exc:
             error = exc.response.get("Error", {})
             raise PrepareError(f"{what}: {error.get('Code')}: {error.get('Message')}") from exc
-        except BotoCoreError as exc:
+        except (BotoCoreError, Boto3Error) as exc:  # Boto3Error: upload_file's S3UploadFailedError
             raise PrepareError(f"{what}: {exc}") from exc
 
     def _list(self) -> list[tuple[str, int]]:
@@ -280,8 +281,13 @@ class S3Store:
     def delete(self, rels: Iterable[str]) -> None:
         keys = [{"Key": self.prefix + rel} for rel in rels]
         for start in range(0, len(keys), 1000):  # DeleteObjects takes up to 1,000 keys
-            self._call(f"deleting under {self.label}", lambda start=start: self.client.delete_objects(
+            answer = self._call(f"deleting under {self.label}", lambda start=start: self.client.delete_objects(
                 Bucket=self.bucket, Delete={"Objects": keys[start : start + 1000], "Quiet": True}))
+            # a key it could not delete is in Errors, not an exception
+            if answer.get("Errors"):
+                error = answer["Errors"][0]
+                raise PrepareError(f"deleting s3://{self.bucket}/{error.get('Key')}: {error.get('Code')}: "
+                                   f"{error.get('Message')} ({len(answer['Errors'])} keys not deleted)")
 
 
 Store = LocalStore | S3Store
