@@ -298,25 +298,28 @@ def ensure_data(spec: JobSpec, say: Printer) -> None:
     if s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
         return
     shards = example_shards()
-    for path in sorted(shards.iterdir()):
-        s3.upload_file(str(path), bucket, prefix + path.name)
-    size = sum(p.stat().st_size for p in shards.iterdir())
+    # the shards, the index, the plan and its parts
+    files = sorted(p for p in shards.rglob("*") if p.is_file())
+    for path in files:
+        s3.upload_file(str(path), bucket, prefix + path.relative_to(shards).as_posix())
+    size = sum(p.stat().st_size for p in files)
     say(
         f"data: {spec.data.s3_uri} was empty: uploaded the stdlib corpus as token shards ({size / 2**20:.1f} MiB)"
     )
 
 
 def example_shards(max_bytes: str = "3MiB") -> Path:
-    """Token shards of the standard library's source, made once per Python version and kept under .lustrain/."""
+    """Token shards of the standard library's source, made once per Python version and shard layout and kept under
+    .lustrain/."""
+    from lustrain_trainer import prepare
+
     cache = (
         REPO_ROOT
         / ".lustrain"
         / "cache"
-        / f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{max_bytes}"
+        / f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{max_bytes}-{prepare.LAYOUT}"
     )
     if not (cache / "index.json").exists():
-        from lustrain_trainer import prepare
-
         with tempfile.TemporaryDirectory(
             dir=cache.parent.parent if cache.parent.parent.exists() else None
         ) as tmp:
