@@ -6,13 +6,16 @@ standard library's source, rehearse.example_shards, one cache per tokenizer: the
 split) for the same wall time each, and each one's final validation bits per byte is printed: a loss per byte of
 the same val text, comparable across tokenizers where a loss per token is not (metrics.bits_per_byte).
 
-The same wall time: the baseline trains its spec's max_steps (or --baseline-steps); the Llama model's step rate is
-measured by a short calibration run, and it trains as many steps as fit in the baseline's training time (each run
-warms up and decays its learning rate over its own steps, as a run of that length would). Both evaluate once, at
-the end, over their whole val split (eval_batches past its size). Rates are those of this machine at the time: run
-on a busy machine, the load is printed, and the wall times printed beside the figures show how close they came.
-Each trains as one process on this machine's CPUs (the rehearsal's two instances are two ranks of the same
-batches each: the same for both models).
+The same wall time: the baseline trains its spec's max_steps (or --baseline-steps), and the Llama model as many
+steps as take the same time, each run warming up and decaying its learning rate over its own steps as a run of that
+length would. Both presets train on one thread (cpu_threads 1), so on a quiet machine a training process's wall time
+is its CPU time; on a busy one (where this was measured: the load is printed) its wall time is stretched by whatever
+else runs, by a different amount for each run, while its CPU time is not. So the time matched is the CPU time of the
+whole training process (start, steps, the final evaluation, the model's writing): the Llama model's per-step and
+fixed CPU seconds are measured by two calibration runs of different lengths, and it trains the steps that give the
+baseline's CPU time. Each run's CPU and wall seconds are printed beside its figures. Both evaluate once, at the end,
+over their whole val split (eval_batches past its size). Each trains as one process (the rehearsal's two instances
+are two ranks of the same batches each: the same for both models).
 
 Then the Llama model is exported with `lustrain export`, loaded with transformers (LlamaForCausalLM), its logits
 on a window of val text compared with ours (fp32), and both generate greedily from the same prompt: the same text
@@ -20,8 +23,8 @@ on a window of val text compared with ours (fp32), and both generate greedily fr
 
     python bench/llm_rehearsal.py [--baseline-steps 150 600] [--tokenizer bpe:4096] [--no-export]
 
-Each budget ends in key=value lines: <model>_val_bpb, <model>_wall_s (the training process), <model>_train_s (its
-steps at its measured rate), <model>_steps; then export_logits_max_abs_diff, export_logits_equal, generated_*.
+Each budget ends in key=value lines: <model>_val_bpb, <model>_cpu_s and <model>_wall_s (the training process),
+<model>_steps; then export_logits_max_abs_diff, export_logits_equal, generated_*.
 Exit status 1 where the Llama model learned less, or the export's logits or greedy text differ from ours.
 """
 
@@ -30,8 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import statistics
+import resource
 import subprocess
 import sys
 import tempfile
@@ -44,8 +46,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_SPEC = REPO / "examples" / "tiny.yaml"
 LLAMA_SPEC = REPO / "examples" / "llama-tiny.yaml"
-#: steps of the calibration run that measures the Llama model's rate (its first log interval is left out)
-CALIBRATION_STEPS, LOG_INTERVAL = 40, 10
+#: the steps of the two calibration runs that measure the Llama model's CPU seconds per step and fixed ones
+CALIBRATION_STEPS, LOG_INTERVAL = (20, 60), 10
 PROMPT = "def "
 
 
@@ -55,8 +57,7 @@ def spec_hyperparameters(path: Path) -> dict[str, Any]:
 
 def train(data: Path, hyperparameters: dict[str, Any], steps: int, into: Path) -> dict[str, Any]:
     """Run train.py in a process of its own for `steps` steps, one evaluation at the end over the whole val split;
-    its summary's final block, its steps per second from its metric lines (the first interval, which holds the
-    first steps' warm-up, left out) and its model directory."""
+    its summary's final block, the process's CPU and wall seconds and its model directory."""
     args = {
         **hyperparameters,
         "max_steps": steps,
@@ -82,17 +83,14 @@ def train(data: Path, hyperparameters: dict[str, Any], steps: int, into: Path) -
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "trainer"), os.environ.get("PYTHONPATH", "")]),
     }
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    after, wall_s = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"train.py failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     summary = json.loads((into / "output" / "summary.json").read_text())
-    rates = [float(m.group(1)) for m in re.finditer(r"tokens_per_s=([0-9.]+)", done.stdout)][1:]
-    batch_tokens = int(summary["hyperparameters"]["batch_size"]) * int(summary["hyperparameters"]["seq_len"])
-    return {
-        **summary["final"],
-        "steps_per_s": statistics.median(rates) / batch_tokens if rates else None,
-        "model": into / "model",
-    }
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {**summary["final"], "cpu_s": cpu_s, "wall_s": wall_s, "model": into / "model"}
 
 
 def export_and_compare(model_dir: Path, data: Path, out: Path) -> list[str]:
@@ -178,14 +176,15 @@ def main() -> int:
     print(f"data_prepare_s={time.monotonic() - started:.1f} (cached after the first run)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        calibration = train(bpe_data, llama_hp, CALIBRATION_STEPS, root / "calibration")
-        print(f"llama_steps_per_s={calibration['steps_per_s']:.2f} (calibration, {CALIBRATION_STEPS} steps)")
+        short, long = (train(bpe_data, llama_hp, n, root / f"calibration-{n}") for n in CALIBRATION_STEPS)
+        per_step = (long["cpu_s"] - short["cpu_s"]) / (CALIBRATION_STEPS[1] - CALIBRATION_STEPS[0])
+        fixed = short["cpu_s"] - CALIBRATION_STEPS[0] * per_step
+        print(f"llama_cpu_s_per_step={per_step:.3f} llama_cpu_s_fixed={fixed:.1f} (calibration)", flush=True)
         last_llama: Path | None = None
         ok = True
         for n, steps in enumerate(budgets):
             gpt = train(bytes_data, base_hp, steps, root / f"gpt-{n}")
-            train_s = steps / gpt["steps_per_s"]
-            llama_steps = max(1, round(train_s * calibration["steps_per_s"]))
+            llama_steps = max(1, round((gpt["cpu_s"] - fixed) / per_step))
             llama = train(bpe_data, llama_hp, llama_steps, root / f"llama-{n}")
             print(
                 f"budget={n} baseline={base_hp['preset']}/gpt/bytes candidate={llama_hp['preset']}/llama/"
@@ -194,7 +193,7 @@ def main() -> int:
             for name, run in (("gpt_bytes", gpt), ("llama_bpe", llama)):
                 print(
                     f"{name}_steps={run['step']} {name}_val_bpb={run['val_bpb']:.4f} "
-                    f"{name}_train_s={run['step'] / run['steps_per_s']:.1f} {name}_wall_s={run['elapsed_s']:.1f}",
+                    f"{name}_cpu_s={run['cpu_s']:.1f} {name}_wall_s={run['wall_s']:.1f}",
                     flush=True,
                 )
             ok &= llama["val_bpb"] <= gpt["val_bpb"]
