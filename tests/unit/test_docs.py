@@ -92,7 +92,32 @@ def test_the_readme_points_into_every_page_of_docs():
 
 def test_each_generated_table_lives_in_one_page_with_its_closing_marker():
     pages = [README, *DOCS]
-    for marker in ("launch-plan-fields", "run-document-sections", "failure-classes", "template-parameters"):
+    markers = (
+        "launch-plan-fields",
+        "run-document-sections",
+        "failure-classes",
+        "template-parameters",
+        "checkov-skips",
+    )
+    for marker in markers:
         holding = [page.name for page in pages if f"<!-- {marker} -->" in page.read_text()]
         assert len(holding) == 1, (marker, holding)
         assert f"<!-- /{marker} -->" in (ROOT / "docs" / holding[0]).read_text()
+
+
+def test_the_security_pages_checkov_skips_are_the_templates_and_add_up_to_the_quoted_count():
+    skipped: dict[str, int] = {}
+    for resource in load_template(ROOT / "template.yaml")["Resources"].values():
+        for skip in ((resource.get("Metadata") or {}).get("checkov") or {}).get("skip") or []:
+            skipped[skip["id"]] = skipped.get(skip["id"], 0) + 1
+    security = (ROOT / "docs" / "security.md").read_text()
+    table = security.split("<!-- checkov-skips -->\n")[1].split("<!-- /checkov-skips -->")[0]
+    listed: dict[str, int] = {}
+    for row in table.strip().splitlines()[2:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        for check in re.findall(r"CKV_AWS_\d+", cells[0]):
+            listed[check] = int(cells[2].split()[0])
+    assert listed == skipped, "(a check, the resources that skip it): regenerate the table from template.yaml"
+    # checkov counts a skip per check and resource: the figure the pages quote is this sum
+    total = f"{sum(skipped.values())} skipped"
+    assert total in security and total in (ROOT / "docs" / "figures.md").read_text()
