@@ -121,3 +121,24 @@ def test_the_security_pages_checkov_skips_are_the_templates_and_add_up_to_the_qu
     # checkov counts a skip per check and resource: the figure the pages quote is this sum
     total = f"{sum(skipped.values())} skipped"
     assert total in security and total in (ROOT / "docs" / "figures.md").read_text()
+
+
+def test_the_dependency_table_names_every_dependency_and_only_those():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    required = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    declared = {re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower() for requirement in required}
+    makefile = (ROOT / "Makefile").read_text()
+    installed_apart = {
+        name
+        for name in ("aws-sam-cli", "checkov")
+        if f"install --quiet --disable-pip-version-check {name}" in makefile
+    }
+    text = (ROOT / "docs" / "development.md").read_text()
+    table = text.split("## Dependencies, and why each")[1]
+    rows = [row for row in table.splitlines() if row.startswith("| ") and not row.startswith("| package")]
+    cells = [re.sub(r"\s*\([^)]*\)", "", row.split("|")[1]) for row in rows]  # "torch (2.13.0, CPU wheel)"
+    named = {name.strip().lower() for cell in cells for name in cell.split(",")}
+    assert installed_apart == {"aws-sam-cli", "checkov"}
+    assert named == declared | installed_apart
