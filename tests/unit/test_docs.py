@@ -142,3 +142,30 @@ def test_the_dependency_table_names_every_dependency_and_only_those():
     named = {name.strip().lower() for cell in cells for name in cell.split(",")}
     assert installed_apart == {"aws-sam-cli", "checkov"}
     assert named == declared | installed_apart
+
+
+def test_every_page_quotes_the_fault_matrix_at_its_size():
+    import sys
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from bench import fault_matrix  # the bench lives beside the tests, not in a package
+
+    size = len(fault_matrix.cases())
+    quoted = {
+        "README.md": r"fault matrix's (\d+) runs",
+        "docs/figures.md": r"(\d+) faults tried",
+        "docs/reliability.md": r"\*\*total\*\* \| \*\*(\d+)\*\*",
+    }
+    for page, pattern in quoted.items():
+        found = re.findall(pattern, (ROOT / page).read_text())
+        assert found and {int(n) for n in found} == {size}, (page, found, size)
+    rows = (ROOT / "docs" / "reliability.md").read_text().split("| faults | runs |")[1].split("**total**")[0]
+    assert (
+        sum(
+            int(row.split("|")[2])
+            for row in rows.splitlines()
+            if row.count("|") > 3 and row.split("|")[2].strip().isdigit()
+        )
+        == size
+    )
