@@ -44,6 +44,13 @@ def _jobs(backend: SageMakerModelBackend) -> dict[str, ProcessingJob]:
     return jobs
 
 
+def jobs(account: str, region: str) -> dict[str, ProcessingJob]:
+    """The twin's processing jobs of an account and region, by name."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    return _jobs(sagemaker_backends[account][region])
+
+
 def s3_endpoint() -> str:
     """An endpoint of this process's moto on this machine, for a container's own calls: the server's when the twin
     runs as one (MOTO_PORT), else a server started once for the purpose (it shares this process's backends)."""

@@ -358,6 +358,8 @@ class ProcessingRun:
             AWS_REGION=self.job.region,
             AWS_ENDPOINT_URL=self.s3_endpoint(),
             PYTHONUNBUFFERED="1",
+            # the image's python3 is this machine's (the one the twin runs on, with numpy and tokenizers)
+            PATH=os.pathsep.join([os.path.dirname(sys.executable), base.get("PATH", os.defpath)]),
         )
         for variable in ("AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE"):
             base.pop(variable, None)

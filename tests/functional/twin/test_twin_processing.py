@@ -128,7 +128,7 @@ class World:
         CreateProcessingJob's thread ends its job; the job's own done flag is what we wait on)."""
         from lustrain.twin.patches import processing
 
-        backend_jobs = processing._jobs(_backend())
+        backend_jobs = processing.jobs(ACCOUNT, REGION)
         assert backend_jobs[name]._done.wait(120), f"{name} did not end"
         from lustrain.twin.patches import eventbridge
 
@@ -138,12 +138,6 @@ class World:
             for e in self.events()
             if e["detail"]["ProcessingJobName"] == name and e["detail-type"] == EVENT
         ]
-
-
-def _backend() -> Any:
-    from moto.sagemaker.models import sagemaker_backends
-
-    return sagemaker_backends[ACCOUNT][REGION]
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +250,7 @@ def test_stop_ends_every_instance_and_the_job_as_stopped(twin: World) -> None:
     twin.sm.create_processing_job(**twin.request("prep-stop", mode="wait"))
     from lustrain.twin.patches import processing
 
-    job = processing._jobs(_backend())["prep-stop"]
+    job = processing.jobs(ACCOUNT, REGION)["prep-stop"]
     started = threading.Event()
 
     def running() -> bool:

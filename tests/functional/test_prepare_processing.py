@@ -1,0 +1,262 @@
+"""Data preparation as SageMaker Processing jobs: the stages' requests pass botocore's model, and a stage's job,
+built by aws_requests.prepare_job and started by steps/prepare, runs the trainer package's prepare on the twin (the
+job's code shipped as upload_code's bundle, in a private subnet that reaches S3 through its gateway endpoint, as a
+role that reads the source and writes the output only) and writes the same shards as a local run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from lustrain_core import aws_requests, limits, prepare_plan
+from lustrain_core.config import Settings
+from lustrain_core.errors import PrepareFailed
+from lustrain_core.images import prepare_image
+from lustrain_core.steps import prepare
+from lustrain_core.steps.code import build_bundle
+
+from lustrain.twin import simulator
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+BUCKET = "lustrain-prep-data"
+ARTIFACTS = "lustrain-prep-artifacts"
+TRAINER = Path(__file__).resolve().parents[2] / "trainer"
+CORPUS = {
+    "corpus/a.txt": ("the quick brown fox jumps over the lazy dog\n" * 40).encode(),
+    "corpus/sub/b.txt": ("pack my box with five dozen liquor jugs\n" * 30).encode(),
+    "corpus/c.txt": "naïve café, déjà vu: unicode text survives\n".encode() * 20,
+}
+
+
+def _run(**overrides: Any) -> prepare_plan.PrepareRun:
+    given: dict[str, Any] = {
+        "job_id": "corpus-prep-0123abcd",
+        "source": f"s3://{BUCKET}/corpus/",
+        "output": f"s3://{BUCKET}/shards/",
+        "tokenizer": "bytes",
+        "instances": 4,
+    }
+    given.update(overrides)
+    return prepare_plan.PrepareRun(**given)
+
+
+def _request(run: prepare_plan.PrepareRun, stage: str, settings: Settings, **network: Any) -> dict[str, Any]:
+    return aws_requests.prepare_job(
+        run,
+        stage,
+        role_arn=f"arn:aws:iam::{ACCOUNT}:role/lustrain-prepare",
+        image_uri=prepare_image(REGION),
+        code_s3_uri=f"s3://{ARTIFACTS}/code/{run.job_id}/abc/sourcedir.tar.gz",
+        subnet_id=network.get("subnet_id", "subnet-0123456789abcdef0"),
+        security_group_ids=network.get("security_group_ids", ["sg-0123456789abcdef0"]),
+        tags=[{"Key": "lustrain:job-id", "Value": run.job_id}],
+        settings=settings,
+    )
+
+
+@pytest.mark.parametrize("stage", ["plan", "work", "merge", "whole"])
+def test_every_stage_request_passes_botocores_model(stage: str, settings: Settings) -> None:
+    run = _run(job_id="a-very-long-spec-name-that-fills-forty-c-0123abcd", tokenizer="bpe:4096")
+    request = _request(run, stage, settings)
+    assert limits.problems("sagemaker", "CreateProcessingJob", request) == []
+    cluster = request["ProcessingResources"]["ClusterConfig"]
+    # the BPE is trained once (plan) and the index merged once: only the work is split
+    assert cluster["InstanceCount"] == (4 if stage == "work" else 1)
+    assert len(request["ProcessingJobName"]) <= 63 and request["ProcessingJobName"].endswith(f"-prep-{stage}")
+    assert request["NetworkConfig"]["VpcConfig"]["Subnets"] == ["subnet-0123456789abcdef0"]
+    assert "huggingface-pytorch-training" in request["AppSpecification"]["ImageUri"]
+    assert all(len(item) <= 256 for item in request["AppSpecification"]["ContainerEntrypoint"])
+
+
+def test_the_stages_follow_the_contract() -> None:
+    run = _run(tokenizer="bpe:4096")
+    assert run.arguments("plan")[2:] == ["--stage", "plan", "--tokenizer", "bpe:4096"]
+    assert run.arguments("work")[2:] == ["--stage", "work", "--worker", "auto", "--workers", "4"]
+    assert run.arguments("merge")[2:] == ["--stage", "merge"]
+    assert prepare_plan.next_stage(run, []) == "plan"
+    assert prepare_plan.next_stage(run, ["plan"]) == "work"
+    assert prepare_plan.next_stage(run, ["plan", "work", "merge"]) is None
+    assert prepare_plan.next_stage(_run(staged=False), []) == "whole"
+
+
+def test_the_estimate_splits_the_work_not_the_overhead() -> None:
+    one = prepare_plan.estimate(10**12, 1)
+    four = prepare_plan.estimate(10**12, 4)
+    assert four.seconds < one.seconds / 3
+    assert four.instance_hours >= one.instance_hours  # more instances cost at least as much
+
+
+def test_a_failed_stage_names_the_job_and_sagemakers_reason() -> None:
+    assert prepare.outcome({"ProcessingJobStatus": "Completed"}) == "Completed"
+    assert prepare.outcome({"ProcessingJobStatus": "InProgress"}) == "InProgress"
+    with pytest.raises(PrepareFailed, match="x-prep-work Failed: AlgorithmError: boom"):
+        prepare.outcome(
+            {
+                "ProcessingJobName": "x-prep-work",
+                "ProcessingJobStatus": "Failed",
+                "FailureReason": "AlgorithmError: boom",
+            }
+        )
+
+
+def _role(iam: Any, run: prepare_plan.PrepareRun) -> str:
+    """A role SageMaker may assume that reads the code and the source and writes the output, and nothing else."""
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "sagemaker.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+    arn = str(
+        iam.create_role(RoleName="lustrain-prepare", AssumeRolePolicyDocument=json.dumps(trust))["Role"][
+            "Arn"
+        ]
+    )
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": [f"arn:aws:s3:::{BUCKET}", f"arn:aws:s3:::{ARTIFACTS}"],
+            },
+            {
+                "Effect": "Allow",
+                "Action": "s3:GetObject",
+                "Resource": [
+                    f"arn:aws:s3:::{BUCKET}/corpus/*",
+                    f"arn:aws:s3:::{ARTIFACTS}/code/{run.job_id}/*",
+                ],
+            },
+            {"Effect": "Allow", "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{BUCKET}/shards/*"},
+            {
+                "Effect": "Allow",
+                "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+                "Resource": "*",
+            },
+            {
+                "Effect": "Allow",
+                "Action": [
+                    f"ec2:{a}"
+                    for a in (
+                        "CreateNetworkInterface",
+                        "CreateNetworkInterfacePermission",
+                        "DeleteNetworkInterface",
+                        "DeleteNetworkInterfacePermission",
+                        "DescribeNetworkInterfaces",
+                        "DescribeVpcs",
+                        "DescribeDhcpOptions",
+                        "DescribeSubnets",
+                        "DescribeSecurityGroups",
+                    )
+                ],
+                "Resource": "*",
+            },
+        ],
+    }
+    iam.put_role_policy(RoleName="lustrain-prepare", PolicyName="prepare", PolicyDocument=json.dumps(policy))
+    return arn
+
+
+def _trainer_files() -> list[tuple[str, bytes]]:
+    return [
+        (path.relative_to(TRAINER).as_posix(), path.read_bytes())
+        for path in sorted(TRAINER.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    ]
+
+
+def test_the_one_instance_stage_runs_the_trainers_prepare_on_the_twin_and_writes_a_local_runs_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Settings
+) -> None:
+    from lustrain_trainer import prepare as trainer_prepare
+    from moto import mock_aws
+
+    from lustrain.twin import patches
+
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    patches.install()
+    previous = simulator.settings()
+    simulator.configure(start_delay_s=0.05, work_root=tmp_path / "jobs")
+    run = _run(staged=False, instances=1)
+    try:
+        with mock_aws():
+            s3 = boto3.client("s3", region_name=REGION)
+            for bucket in (BUCKET, ARTIFACTS):
+                s3.create_bucket(Bucket=bucket)
+            for key, body in CORPUS.items():
+                s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+            code_key = f"code/{run.job_id}/abc/sourcedir.tar.gz"
+            s3.put_object(Bucket=ARTIFACTS, Key=code_key, Body=build_bundle(_trainer_files()))
+            ec2 = boto3.client("ec2", region_name=REGION)
+            vpc = ec2.create_vpc(CidrBlock="10.82.0.0/16")["Vpc"]["VpcId"]
+            subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.82.1.0/24")["Subnet"]["SubnetId"]
+            group = ec2.create_security_group(GroupName="prep", Description="prep", VpcId=vpc)["GroupId"]
+            table = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"][0]
+            ec2.create_vpc_endpoint(
+                VpcId=vpc,
+                ServiceName=f"com.amazonaws.{REGION}.s3",
+                VpcEndpointType="Gateway",
+                RouteTableIds=[table["RouteTableId"]],
+            )
+            role = _role(boto3.client("iam", region_name=REGION), run)
+            request = aws_requests.prepare_job(
+                run,
+                "whole",
+                role_arn=role,
+                image_uri=prepare_image(REGION),
+                code_s3_uri=f"s3://{ARTIFACTS}/{code_key}",
+                subnet_id=subnet,
+                security_group_ids=[group],
+                tags=[{"Key": "lustrain:job-id", "Value": run.job_id}],
+                settings=settings,
+            )
+            sm = boto3.client("sagemaker", region_name=REGION)
+            assert prepare.start(sm, request) == "InProgress"
+            assert prepare.start(sm, request) == "InProgress"  # a retried start carries on with the same job
+
+            from lustrain.twin.patches import processing
+
+            job = processing.jobs(ACCOUNT, REGION)[request["ProcessingJobName"]]
+            assert job._done.wait(300)
+            described = sm.describe_processing_job(ProcessingJobName=request["ProcessingJobName"])
+            assert prepare.outcome(described) == "Completed", described.get("FailureReason")
+            written = {
+                o["Key"].removeprefix("shards/"): s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
+                for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="shards/")["Contents"]
+            }
+    finally:
+        simulator.configure(**{f: getattr(previous, f) for f in previous.__dataclass_fields__})
+
+    local_src = tmp_path / "src"
+    for key, body in CORPUS.items():
+        (local_src / key).parent.mkdir(parents=True, exist_ok=True)
+        (local_src / key).write_bytes(body)
+    assert trainer_prepare.main([str(local_src / "corpus"), str(tmp_path / "local")]) == 0
+    local = {
+        p.relative_to(tmp_path / "local").as_posix(): p.read_bytes()
+        for p in (tmp_path / "local").rglob("*")
+        if p.is_file()
+    }
+    assert "index.json" in written
+    shards = sorted(name for name in local if name != "index.json")
+    assert shards and all(written[name] == local[name] for name in shards)
+    # the index records where the source was read from, which differs (a local path here): compare the rest
+    ours, theirs = json.loads(written["index.json"]), json.loads(local["index.json"])
+    ours.pop("source", None)
+    theirs.pop("source", None)
+    assert ours == theirs
