@@ -30,7 +30,8 @@ STAGES = ("plan", "work", "merge")
 WHOLE = ("whole",)
 #: plan and merge are small: one instance each, whatever --instances says
 SINGLE_INSTANCE_STAGES = frozenset({"plan", "merge", "whole"})
-DEFAULT_INSTANCE_TYPE = "ml.c5.4xlarge"
+#: in the instance catalogue (data/instance_types.json), so that `lustrain plan` can price it
+DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"
 #: the instance's volume holds the code, the tokenizer's sample and the shards in flight (a shard is 256 MiB)
 VOLUME_GIB = 100
 #: the longest one stage may run (SageMaker's MaxRuntimeInSeconds allows 5 days; botocore: 1..777600)
@@ -46,11 +47,12 @@ ENTRY_SCRIPT = (
 )
 ENTRYPOINT = ["/bin/sh", "-c", ENTRY_SCRIPT, "prepare", CODE_DIR]
 
-#: Tokens per second one instance of DEFAULT_INSTANCE_TYPE tokenizes, until the preparation's own estimate
-#: (bench/prepare.py's measurement) replaces it: the byte tokenizer's rate on this project's reference machine is
-#: far higher; a byte-level BPE in `tokenizers` runs at roughly 1 to 2 MB of text per second per core, and
-#: c5.4xlarge has 16 vCPUs. A deliberately low figure: it is used for `lustrain plan`'s estimate only.
-TOKENS_PER_SECOND_PER_INSTANCE = 4_000_000
+#: Tokens per second one instance of DEFAULT_INSTANCE_TYPE tokenizes, until the preparation's own estimate (the
+#: prepare engineer's pure estimate function, from bench/prepare.py's measurement) replaces it. Where it comes
+#: from: a byte-level BPE in Hugging Face `tokenizers` encodes on the order of 1 MB of text per second per core,
+#: about 250,000 tokens at 4 bytes a token, and ml.c5.xlarge has 4 vCPUs. Not measured on SageMaker: used for
+#: `lustrain plan`'s estimate only.
+TOKENS_PER_SECOND_PER_INSTANCE = 1_000_000
 #: about 4 bytes of English text per BPE token
 BYTES_PER_TOKEN = 4.0
 #: a processing job's start (instances, image pull) and end, per stage
@@ -108,6 +110,10 @@ class Estimate:
     seconds: float
     instance_hours: float
 
+    def cost_usd(self, hourly_usd: float | None) -> float | None:
+        """What the instances bill at `hourly_usd` each (None when the type has no price)."""
+        return None if hourly_usd is None else round(self.instance_hours * hourly_usd, 2)
+
 
 def estimate(source_bytes: int, instances: int) -> Estimate:
     """The wall time and instance-hours of preparing `source_bytes` of text on `instances` instances."""
@@ -117,3 +123,36 @@ def estimate(source_bytes: int, instances: int) -> Estimate:
     seconds = work + stages_seconds
     instance_hours = (work * instances + STAGE_OVERHEAD_SECONDS * (instances + 2)) / 3600
     return Estimate(seconds=math.ceil(seconds), instance_hours=instance_hours)
+
+
+def plan_of(
+    name: str, instances: int, instance_type: str, source_gib: float, hourly_usd: float | None
+) -> dict[str, object]:
+    """`lustrain plan` of a kind: prepare spec: its stages, wall time, instance-hours and cost."""
+    found = estimate(int(source_gib * 2**30), instances)
+    return {
+        "name": name,
+        "kind": "prepare",
+        "stages": [f"{stage} x{1 if stage in SINGLE_INSTANCE_STAGES else instances}" for stage in STAGES],
+        "instance_type": instance_type,
+        "source_gib": source_gib,
+        "wall_hours": round(found.seconds / 3600, 2),
+        "instance_hours": round(found.instance_hours, 2),
+        "cost_usd": found.cost_usd(hourly_usd),
+        "tokens_per_second_per_instance": TOKENS_PER_SECOND_PER_INSTANCE,
+    }
+
+
+def render_plan(plan: dict[str, object]) -> str:
+    cost = plan["cost_usd"]
+    return "\n".join(
+        (
+            f"{plan['name']}: data preparation of {plan['source_gib']} GiB on {plan['instance_type']}",
+            f"  stages:         {', '.join(plan['stages'])}",  # type: ignore[arg-type]
+            f"  wall time:      {plan['wall_hours']} h",
+            f"  instance-hours: {plan['instance_hours']}",
+            f"  cost:           {'unknown (no price for the type)' if cost is None else f'${cost:,.2f}'}",
+            f"  (at {plan['tokens_per_second_per_instance']:,} tokens/s per instance, an estimate "
+            "not yet measured on SageMaker)",
+        )
+    )
