@@ -284,3 +284,23 @@ def test_refused_as_aws_refuses(twin: World) -> None:
     with pytest.raises(ClientError, match="Requested resource not found"):
         twin.sm.describe_processing_job(ProcessingJobName="prep-never")
     assert twin.wait_for_end("prep-once") == ["InProgress", "Completed"]
+
+
+def test_creating_a_processing_job_needs_its_action_addtags_for_its_tags_and_passrole_to_sagemaker() -> None:
+    """What the twin's IAM asks of a caller of CreateProcessingJob, as of one of CreateTrainingJob (Service
+    Authorization Reference: resource processing-job; tags on create need sagemaker:AddTags; the role is passed)."""
+    from lustrain.twin.iam.actions import Call, needs_of
+
+    role = f"arn:aws:iam::{ACCOUNT}:role/lustrain-prepare"
+    params = {
+        "ProcessingJobName": "prep-1",
+        "RoleArn": role,
+        "Tags": [{"Key": "lustrain:job-id", "Value": "j"}],
+    }
+    needs = needs_of(Call("sagemaker", "CreateProcessingJob", params, REGION, ACCOUNT), None)
+    job_arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:processing-job/prep-1"
+    by_action = {need.action: need for need in needs}
+    assert by_action["sagemaker:CreateProcessingJob"].resource == job_arn
+    assert by_action["sagemaker:AddTags"].resource == job_arn
+    assert by_action["iam:PassRole"].resource == role
+    assert by_action["iam:PassRole"].context == {"iam:PassedToService": "sagemaker.amazonaws.com"}
