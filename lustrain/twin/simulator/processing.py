@@ -72,6 +72,25 @@ MAX_RUNTIME_REASON = "Max runtime exceeded"
 #: authorize(service, operation, params) as the job's role; raises ClientError when refused
 Authorize = Callable[[str, str, dict[str, Any]], None]
 
+#: every processing job started in this process, for reset()
+_LIVE: list[ProcessingJob] = []
+_LIVE_LOCK = threading.Lock()
+
+
+def reset(timeout: float = 30.0) -> None:
+    """Stop every processing job at once (no grace: its processes are killed) and forget them, as the training
+    simulator's reset does: a fresh twin."""
+    with _LIVE_LOCK:
+        jobs, _LIVE[:] = list(_LIVE), []
+    for job in jobs:
+        job.request_stop()
+        job._stop.set()
+        for process in list(job._processes):
+            kill(process)
+    deadline = time.monotonic() + timeout
+    for job in jobs:
+        job._done.wait(max(0.0, deadline - time.monotonic()))
+
 
 class ProcessingJob:
     """A processing job's state, moved by its thread and read by the patched API."""
@@ -217,6 +236,8 @@ class ProcessingRun:
         self.hosts = [f"algo-{k}" for k in range(1, job.instance_count + 1)]
 
     def start(self) -> threading.Thread:
+        with _LIVE_LOCK:
+            _LIVE.append(self.job)
         thread = threading.Thread(target=self.run, name=f"processing-{self.job.name}", daemon=True)
         thread.start()
         return thread

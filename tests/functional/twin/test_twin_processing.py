@@ -197,6 +197,7 @@ def twin(world: World, tmp_path: Any) -> Any:
     simulator.configure(start_delay_s=0.05, stop_grace_s=5.0, work_root=tmp_path / "jobs")
     world.events()
     yield world
+    simulator.reset()
     simulator.configure(**dataclasses.asdict(previous))
 
 
@@ -269,6 +270,18 @@ def test_stop_ends_every_instance_and_the_job_as_stopped(twin: World) -> None:
     assert all(p.poll() is not None for p in job._processes)
     with pytest.raises(ClientError, match="in status Stopped"):
         twin.sm.stop_processing_job(ProcessingJobName="prep-stop")
+
+
+def test_the_twins_reset_ends_a_running_jobs_processes(twin: World) -> None:
+    from lustrain.twin.patches import processing
+
+    twin.sm.create_processing_job(**twin.request("prep-reset", mode="wait", instances=1))
+    job = processing.jobs(ACCOUNT, REGION)["prep-reset"]
+    while not job._processes and not job.done:
+        job._done.wait(0.05)
+    simulator.reset()
+    assert job.done and job.status == "Stopped"
+    assert all(p.poll() is not None for p in job._processes)
 
 
 def test_refused_as_aws_refuses(twin: World) -> None:
