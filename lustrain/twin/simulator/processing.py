@@ -29,8 +29,12 @@ How the cloud maps onto one machine:
   the job fails as a training job does (network.py).
 - Logs: each instance's output goes to /aws/sagemaker/ProcessingJobs, stream "<job name>/algo-K-<epoch seconds>",
   written as the job's role.
-- Stop: SIGTERM to every instance's process, then `stop_grace_s` before SIGKILL; MaxRuntimeInSeconds ends the job
-  as Failed ("Max runtime exceeded"), as SageMaker ends a processing job that runs out of time.
+- Stop: SIGTERM to every instance's process, then `stop_grace_s` before SIGKILL. MaxRuntimeInSeconds ends the
+  job the same way, as Failed with the reason "Max runtime exceeded" (the twin's wording: what SageMaker's
+  FailureReason says then is not checked against AWS).
+- Not enforced here (the README's known differences): the processing instance quotas ("ml.<type> for processing
+  job usage"), the image pull (the image's python3 is this machine's), and the rule that a LocalPath lies under
+  /opt/ml/processing/.
 """
 
 from __future__ import annotations
