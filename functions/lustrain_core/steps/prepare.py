@@ -13,11 +13,12 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.errors import PrepareFailed
 
 #: the resource type a stage's job is recorded under in the run's ledger (teardown stops what is still running)
-RESOURCE_TYPE = "processing_job"
+RESOURCE_TYPE = registry.PROCESSING_JOB.name
 EVENT_DETAIL_TYPE = "SageMaker Processing Job State Change"
 RUNNING = frozenset({"InProgress", "Stopping"})
 
