@@ -15,7 +15,7 @@ from lustrain_core import aws_requests, limits, prepare_plan
 from lustrain_core.config import Settings
 from lustrain_core.errors import PrepareFailed
 from lustrain_core.images import prepare_image
-from lustrain_core.steps import prepare
+from lustrain_core.steps import prepare, records
 from lustrain_core.steps.code import build_bundle
 
 from lustrain.twin import simulator
@@ -101,6 +101,60 @@ def test_a_failed_stage_names_the_job_and_sagemakers_reason() -> None:
                 "FailureReason": "AlgorithmError: boom",
             }
         )
+
+
+class _Stages:
+    """SageMaker as the stages' jobs see it: each one created is InProgress until the test ends it."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.created: list[str] = []
+
+    def describe_processing_job(self, ProcessingJobName: str) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
+        if ProcessingJobName not in self.jobs:
+            raise ClientError(
+                {"Error": {"Code": "ValidationException", "Message": "Requested resource not found."}},
+                "DescribeProcessingJob",
+            )
+        return self.jobs[ProcessingJobName]
+
+    def create_processing_job(self, **request: Any) -> None:
+        name = request["ProcessingJobName"]
+        self.created.append(name)
+        self.jobs[name] = {"ProcessingJobName": name, "ProcessingJobStatus": "InProgress", "request": request}
+
+    def end(self, name: str, status: str, reason: str = "") -> None:
+        self.jobs[name].update(ProcessingJobStatus=status, FailureReason=reason)
+
+
+def test_the_stages_start_one_after_the_other_each_once_and_a_failed_one_ends_the_run(aws: Settings) -> None:
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    run = _run(tokenizer="bpe:4096")
+    records.put_new(ddb, aws.jobs_table, {"job_id": run.job_id})
+    sm = _Stages()
+
+    def look(done: list[str]) -> dict[str, Any]:
+        return prepare.advance(
+            run, done, sagemaker=sm, ddb=ddb, settings=aws, request_of=lambda stage: _request(run, stage, aws)
+        )
+
+    first = look([])
+    assert (first["stage"], first["status"], sm.created) == ("plan", "InProgress", [run.job_name("plan")])
+    assert look([])["stage"] == "plan" and len(sm.created) == 1  # the work waits for the plan
+    sm.end(run.job_name("plan"), "Completed")
+    second = look(first["done"])
+    assert (second["done"], second["stage"]) == (["plan"], "work")
+    assert (
+        sm.jobs[run.job_name("work")]["request"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 4
+    )
+    sm.end(run.job_name("work"), "Failed", "AlgorithmError: worker algo-3 exited with code 1")
+    with pytest.raises(PrepareFailed, match="prep-work Failed: AlgorithmError: worker algo-3"):
+        look(second["done"])
+    assert run.job_name("merge") not in sm.created
+    ledger = records.get(ddb, aws.jobs_table, run.job_id)["resources"]
+    assert [r["id"] for r in ledger] == [run.job_name("plan"), run.job_name("work")]
 
 
 def _role(iam: Any, run: prepare_plan.PrepareRun) -> str:
@@ -214,27 +268,51 @@ def test_the_one_instance_stage_runs_the_trainers_prepare_on_the_twin_and_writes
                 RouteTableIds=[table["RouteTableId"]],
             )
             role = _role(boto3.client("iam", region_name=REGION), run)
-            request = aws_requests.prepare_job(
-                run,
-                "whole",
-                role_arn=role,
-                image_uri=prepare_image(REGION),
-                code_s3_uri=f"s3://{ARTIFACTS}/{code_key}",
-                subnet_id=subnet,
-                security_group_ids=[group],
-                tags=[{"Key": "lustrain:job-id", "Value": run.job_id}],
-                settings=settings,
-            )
             sm = boto3.client("sagemaker", region_name=REGION)
-            assert prepare.start(sm, request) == "InProgress"
-            assert prepare.start(sm, request) == "InProgress"  # a retried start carries on with the same job
+            ddb = boto3.client("dynamodb", region_name=REGION)
+            ddb.create_table(
+                TableName=settings.jobs_table,
+                KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+                AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
+                BillingMode="PAY_PER_REQUEST",
+            )
+            records.put_new(ddb, settings.jobs_table, {"job_id": run.job_id})
 
+            def request_of(stage: str) -> dict[str, Any]:
+                return aws_requests.prepare_job(
+                    run,
+                    stage,
+                    role_arn=role,
+                    image_uri=prepare_image(REGION),
+                    code_s3_uri=f"s3://{ARTIFACTS}/{code_key}",
+                    subnet_id=subnet,
+                    security_group_ids=[group],
+                    tags=[{"Key": "lustrain:job-id", "Value": run.job_id}],
+                    settings=settings,
+                )
+
+            looks = [
+                prepare.advance(run, [], sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of)
+            ]
+            assert looks[0] == {"done": [], "stage": "whole", "status": "InProgress"}
+            name = request_of("whole")["ProcessingJobName"]
+            # recorded in the run's ledger before it was created: teardown finds it whatever happens next
+            assert records.get(ddb, settings.jobs_table, run.job_id)["resources"] == [
+                {"type": "processing_job", "id": name}
+            ]
+            # a retried look (the step's Lambda timed out) carries on with the same job
+            again = prepare.advance(run, [], sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of)
+            assert again["stage"] == "whole" and len(sm.list_processing_jobs()["ProcessingJobSummaries"]) == 1
             from lustrain.twin.patches import processing
 
-            job = processing.jobs(ACCOUNT, REGION)[request["ProcessingJobName"]]
-            assert job._done.wait(300)
-            described = sm.describe_processing_job(ProcessingJobName=request["ProcessingJobName"])
-            assert prepare.outcome(described) == "Completed", described.get("FailureReason")
+            assert processing.jobs(ACCOUNT, REGION)[name]._done.wait(300)
+            looks.append(
+                prepare.advance(run, [], sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of)
+            )
+            described = sm.describe_processing_job(ProcessingJobName=name)
+            assert looks[-1] == {"done": ["whole"], "stage": None, "status": "Completed"}, described.get(
+                "FailureReason"
+            )
             written = {
                 o["Key"].removeprefix("shards/"): s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
                 for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="shards/")["Contents"]

@@ -1,4 +1,4 @@
-"""Data preparation's processing jobs: start a stage once, and read how it ended.
+"""Data preparation's processing jobs: start each stage once, in order, and read how it ended.
 
 A stage's job (lustrain_core.prepare_plan, its request aws_requests.prepare_job) is started idempotently, as the
 training job is: a retried start that finds the job already there carries on with it. Its end comes as
@@ -9,13 +9,17 @@ FailureReason, ExitMessage. `outcome` reads either.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
+from lustrain_core.config import Settings
 from lustrain_core.errors import PrepareFailed
+from lustrain_core.prepare_plan import PrepareRun, next_stage
+from lustrain_core.steps import records
 
 #: the resource type a stage's job is recorded under in the run's ledger (teardown stops what is still running)
 RESOURCE_TYPE = registry.PROCESSING_JOB.name
@@ -57,3 +61,32 @@ def outcome(detail: dict[str, Any]) -> str:
     name = detail.get("ProcessingJobName", "?")
     reason = detail.get("FailureReason") or detail.get("ExitMessage") or "SageMaker gave no reason"
     raise PrepareFailed(f"the data preparation job {name} {status or 'ended'}: {reason}")
+
+
+def advance(
+    run: PrepareRun,
+    done: list[str],
+    *,
+    sagemaker: Any,
+    ddb: Any,
+    settings: Settings,
+    request_of: Callable[[str], dict[str, Any]],
+) -> dict[str, Any]:
+    """One look at a preparation run: its next stage's job is started (recorded in the run's ledger before it is
+    created, so that teardown stops it whatever happens next), or the running one is read; a stage that Completed
+    is added to `done` and the next one started at once. Returns {"done", "stage", "status"}: stage None and
+    status Completed once every stage has; PrepareFailed for a stage that Failed or was Stopped."""
+    done = list(done)
+    while (stage := next_stage(run, done)) is not None:
+        request = request_of(stage)
+        name = request["ProcessingJobName"]
+        found = describe(sagemaker, name)
+        if found is None:
+            records.add_resources(ddb, settings.jobs_table, run.job_id, [{"type": RESOURCE_TYPE, "id": name}])
+            status = start(sagemaker, request)
+        else:
+            status = outcome(found)
+        if status != "Completed":
+            return {"done": done, "stage": stage, "status": status}
+        done.append(stage)
+    return {"done": done, "stage": None, "status": "Completed"}
