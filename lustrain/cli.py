@@ -484,6 +484,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             f"no run started from it within {args.wait:g} s; lustrain runs --stack {args.stack} lists the runs"
         )
         return EXIT_FAILED
+    if record.get("unrecorded"):
+        from lustrain.operate import status
+
+        refused = status(Stack.locate(args.stack, session), str(record["job_id"]))
+        print(f"run {record['job_id']} was refused: {refused.run.error}: {refused.cause}")
+        return EXIT_INVALID
     print(f"run {record['job_id']} started: execution {record.get('execution')}")
     print(f"follow it: lustrain watch {record['job_id']} --stack {args.stack}")
     return EXIT_OK

@@ -30,6 +30,7 @@ from lustrain_core.prices import PriceTable
 from lustrain_core.steps import records
 from lustrain_core.steps.budget import filesystem_hourly_usd
 from lustrain_core.steps.execution_end import CANCEL_ERROR
+from lustrain_core.steps.notify import cause_text
 from lustrain_core.steps.training import training_job_name
 from lustrain_trainer.metrics import EVALUATION, STEP
 
@@ -113,11 +114,62 @@ class RunSummary:
 _moment = records.moment
 
 
-def _records(stack: Stack) -> list[dict[str, Any]]:
+def _records(stack: Stack, unrecorded: bool = True) -> list[dict[str, Any]]:
+    """Every run's record, oldest first: the jobs table's, and (unless told not to) one for each execution that
+    recorded no run."""
     found: list[dict[str, Any]] = []
     for page in stack.client("dynamodb").get_paginator("scan").paginate(TableName=stack.jobs_table):
         found += [records.from_item(item) for item in page.get("Items", [])]
+    if unrecorded:
+        found += _unrecorded(stack, {str(r["execution"]) for r in found if r.get("execution")})
     return sorted(found, key=lambda r: str(r.get("created_at", "")))
+
+
+def _unrecorded(stack: Stack, recorded: set[str]) -> list[dict[str, Any]]:
+    """A record for each execution of the stack that register_job never recorded: a spec it refused (the
+    execution FAILED with SpecInvalid or SpecForbidden), or one still being registered (RUNNING). The run is named
+    by its execution; its error is the execution's, its cause the error's message. An execution that SUCCEEDED
+    without a record was a duplicate drop: its run is the first drop's, listed once."""
+    sfn = stack.client("stepfunctions")
+    found: list[dict[str, Any]] = []
+    try:
+        for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=stack.state_machine_arn):
+            for listed in page.get("executions", []):
+                if listed["name"] in recorded or listed["status"] == "SUCCEEDED":
+                    continue
+                found.append(_execution_record(sfn.describe_execution(executionArn=listed["executionArn"])))
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in {"StateMachineDoesNotExist", "ExecutionDoesNotExist"}:
+            return found
+        raise
+    return found
+
+
+def _execution_record(execution: dict[str, Any]) -> dict[str, Any]:
+    """What a run's record would say of an execution that has none: named by the execution and the spec's key."""
+    try:
+        dropped = json.loads(execution.get("input") or "{}")["detail"]
+        bucket, key = str(dropped["bucket"]["name"]), str(dropped["object"]["key"])
+    except (ValueError, KeyError, TypeError):
+        bucket, key = "", ""
+    record: dict[str, Any] = {
+        "job_id": execution["name"],
+        "execution": execution["name"],
+        "status": "RUNNING",
+        "created_at": _iso(execution["startDate"]),
+        "spec": {"name": key.rsplit("/", 1)[-1].rsplit(".", 1)[0]},
+        "source": {"uri": f"s3://{bucket}/{key}"} if key else {},
+        "resources": [],
+        "unrecorded": True,
+    }
+    if execution["status"] != "RUNNING":
+        record["status"] = "FAILED"
+        record["finished_at"] = _iso(execution.get("stopDate") or execution["startDate"])
+        record["error"] = {
+            "Error": execution.get("error") or execution["status"],
+            "Cause": execution.get("cause") or "",
+        }
+    return record
 
 
 def _execution(stack: Stack, record: dict[str, Any]) -> dict[str, Any] | None:
@@ -164,12 +216,16 @@ def cost_so_far_usd(record: dict[str, Any], jobs: list[dict[str, Any]], now: flo
             str(compute.get("instance_type")), float(compute.get("instance_count", 1)), float(seconds or 0)
         )
         total += billed or 0.0
-    # the file system bills from its creation (about the run's start) until its teardown (the record's end)
-    created = bool((plan.get("filesystem") or {}).get("storage_gib")) and not (spec.get("filesystem") or {}).get(
+    # the file system bills from its creation until its teardown (the record's end): only a run that created one
+    # (its ledger holds it, or its teardown deleted it) pays for it, from its admission out of the capacity queue
+    # (nothing is created before it; a run cancelled while queued created nothing and pays nothing)
+    torn_down = record.get("torn_down") or {}
+    ledger = [*(record.get("resources") or []), *(torn_down.get("deleted") or [])]
+    created = any(r.get("type") == "file_system" for r in ledger) and not (spec.get("filesystem") or {}).get(
         "file_system_id"
     )
     fs_hourly = filesystem_hourly_usd(plan, float(compute.get("max_runtime_hours") or 0))
-    started = _moment(record.get("created_at"))
+    started = _moment((record.get("queue") or {}).get("admitted_at")) or _moment(record.get("created_at"))
     if created and started is not None:
         total += fs_hourly * max(0.0, (_moment(record.get("finished_at")) or now) - started) / 3600
     return round(total, 2)
@@ -210,8 +266,22 @@ def runs(stack: Stack, now: float | None = None) -> list[RunSummary]:
 
 
 def find_run(stack: Stack, run: str) -> dict[str, Any]:
-    """The record of the run named `run`: a job id, an execution name or ARN, or a spec name shared by no other."""
-    found = _records(stack)
+    """The record of the run named `run`: a job id, an execution name or ARN, or a spec name shared by no other.
+    The jobs table is asked first; the executions that recorded no run only when it has none so named (`watch`
+    asks at each look, and a stack's executions are many more than its refused ones)."""
+    recorded = _records(stack, unrecorded=False)
+    found = _named(recorded, run)
+    if found is None:
+        everything = recorded + _unrecorded(stack, {str(r["execution"]) for r in recorded if r.get("execution")})
+        found = _named(everything, run)
+    if found is None:
+        raise UsageInvalid.one(
+            "RUN", run, f"no run of stack {stack.name} has this job id, execution name or spec name"
+        )
+    return found
+
+
+def _named(found: list[dict[str, Any]], run: str) -> dict[str, Any] | None:
     execution = run.rsplit(":", 1)[-1] if run.startswith("arn:") else run
     for key, value in (("job_id", run), ("execution", execution)):
         exact = [r for r in found if r.get(key) == value]
@@ -223,18 +293,18 @@ def find_run(stack: Stack, run: str) -> dict[str, Any]:
     if named:
         listed = ", ".join(f"{r['job_id']} ({r.get('status')}, {r.get('created_at')})" for r in named)
         raise UsageInvalid.one("RUN", run, f"is the name of {len(named)} runs; name one by its job id: {listed}")
-    raise UsageInvalid.one(
-        "RUN", run, f"no run of stack {stack.name} has this job id, execution name or spec name"
-    )
+    return None
 
 
 def started_from(stack: Stack, spec_s3_uri: str, timeout_s: float = 60.0, poll_s: float = 1.0) -> dict[str, Any] | None:
-    """The record of the run a dropped spec started (register_job writes it within seconds of the drop), or None
-    when none appeared within `timeout_s` (the drop was refused before register_job: its notice says why)."""
+    """The record of the run a dropped spec started (register_job writes it within seconds of the drop; a spec it
+    refused is a FAILED run named by its execution, with the refusal as its error), or None when none appeared
+    within `timeout_s` (the drop started no execution)."""
     deadline = time.monotonic() + timeout_s
     while True:
         for record in _records(stack):
-            if (record.get("source") or {}).get("uri") == spec_s3_uri:
+            registering = record.get("unrecorded") and record.get("status") == "RUNNING"
+            if (record.get("source") or {}).get("uri") == spec_s3_uri and not registering:
                 return record
         if time.monotonic() >= deadline:
             return None
@@ -278,6 +348,11 @@ def _iso(moment: Any) -> str:
     return moment.astimezone(UTC).strftime(records.ISO_FORMAT) if isinstance(moment, datetime) else str(moment)
 
 
+#: The history events that end an execution: a state still open then (the training state of a run stopped while
+#: it trained: StopExecution runs no Catch, so the state never exits) ends with the execution.
+EXECUTION_ENDS = frozenset({"ExecutionSucceeded", "ExecutionFailed", "ExecutionAborted", "ExecutionTimedOut"})
+
+
 def timeline(history: list[dict[str, Any]]) -> list[StateSpan]:
     """Each state the execution entered, when, and for how long (None while it is in it)."""
     spans: list[StateSpan] = []
@@ -286,7 +361,11 @@ def timeline(history: list[dict[str, Any]]) -> list[StateSpan]:
     closed: dict[int, tuple[datetime, datetime | None]] = {}
     for event in history:
         when = event["timestamp"]
-        if "stateEnteredEventDetails" in event:
+        if event.get("type") in EXECUTION_ENDS:
+            for index, (entered, exited) in closed.items():
+                if exited is None:
+                    closed[index] = (entered, when)
+        elif "stateEnteredEventDetails" in event:
             name = event["stateEnteredEventDetails"]["name"]
             open_at[name] = when
             order.append(name)
@@ -426,7 +505,8 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         queue=dict(record.get("queue") or {}),
         file_system=file_system,
         training_job=training,
-        cause=str(cause) if cause else None,
+        # in words: a Lambda function's error is its message (its stack trace stays in the function's log)
+        cause=cause_text(cause) or None,
         # the ledger: what the run created and its teardown has not deleted (all it holds while it runs)
         resources_left=list(record.get("resources", [])),
     )

@@ -16,6 +16,7 @@ sees exactly what was drawn.
 from __future__ import annotations
 
 import html
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,8 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     ax.set_title(f"{job_id}: loss by step")
     if series["loss"]:
         ax.legend()
+    else:
+        _nothing_yet(ax, "no losses logged yet")
     figures["loss"] = fig
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -126,7 +129,9 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
         ax.plot([x for x, _ in xy], [y for _, y in xy], marker=".", label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("validation bits per byte")
-    ax.set_title(f"{job_id}: validation bits per byte by step" + ("" if series["val_bpb"] else " (none logged)"))
+    ax.set_title(f"{job_id}: validation bits per byte by step")
+    if not series["val_bpb"]:
+        _nothing_yet(ax, "no validation logged yet")
     figures["val_bpb"] = fig
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -141,30 +146,40 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
         share.plot([x for x, _ in speed["mfu"]], [y for _, y in speed["mfu"]], color="tab:orange", label="MFU")
         share.set_ylabel("MFU")
     ax.set_title(f"{job_id}: speed by step" + ("" if "mfu" in speed else " (MFU on GPUs only)"))
+    if not speed:
+        _nothing_yet(ax, "no speed logged yet")
     figures["speed"] = fig
 
     fig, ax = plt.subplots(figsize=(7, max(2.0, 0.35 * len(states) + 1)))
     for row, bars in enumerate(states.values()):
         ax.broken_barh(bars, (row - 0.4, 0.8))
-    ax.set_yticks(range(len(states)), list(states))
-    ax.set_ylim(len(states) - 0.5, -0.5)
+    if states:
+        ax.set_yticks(range(len(states)), list(states))
+        ax.set_ylim(len(states) - 0.5, -0.5)
+    else:
+        _nothing_yet(ax, "no states recorded")
     ax.set_xlabel("seconds since the run started")
     ax.set_title("the states on a time line")
     figures["timeline"] = fig
 
-    for name, unit, title in (
-        ("cost", "USD", f"cost: estimated before launch vs so far ({shown.run.state})"),
-        ("throughput", "MB/s", "file-system throughput: provisioned vs the GPUs' demand"),
+    for name, unit, title, shown_as in (
+        ("cost", "USD", f"cost: estimated before launch vs so far ({shown.run.state})", "${:,.2f}"),
+        ("throughput", "MB/s", "file-system throughput: provisioned vs the GPUs' demand", "{:,.0f} MB/s"),
     ):
         fig, ax = plt.subplots(figsize=(5, 3))
         labels = list(series[name])
-        ax.bar(labels, [series[name][label][0][1] for label in labels])
+        values = [series[name][label][0][1] for label in labels]
+        drawn = ax.bar(labels, values)
+        # each bar carries its value, a zero one too (a bar of height 0 draws nothing but its label)
+        ax.bar_label(drawn, labels=[shown_as.format(value) for value in values], padding=2)
+        ax.set_ylim(0, max(values) * 1.25 if max(values) > 0 else 1)
         ax.set_ylabel(unit)
         ax.set_title(title)
         figures[name] = fig
 
     pngs: dict[str, Path] = {}
     for name, fig in figures.items():
+        _fit_title(fig)
         fig.tight_layout()
         pngs[name] = target / f"{name}.png"
         fig.savefig(pngs[name], dpi=100)
@@ -173,6 +188,26 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     page = target / "report.html"
     page.write_text(_html(shown, pngs))
     return Report(job_id, page, pngs, series, figures)
+
+
+def _nothing_yet(ax: Any, text: str) -> None:
+    """An empty plot says so, in its middle, instead of drawing bare axes."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize="large", color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _fit_title(fig: Any) -> None:
+    """Wrap each axes' title onto as many lines as the figure's width needs: a long title is not cut off."""
+    renderer = fig.canvas.get_renderer()
+    width = fig.bbox.width * 0.95
+    for ax in fig.axes:
+        title = ax.title
+        text = title.get_text()
+        if not text or title.get_window_extent(renderer).width <= width:
+            continue
+        per_line = max(10, int(len(text) * width / title.get_window_extent(renderer).width))
+        title.set_text(textwrap.fill(text, per_line))
 
 
 def _epoch(iso: str) -> float:

@@ -1,7 +1,7 @@
 """`lustrain submit SPEC`: start a run on a deployed stack by dropping the spec into its jobs bucket.
 
-A local code.source is uploaded first, under a content-hash prefix of the artifacts bucket, and the dropped
-spec points at it (Lambda cannot read the user's disk). The stack's buckets come from its CloudFormation
+A local code.source (a path relative to the spec file's directory, or an absolute one) is uploaded first, under a
+content-hash prefix of the artifacts bucket, and the dropped spec points at it (Lambda cannot read the user's disk). The stack's buckets come from its CloudFormation
 outputs (`--stack`), or are named directly (`--jobs-bucket`, `--artifacts-bucket`: the twin of `lustrain local up`).
 """
 
@@ -54,12 +54,13 @@ def submit(
     doc = spec.model_dump(mode="json")
     code_uri = None
     if not spec.code.source.startswith("s3://"):
-        local = Path(spec.code.source)
-        if not local.is_absolute():
-            local = spec_path.parent / local if (spec_path.parent / local).is_dir() else local
+        local = local_code_dir(spec_path, spec.code.source)
         if not local.is_dir():
             raise SpecInvalid.one(
-                "code.source", spec.code.source, "no such local directory (or give an s3:// URI)"
+                "code.source",
+                spec.code.source,
+                f"no such local directory: {local} (a relative path is read from the spec file's directory, "
+                "an absolute one as given; or give an s3:// URI)",
             )
         code_uri = upload_code_dir(local, artifacts_bucket, spec.name, session)
         doc["code"]["source"] = code_uri
@@ -68,6 +69,12 @@ def submit(
         Bucket=jobs_bucket, Key=key, Body=yaml.safe_dump(doc, sort_keys=False).encode()
     )
     return Submission(f"s3://{jobs_bucket}/{key}", code_uri, estimate)
+
+
+def local_code_dir(spec_path: str | Path, source: str) -> Path:
+    """A local code.source: relative to the spec file's directory (wherever the command runs), absolute as given."""
+    local = Path(source).expanduser()
+    return local if local.is_absolute() else Path(spec_path).parent / local
 
 
 def upload_code_dir(local: Path, bucket: str, name: str, session: Any) -> str:

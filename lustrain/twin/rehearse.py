@@ -27,7 +27,7 @@ from lustrain_core.launch import compile_offline
 from lustrain_core.spec import JobSpec, load_spec_file
 from lustrain_core.steps import attempts
 
-from lustrain.submit import upload_code_dir
+from lustrain.submit import local_code_dir, upload_code_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO_ROOT / "template.yaml"
@@ -300,25 +300,28 @@ def ensure_data(spec: JobSpec, say: Printer) -> None:
     if s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
         return
     shards = example_shards()
-    for path in sorted(shards.iterdir()):
-        s3.upload_file(str(path), bucket, prefix + path.name)
-    size = sum(p.stat().st_size for p in shards.iterdir())
+    # the shards, the index, the plan and its parts
+    files = sorted(p for p in shards.rglob("*") if p.is_file())
+    for path in files:
+        s3.upload_file(str(path), bucket, prefix + path.relative_to(shards).as_posix())
+    size = sum(p.stat().st_size for p in files)
     say(
         f"data: {spec.data.s3_uri} was empty: uploaded the stdlib corpus as token shards ({size / 2**20:.1f} MiB)"
     )
 
 
 def example_shards(max_bytes: str = "3MiB") -> Path:
-    """Token shards of the standard library's source, made once per Python version and kept under .lustrain/."""
+    """Token shards of the standard library's source, made once per Python version and shard layout and kept under
+    .lustrain/."""
+    from lustrain_trainer import prepare
+
     cache = (
         REPO_ROOT
         / ".lustrain"
         / "cache"
-        / f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{max_bytes}"
+        / f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{max_bytes}-{prepare.LAYOUT}"
     )
     if not (cache / "index.json").exists():
-        from lustrain_trainer import prepare
-
         with tempfile.TemporaryDirectory(
             dir=cache.parent.parent if cache.parent.parent.exists() else None
         ) as tmp:
@@ -337,11 +340,13 @@ def example_shards(max_bytes: str = "3MiB") -> Path:
 
 
 def submittable(spec: JobSpec, base: Path, outputs: dict[str, str], say: Printer) -> dict[str, Any]:
-    """What the CLI uploads: a local code.source goes to the artifacts bucket first, as `lustrain submit` does."""
+    """What the CLI uploads: a local code.source goes to the artifacts bucket first, as `lustrain submit` does,
+    read from the spec file's directory (`base`). A copy of one of the repository's own specs (tests write them to
+    temporary directories) that names `trainer/` where it has none gets the repository's."""
     doc = spec.model_dump(mode="json", exclude_none=False)
     source = spec.code.source
     if not source.startswith("s3://"):
-        local = (base / source) if not Path(source).is_absolute() else Path(source)
+        local = local_code_dir(base / "spec.yaml", source)
         if not local.is_dir():
             local = REPO_ROOT / source
         bucket = outputs.get("ArtifactsBucketName") or next(v for k, v in outputs.items() if "Artifact" in k)

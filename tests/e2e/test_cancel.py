@@ -71,7 +71,7 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         )
         watcher.start()
         until(lambda: watched or None, "a first look from watch")
-        # the log's step, read as `watch` shows it (the job's log reaches CloudWatch in batches)
+        # the log's step, read as `watch` shows it (the job's log reaches CloudWatch as it runs, as on SageMaker)
         step, total = until(lambda: ((p := operate.progress(ours, "by-cli"))[0] and p) or None, "a logged step", 60)
         assert total == 100_000 and step > 0
 
@@ -100,6 +100,10 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         assert shown.resources_left == []
         assert shown.training_job and shown.training_job["status"] == "Stopped"
         assert [s.state for s in shown.timeline][-1] == "Start the training job"
+        # the training state ended when the execution was stopped, not at "now"
+        trained = shown.timeline[-1]
+        assert trained.seconds is not None and trained.exited_at is not None
+        assert trained.exited_at <= operate._iso(sfn.describe_execution(executionArn=by_cli_arn)["stopDate"])
         bare_cause = operate.status(ours, job_ids["bare-stop"]).cause or ""
         assert "no error or cause given" in bare_cause
 
@@ -115,6 +119,7 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         drawn = made.figures["loss"].axes[0].lines[0].get_xydata().tolist()
         assert drawn == [list(point) for point in logged["train_loss"]]
         assert set(made.series["timeline"]) >= {"Register the job", "Start the training job"}
+        assert made.series["timeline"]["Start the training job"][-1][1] == trained.seconds
         assert made.series["cost"]["so far"][0][1] == operate.status(ours, "by-cli").run.cost_so_far_usd
         assert all(path.stat().st_size > 1000 for path in made.pngs.values())
         page = made.html_path.read_text()

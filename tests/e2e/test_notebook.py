@@ -28,4 +28,4 @@ def test_the_example_notebook_rehearses_a_run_follows_it_and_shows_its_plots():
         output for output in notebook.cells[-1].outputs
         if output.output_type == "display_data" and "image/png" in output.data
     ]
-    assert len(images) == 5  # loss, speed, the time line, cost, throughput
+    assert len(images) == 6  # loss, validation bits per byte, speed, the time line, cost, throughput

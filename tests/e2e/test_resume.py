@@ -11,8 +11,9 @@ import boto3
 import pytest
 import yaml
 
+from lustrain import operate
 from lustrain.twin import rehearse
-from lustrain.twin.rehearse import REGION, drop, twin, until
+from lustrain.twin.rehearse import REGION, STACK_NAME, drop, operator_session, twin, until
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +85,11 @@ def test_runs_of_one_spec_each_train_and_only_a_named_run_is_continued(tmp_path)
         assert "checkpoints.resume_from" in described["cause"] and "n_layer" in described["cause"]
         fourth = rehearse.job_id_of(rehearse.execution_history(sfn, arn))
         assert rehearse.resources_left(fourth, spec) == ([], [])
+        # ... and it is a run all the same, named by its execution, its refusal in words (no Lambda error JSON)
+        execution = arn.rsplit(":", 1)[-1]
+        ours = operate.Stack.locate(STACK_NAME, operator_session())
+        refused = {r.job_id: r for r in operate.runs(ours)}[execution]
+        assert (refused.name, refused.state, refused.error) == ("fourth", "FAILED", "SpecInvalid")
+        shown = operate.status(ours, execution)
+        assert shown.cause and shown.cause.startswith("invalid job spec") and "n_layer" in shown.cause
+        assert "stackTrace" not in shown.cause and shown.timeline[0].state == "Register the job"

@@ -44,6 +44,32 @@ def test_a_local_code_dir_is_uploaded_and_the_dropped_spec_points_at_it(buckets,
     assert "spec dropped at s3://jobs/jobs/gpt-small-" in capsys.readouterr().out
 
 
+def test_code_source_is_read_from_the_spec_files_directory_not_the_working_one(buckets, tmp_path, capsys, monkeypatch):
+    """`code.source: ../code/` in specs/spec.yaml is <dir>/code wherever the command runs; a trainer/ in the working
+    directory is not the spec's when the spec's directory has none."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('from the spec')\n")
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "elsewhere" / "trainer").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "trainer" / "train.py").write_text("print('from the working directory')\n")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    spec = tmp_path / "specs" / "spec.yaml"
+
+    spec.write_text(SPEC)  # code.source: trainer/, which specs/ has not
+    assert main(["submit", str(spec), "--jobs-bucket", "jobs", "--artifacts-bucket", "artifacts"]) == 2
+    err = capsys.readouterr().err
+    assert "code.source" in err and str(tmp_path / "specs" / "trainer") in err and "spec file's directory" in err
+    assert buckets.list_objects_v2(Bucket="jobs").get("KeyCount", 0) == 0
+
+    spec.write_text(SPEC.replace("trainer/", "../code/"))
+    assert main(["submit", str(spec), "--jobs-bucket", "jobs", "--artifacts-bucket", "artifacts"]) == 0
+    (dropped,) = buckets.list_objects_v2(Bucket="jobs", Prefix="jobs/")["Contents"]
+    doc = yaml.safe_load(buckets.get_object(Bucket="jobs", Key=dropped["Key"])["Body"].read())
+    bucket, _, key = doc["code"]["source"].removeprefix("s3://").partition("/")
+    body = buckets.get_object(Bucket=bucket, Key=key + "train.py")["Body"].read()
+    assert body == b"print('from the spec')\n"
+
+
 def test_an_invalid_spec_drops_nothing_and_exits_2(buckets, tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.replace("gpt-small", "Not_Valid"))

@@ -125,3 +125,26 @@ def test_a_spec_aws_would_refuse_at_launch_exits_2_at_validate_and_plan(tmp_path
     spec.write_text(extra + "data: {s3_uri: s3://bkt/d/, size_gib: 1}\noutput: {s3_uri: s3://bkt/o/}\n")
     assert main([command, str(spec)]) == 2
     assert f"- {field}:" in capsys.readouterr().err
+
+
+def test_every_lustrain_command_a_message_or_the_readme_names_is_one_the_cli_has():
+    """What a message tells a user to type (`lustrain submit SPEC`, `lustrain status RUN`) is a real command."""
+    import argparse
+    from pathlib import Path
+
+    from lustrain.cli import _parser
+
+    root = Path(__file__).resolve().parents[2]
+    commands = {
+        name
+        for action in _parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name in action.choices
+    }
+    named: dict[str, set[str]] = {}
+    sources = [*root.glob("lustrain/**/*.py"), *root.glob("functions/**/*.py"), root / "README.md"]
+    for path in sources:
+        for found in re.finditer(r"`lustrain ([a-z][a-z-]*)", path.read_text()):
+            named.setdefault(found.group(1), set()).add(str(path.relative_to(root)))
+    assert {"submit", "status", "runs"} <= set(named)  # the scan reads what it should
+    assert {name: files for name, files in named.items() if name not in commands} == {}

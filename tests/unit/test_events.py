@@ -85,6 +85,21 @@ def test_the_execution_end_sample_is_a_status_change_the_handler_reads():
     assert execution_end.run_error(swept)["Error"] == "RunAbandoned"
 
 
+def test_an_execution_failed_without_its_teardown_keeps_its_cause_in_words():
+    """A Lambda error that ended the execution (States.Runtime, or a Fail state's cause) is its message in the run's
+    record and notice: no Lambda error JSON, no stack trace."""
+    from lustrain_core.steps import execution_end
+
+    change = execution_end.parse_status_change(load("on_execution_end")).detail
+    raised = json.dumps({"errorMessage": "the quota 'ml.p4d.24xlarge for training job usage' is 0 in us-east-1",
+                         "errorType": "QuotaExceeded", "stackTrace": ['  File "/var/task/handler.py", line 9\n']})
+    failed = change.model_copy(update={"status": "FAILED", "error": "StepFunctionsError",
+                                       "cause": json.dumps({"Error": "States.TaskFailed", "Cause": raised})})
+    cause = execution_end.run_error(failed)["Cause"]
+    assert cause.endswith(": States.TaskFailed: the quota 'ml.p4d.24xlarge for training job usage' is 0 in us-east-1")
+    assert "stackTrace" not in cause and "errorMessage" not in cause
+
+
 def test_the_file_system_samples_agree_with_the_directory_path_rule():
     for name in ("check_filesystem", "teardown"):
         document = load(name)

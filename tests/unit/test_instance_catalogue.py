@@ -209,8 +209,8 @@ def test_the_shipped_file_parses_to_what_the_modules_hold() -> None:
 
 
 def test_local_nvme_and_the_health_check_follow_the_rows() -> None:
-    from lustrain_core.steps.network import EFA_RULES, required_rules
     from lustrain_core.launch_plan import instances_of
+    from lustrain_core.steps.network import EFA_RULES, required_rules
 
     def infra_check(spec: Any) -> bool:
         return instances_of(spec).infra_check

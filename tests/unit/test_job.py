@@ -165,7 +165,7 @@ def test_a_local_code_source_is_refused_at_code_source_saying_the_cli_uploads_it
     with pytest.raises(SpecInvalid) as exc:
         job.check_code_source(spec_with(code={"source": "trainer/"}))
     assert field_of(exc) == "code.source"
-    assert "lustrain run" in exc.value.message and "s3://" in exc.value.message
+    assert "`lustrain submit SPEC" in exc.value.message and "s3://" in exc.value.message
 
 
 def test_an_s3_code_source_passes():

@@ -1,10 +1,27 @@
-"""Turn a tree of text files into a few large token shards plus an index.
+"""Turn a tree of text files into a few large token shards plus an index, on one machine or on many.
 
     python -m lustrain_trainer.prepare SRC OUT [--glob '**/*.py'] [--max-bytes 4MiB] [--tokenizer bytes]
+                                               [--instances N] [--stage plan | work | merge]
 
-SRC is a directory, or `stdlib` for the standard library's own source tree (real text that ships with
-every Python, so the local example needs no download). Large shards suit Lustre, which serves a few big
-files far faster than millions of small ones. Output is deterministic: files are read in sorted order.
+SRC is a directory, an s3:// prefix, or `stdlib` for the standard library's own source tree (real text that ships
+with every Python, so the local example needs no download); OUT is a directory or an s3:// prefix. Large shards suit
+Lustre, which serves a few big files far faster than millions of small ones.
+
+A preparation runs in three stages, so that a corpus of terabytes is tokenized by many machines at once and the
+result does not depend on how many there were:
+
+1. plan (one process): lists SRC (sorted paths and sizes), decides which files go to validation, trains the BPE
+   once (bpe:VOCAB, on a bounded sample), and cuts the listing into numbered parts of about a shard's worth of text
+   each. It writes OUT/prepare-plan.json and OUT/tokenizer.json. Nothing in it depends on the number of workers.
+2. work (worker K of N, each on its own machine or process): tokenizes the parts p with p % N == K, reading their
+   files itself (from S3 with boto3: the corpus is never copied whole to each machine), and writes each part's
+   shards, then OUT/parts/part-NNNNN.json last, so a part counts only when whole. A part already whole is skipped:
+   a retried worker redoes only what is missing. `--worker auto` takes K and N from SageMaker Processing's
+   resourceconfig.json.
+3. merge (one process): checks every part of the plan is whole and writes index.json (shards in part order), or
+   names the parts that are missing (exit 2).
+
+`prepare SRC OUT` runs the three in this process; `--instances N` runs the work in N local processes.
 
 --tokenizer (tokenizer.py): `bytes` (the default), `bpe:VOCAB` (a byte-level BPE trained here on a sample of the
 corpus, the same sample and so the same tokenizer.json for the same input), or the path or s3:// URL of an existing
@@ -18,9 +35,12 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -28,7 +48,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from . import tokenizer as tok
-from .shards import FORMAT, INDEX_NAME, SPLITS, VERSION, shard_name
+from .shards import FORMAT, INDEX_NAME, PARTS_DIR, PLAN_NAME, SPLITS, VERSION, part_file, shard_name
 
 STDLIB = "stdlib"
 # Installed packages and caches are not part of a source tree's own text (and the stdlib directory holds
@@ -43,12 +63,22 @@ SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 <<
 BPE_VOCAB = (tok.VOCAB_SIZE, 1 << 20)
 #: the text a BPE is trained on, at most: its merges are decided by the most frequent pairs, which a few hundred MB
 #: of a corpus ranks as the whole would; the trainer holds the sample's distinct words in memory, and its time grows
-#: with the sample, not the corpus (bench/prepare.py: 22 s for the 31 MB stdlib corpus on two busy cores, so minutes
+#: with the sample, not the corpus (bench/prepare.py: 18 s for the 31 MB stdlib corpus on two busy cores, so minutes
 #: for 256 MiB)
 BPE_SAMPLE = 256 << 20
 #: documents encoded at once (a batch runs on all cores), or fewer when they reach BATCH_BYTES
 BATCH_DOCUMENTS, BATCH_BYTES = 256, 8 << 20
+#: files a worker reads at once (S3 GETs are latency-bound: a few dozen in flight keep one instance busy)
+READ_THREADS = 16
 TOKENIZER_HELP = "bytes | bpe:VOCAB | PATH or s3:// URL of a tokenizer.json"
+PLAN_FORMAT = "lustrain-prepare-plan"
+#: the layout of what prepare writes (shards.py), for a cache of prepared data to key on: 2, shards by part
+LAYOUT = "layout2"
+STAGES = ("all", "plan", "work", "merge")
+#: where SageMaker Processing tells each instance who it is and who the others are: {"current_host": "algo-1",
+#: "hosts": ["algo-1", "algo-2", "algo-3"]} (https://docs.aws.amazon.com/sagemaker/latest/dg/
+#: build-your-own-processing-container.html#byoc-config)
+RESOURCE_CONFIG = Path("/opt/ml/config/resourceconfig.json")
 
 
 class PrepareError(ValueError):
@@ -115,12 +145,173 @@ def is_text(data: bytes) -> bool:
     return True
 
 
+def wanted(rel: str) -> bool:
+    """A listed file is part of the tree's own text: in no skipped or hidden directory."""
+    return not any(d in SKIP_DIRS or d.startswith(".") for d in rel.split("/")[:-1])
+
+
+# -- where the data lies: a local directory or an S3 prefix ------------------------------------------------------
+
+
+class LocalStore:
+    """A local directory, as the stages read and write it: files appear whole (written aside, then renamed)."""
+
+    def __init__(self, root: Path, label: str | None = None) -> None:
+        self.root, self.label = root, label or str(root)
+
+    def files(self, pattern: str) -> list[tuple[str, int]]:
+        """(path relative to the root, size) of the files matching `pattern`, sorted by path."""
+        if not self.root.is_dir():
+            raise PrepareError(f"SRC {self.root} is not a directory (give a directory of text files, an s3:// "
+                               f"prefix, or {STDLIB!r})")
+        return [(rel, path.stat().st_size) for rel, path in source_files(self.root, pattern)]
+
+    def sizes(self) -> dict[str, int]:
+        """Every file under the root and its size."""
+        if not self.root.is_dir():
+            return {}
+        return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in self.root.rglob("*") if p.is_file()}
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def read_if_any(self, rel: str) -> bytes | None:
+        path = self.root / rel
+        return path.read_bytes() if path.is_file() else None
+
+    def write(self, rel: str, data: bytes) -> None:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def staging(self) -> Path:
+        """Where a shard is written before it is published: beside its final place, so publishing is a rename."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self.root
+
+    def publish(self, path: Path, rel: str) -> None:
+        os.replace(path, self.root / rel)
+
+    def delete(self, rels: Iterable[str]) -> None:
+        for rel in rels:
+            (self.root / rel).unlink(missing_ok=True)
+
+
+class S3Store:
+    """An s3:// prefix, through boto3 with the caller's credentials (imported only here: a local preparation never
+    needs it). Keys are the prefix, "/", then the path relative to it."""
+
+    def __init__(self, url: str) -> None:
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        if not bucket:
+            raise PrepareError(f"{url}: an S3 location names a bucket (s3://BUCKET/PREFIX)")
+        self.bucket, self.prefix = bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.label = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        import boto3
+
+        self.client: Any = boto3.client("s3")  # made here, once: the reading threads share it (boto3's clients are)
+        self._staging: Path | None = None
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return call()
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            raise PrepareError(f"{what}: {error.get('Code')}: {error.get('Message')}") from exc
+        except (BotoCoreError, Boto3Error) as exc:  # Boto3Error: upload_file's S3UploadFailedError
+            raise PrepareError(f"{what}: {exc}") from exc
+
+    def _list(self) -> list[tuple[str, int]]:
+        def pages() -> list[tuple[str, int]]:
+            found = []
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                               Prefix=self.prefix):
+                found += [(o["Key"][len(self.prefix) :], int(o["Size"])) for o in page.get("Contents", [])
+                          if not o["Key"].endswith("/")]  # a console "folder" is an empty key ending in /
+            return found
+
+        return self._call(f"listing {self.label}", pages)  # type: ignore[no-any-return]
+
+    def files(self, pattern: str) -> list[tuple[str, int]]:
+        regex = glob_regex(pattern)
+        return sorted((rel, size) for rel, size in self._list() if regex.fullmatch(rel) and wanted(rel))
+
+    def sizes(self) -> dict[str, int]:
+        return dict(self._list())
+
+    def read(self, rel: str) -> bytes:
+        return self._call(f"reading {self.label}/{rel}",  # type: ignore[no-any-return]
+                          lambda: self.client.get_object(Bucket=self.bucket, Key=self.prefix + rel)["Body"].read())
+
+    def read_if_any(self, rel: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        def get() -> bytes | None:
+            try:
+                return self.client.get_object(Bucket=self.bucket, Key=self.prefix + rel)["Body"].read()  # type: ignore[no-any-return]
+            except ClientError as exc:
+                # NoSuchKey needs s3:ListBucket, which listing OUT needs anyway (without it S3 answers AccessDenied:
+                # GetObject's documentation)
+                if exc.response.get("Error", {}).get("Code") == "NoSuchKey":
+                    return None
+                raise
+
+        return self._call(f"reading {self.label}/{rel}", get)  # type: ignore[no-any-return]
+
+    def write(self, rel: str, data: bytes) -> None:
+        self._call(f"writing {self.label}/{rel}",
+                   lambda: self.client.put_object(Bucket=self.bucket, Key=self.prefix + rel, Body=data))
+
+    def staging(self) -> Path:
+        if self._staging is None:
+            self._staging = Path(tempfile.mkdtemp(prefix="lustrain-prepare-"))
+        return self._staging
+
+    def publish(self, path: Path, rel: str) -> None:
+        # upload_file sends a large shard in parts, several at once; the object appears only when whole
+        self._call(f"writing {self.label}/{rel}",
+                   lambda: self.client.upload_file(str(path), self.bucket, self.prefix + rel))
+        path.unlink()
+
+    def delete(self, rels: Iterable[str]) -> None:
+        keys = [{"Key": self.prefix + rel} for rel in rels]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes up to 1,000 keys
+            answer = self._call(f"deleting under {self.label}", lambda start=start: self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": keys[start : start + 1000], "Quiet": True}))
+            # a key it could not delete is in Errors, not an exception
+            if answer.get("Errors"):
+                error = answer["Errors"][0]
+                raise PrepareError(f"deleting s3://{self.bucket}/{error.get('Key')}: {error.get('Code')}: "
+                                   f"{error.get('Message')} ({len(answer['Errors'])} keys not deleted)")
+
+
+Store = LocalStore | S3Store
+
+
+def store_of(location: str | Path, label: str | None = None) -> Store:
+    text = str(location)
+    if text.startswith("s3://"):
+        return S3Store(text)
+    if text == STDLIB and not Path(text).exists():
+        return LocalStore(stdlib_source_dir(), STDLIB)
+    return LocalStore(Path(text), label)
+
+
+# -- shards --------------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class ShardWriter:
-    """Writes one split's tokens into shards of at most shard_tokens, each renamed into place when whole."""
+    """Writes one part's tokens of one split into shards of at most shard_tokens, each published when whole."""
 
-    out: Path
+    store: Store
     split: str
+    part: int
     shard_tokens: int
     dtype: str = "<u2"
     shards: list[dict[str, Any]] = field(default_factory=list)
@@ -155,8 +346,11 @@ class ShardWriter:
         return {"tokens": sum(s["tokens"] for s in self.shards), "documents": self.documents,
                 "bytes": self.text_bytes, "shards": self.shards}
 
+    def _name(self) -> str:
+        return shard_name(self.split, self.part, len(self.shards))
+
     def _tmp_path(self) -> Path:
-        return self.out / (shard_name(self.split, len(self.shards)) + ".tmp")
+        return self.store.staging() / (self._name() + ".tmp")
 
     def _open(self) -> None:
         self._file = open(self._tmp_path(), "wb", buffering=1 << 20)  # noqa: SIM115 - closed in _close
@@ -166,27 +360,13 @@ class ShardWriter:
     def _close(self) -> None:
         assert self._file is not None
         self._file.close()
-        name = shard_name(self.split, len(self.shards))
-        os.replace(self._tmp_path(), self.out / name)
+        name = self._name()
+        self.store.publish(self._tmp_path(), name)
         self.shards.append({"file": name, "tokens": self._in_shard, "sha256": self._hash.hexdigest()})
         self._file = None
 
 
-def read_documents(files: list[tuple[str, Path]], max_bytes: int | None) -> Iterator[bytes]:
-    """Yield the text files' contents, the last one cut so the total is exactly max_bytes."""
-    used = 0
-    for _rel, path in files:
-        data = path.read_bytes()
-        if not is_text(data):
-            continue
-        if max_bytes is not None:
-            data = data[: max_bytes - used]
-        if not data:
-            continue
-        used += len(data)
-        yield data
-        if max_bytes is not None and used >= max_bytes:
-            return
+# -- tokenizers ----------------------------------------------------------------------------------------------------
 
 
 def parse_tokenizer(spec: str) -> tuple[str, int | str | None]:
@@ -228,36 +408,49 @@ def read_tokenizer_file(location: str) -> bytes:
     return path.read_bytes()
 
 
-def bpe_sample(files: list[tuple[str, Path]], max_bytes: int | None, limit: int
-               ) -> tuple[list[str], dict[str, Any]]:
-    """The documents a BPE is trained on: all of a corpus of up to `limit` bytes, else the documents of the smallest
-    content hashes (an even spread over the corpus, the same whatever the order or the machines that read it) up to
-    `limit` bytes, the last one cut there. Costs a read of the corpus and its hashes before the training."""
-    ranked, total = [], 0
-    for number, data in enumerate(read_documents(files, max_bytes)):
-        ranked.append((hashlib.sha256(data).digest()[:8], number, len(data)))
-        total += len(data)
-    take: dict[int, int] = {}
-    used = 0
-    for _, number, size in sorted(ranked) if total > limit else ranked:
-        take[number] = min(size, limit - used)
-        used += take[number]
+def read_many(store: Store, rels: Iterable[str]) -> Iterator[tuple[str, bytes]]:
+    """(path, contents) in order, READ_THREADS read ahead at once, at most twice that held in memory."""
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        pending: list[tuple[str, Any]] = []
+        for rel in rels:
+            pending.append((rel, pool.submit(store.read, rel)))
+            if len(pending) >= 2 * READ_THREADS:
+                first, future = pending.pop(0)
+                yield first, future.result()
+        for rel, future in pending:
+            yield rel, future.result()
+
+
+def bpe_sample(store: Store, entries: list[list[Any]], limit: int) -> tuple[list[str], dict[str, Any]]:
+    """The documents a BPE is trained on: all of a corpus of up to `limit` bytes, else the files of the smallest
+    path hashes (an even spread over the corpus, the same whatever the order of the listing or the machine that
+    reads it) up to `limit` bytes, the last one cut there. Only the sample is read, never the whole corpus: the plan
+    of a corpus of terabytes costs its listing and its sample."""
+    total = sum(entry[2] for entry in entries)
+    order = entries if total <= limit else sorted(entries, key=lambda e: hashlib.sha256(e[0].encode()).digest())
+    takes = {entry[0]: entry[2] for entry in order}
+    texts, used = [], 0
+    for rel, data in read_many(store, (entry[0] for entry in order)):
         if used >= limit:
             break
-    texts = [data[: take[number]].decode("utf-8", errors="ignore")  # a cut may split a character
-             for number, data in enumerate(read_documents(files, max_bytes)) if number in take]
+        if not is_text(data):
+            continue
+        data = data[: min(takes[rel], limit - used)]
+        if data:
+            texts.append(data.decode("utf-8", errors="ignore"))  # a cut may split a character
+            used += len(data)
     return texts, {"bytes": used, "documents": len(texts), "limit": limit}
 
 
-def make_tokenizer(spec: str, files: list[tuple[str, Path]], max_bytes: int | None,
-                   sample_limit: int) -> tuple[tok.ByteTokenizer | tok.HFTokenizer, bytes | None, dict[str, Any]]:
+def make_tokenizer(spec: str, store: Store, entries: list[list[Any]], sample_limit: int
+                   ) -> tuple[tok.ByteTokenizer | tok.HFTokenizer, bytes | None, dict[str, Any]]:
     """(tokenizer, its tokenizer.json's bytes or None, how it was trained) for a --tokenizer value."""
     kind, argument = parse_tokenizer(spec)
     if kind == "bytes":
         return tok.ByteTokenizer(), None, {}
     try:
         if kind == "bpe":
-            texts, sample = bpe_sample(files, max_bytes, sample_limit)
+            texts, sample = bpe_sample(store, entries, sample_limit)
             text = tok.train_bpe(texts, int(argument or 0))
             return tok.from_json(text, kind="bpe"), text, {"sample": sample, "requested_vocab_size": argument}
         text = read_tokenizer_file(str(argument))
@@ -266,59 +459,194 @@ def make_tokenizer(spec: str, files: list[tuple[str, Path]], max_bytes: int | No
         raise PrepareError(f"{exc}; allowed: {TOKENIZER_HELP}") from exc
 
 
-def prepare(src: Path, out: Path, pattern: str = "**/*", max_bytes: int | None = None,
-            shard_tokens: int = 128 << 20, val_fraction: float = 0.01, source_label: str | None = None,
-            tokenizer: str = "bytes", bpe_sample_bytes: int = BPE_SAMPLE, shard_bytes: int | None = None
-            ) -> dict[str, Any]:
-    """Tokenize the text files under `src` into shards in `out`. Shards hold shard_tokens tokens, or shard_bytes
-    bytes where given (their tokens' width is known once the tokenizer is)."""
-    if not src.is_dir():
-        raise PrepareError(f"SRC {src} is not a directory (give a directory of text files, or {STDLIB!r})")
+def load_tokenizer(out: Store, info: dict[str, Any]) -> tok.ByteTokenizer | tok.HFTokenizer:
+    """The plan's tokenizer, from the tokenizer.json the plan wrote beside it (checked against its sha256)."""
+    if info["kind"] == "bytes":
+        return tok.ByteTokenizer()
+    text = out.read(tok.TOKENIZER_FILE)
+    if hashlib.sha256(text).hexdigest() != info["sha256"]:
+        raise PrepareError(f"{out.label}/{tok.TOKENIZER_FILE} is not the tokenizer the plan recorded "
+                           f"(sha256 {info['sha256'][:12]}): plan again")
+    return tok.from_json(text, kind=info["kind"], where=f"{out.label}/{tok.TOKENIZER_FILE}")
+
+
+# -- 1. plan ---------------------------------------------------------------------------------------------------------
+
+
+def planned_files(store: Store, listing: list[tuple[str, int]], max_bytes: int | None) -> list[list[Any]]:
+    """[path, size, bytes to take] of each file to tokenize, in order. With --max-bytes the text files are read in
+    order until that much text is found (the last one cut there: what is read is bounded by max_bytes); without,
+    every non-empty file is taken whole and a worker skips the binary ones as it reads them."""
+    if max_bytes is None:
+        return [[rel, size, size] for rel, size in listing if size]
+    entries, used = [], 0
+    for rel, data in read_many(store, (rel for rel, size in listing if size)):
+        if used >= max_bytes:
+            break
+        if is_text(data):
+            take = min(len(data), max_bytes - used)
+            entries.append([rel, len(data), take])
+            used += take
+    return entries
+
+
+def cut_parts(entries: list[list[Any]], val_fraction: float, part_bytes: int) -> list[dict[str, Any]]:
+    """The files cut into numbered parts of about part_bytes of text (a file is never split; one larger than that
+    is a part of its own), train files first, then validation's. Whole files go to validation, spread through the
+    corpus, keeping its share of the listed bytes near val_fraction: decided here, from the listing alone, so it is
+    the same whatever the number of workers."""
+    by_split: dict[str, list[list[Any]]] = {split: [] for split in SPLITS}
+    total = val_bytes = 0
+    for number, entry in enumerate(entries):
+        total += entry[2]
+        to_val = number > 0 and val_bytes < val_fraction * total
+        if to_val:
+            val_bytes += entry[2]
+        by_split["val" if to_val else "train"].append(entry)
+    parts: list[dict[str, Any]] = []
+    for split in SPLITS:
+        current: list[list[Any]] = []
+        size = 0
+        for entry in by_split[split]:
+            if current and size + entry[2] > part_bytes:
+                parts.append({"part": len(parts), "split": split, "bytes": size, "files": current})
+                current, size = [], 0
+            current.append(entry)
+            size += entry[2]
+        if current:
+            parts.append({"part": len(parts), "split": split, "bytes": size, "files": current})
+    return parts
+
+
+def is_output(rel: str) -> bool:
+    """A file a preparation writes into OUT (and a new plan replaces)."""
+    return (rel in (INDEX_NAME, PLAN_NAME, tok.TOKENIZER_FILE) or rel.startswith(PARTS_DIR + "/")
+            or re.fullmatch(r"(?:train|val)-[0-9-]+\.bin(?:\.tmp)?", rel) is not None)
+
+
+def location_of(store: Store) -> str:
+    """How a worker names SRC or OUT: the stdlib by name, a directory by its absolute path, S3 by its URL."""
+    if isinstance(store, S3Store) or store.label == STDLIB:
+        return store.label
+    return str(store.root.resolve())
+
+
+def plan(src: Store, out: Store, pattern: str = "**/*", max_bytes: int | None = None, tokenizer: str = "bytes",
+         val_fraction: float = 0.01, shard_tokens: int = 128 << 20, shard_bytes: int | None = None,
+         bpe_sample_bytes: int = BPE_SAMPLE) -> dict[str, Any]:
+    """List SRC, train the tokenizer if it is to be trained, cut the listing into parts; write OUT/tokenizer.json
+    and OUT/prepare-plan.json (last). The same SRC and options give the same plan, byte for byte: planning again
+    into an OUT that holds it keeps the parts already made; another plan removes the previous preparation's files."""
     if not 0 <= val_fraction < 0.5:
         raise PrepareError(f"--val-fraction {val_fraction} is not allowed: use 0 <= fraction < 0.5")
-    files = source_files(src, pattern)
-    if not files:
-        raise PrepareError(f"no files under {src} match --glob {pattern!r}")
-    encoder, tokenizer_json, trained = make_tokenizer(tokenizer, files, max_bytes, bpe_sample_bytes)
+    listing = src.files(pattern)
+    if not listing:
+        raise PrepareError(f"no files under {src.label} match --glob {pattern!r}")
+    entries = planned_files(src, listing, max_bytes)
+    if not entries:
+        raise PrepareError(f"no text found in the files under {src.label} matching {pattern!r} (all binary?)")
+    encoder, tokenizer_json, trained = make_tokenizer(tokenizer, src, entries, bpe_sample_bytes)
     dtype = tok.dtype_for(encoder.vocab_size)
     if shard_bytes is not None:
         shard_tokens = max(1, shard_bytes // np.dtype(dtype).itemsize)
-    out.mkdir(parents=True, exist_ok=True)
-    # A previous preparation may have written more shards than this one will: leave no stale ones behind.
-    for split in SPLITS:
-        for old in out.glob(f"{split}-*.bin*"):
-            old.unlink()
-    (out / INDEX_NAME).unlink(missing_ok=True)
-    (out / tok.TOKENIZER_FILE).unlink(missing_ok=True)
-    if tokenizer_json is not None:
-        (out / tok.TOKENIZER_FILE).write_bytes(tokenizer_json)
-
-    writers = {split: ShardWriter(out, split, shard_tokens, dtype) for split in SPLITS}
-    total = val_bytes = 0
-    for number, (data, tokens) in enumerate(encoded(encoder, read_documents(files, max_bytes))):
-        total += len(data)
-        # Whole documents go to validation, spread through the corpus, keeping its share near val_fraction.
-        to_val = number > 0 and val_bytes < val_fraction * total
-        if to_val:
-            val_bytes += len(data)
-        writers["val" if to_val else "train"].add_document(data, tokens)
-    splits = {split: writer.finish() for split, writer in writers.items()}
-    if not splits["train"]["shards"]:
-        raise PrepareError(f"no text found in the files under {src} matching {pattern!r} (all binary?)")
-    if not splits["val"]["shards"]:
-        del splits["val"]
-    index = {
-        "format": FORMAT, "version": VERSION, "dtype": dtype, "tokenizer": encoder.info,
-        "source": {"root": source_label or str(src), "glob": pattern, "max_bytes": max_bytes,
-                   "bytes": total, "files_matched": len(files)},
-        "splits": splits,
+    part_bytes = shard_tokens * np.dtype(dtype).itemsize  # about a shard's worth of text
+    document: dict[str, Any] = {
+        "format": PLAN_FORMAT, "version": 1, "dtype": dtype, "tokenizer": encoder.info,
+        "source": {"root": src.label, "location": location_of(src), "glob": pattern, "max_bytes": max_bytes,
+                   "files_matched": len(listing), "files": len(entries), "bytes": sum(e[2] for e in entries)},
+        "options": {"val_fraction": val_fraction, "shard_tokens": shard_tokens, "part_bytes": part_bytes},
+        "parts": cut_parts(entries, val_fraction, part_bytes),
     }
     if trained:
-        index["tokenizer_source"] = trained
-    tmp = out / (INDEX_NAME + ".tmp")
-    tmp.write_text(json.dumps(index, indent=2) + "\n")
-    os.replace(tmp, out / INDEX_NAME)
-    return index
+        document["tokenizer_source"] = trained
+    # compact: a corpus of millions of files makes a plan of hundreds of MB, which every worker reads
+    text = (json.dumps(document, separators=(",", ":")) + "\n").encode()
+    if out.read_if_any(PLAN_NAME) != text:
+        out.delete(rel for rel in sorted(out.sizes()) if is_output(rel))
+    if tokenizer_json is not None:
+        out.write(tok.TOKENIZER_FILE, tokenizer_json)
+    out.write(PLAN_NAME, text)
+    return document
+
+
+def read_plan(out: Store) -> tuple[dict[str, Any], str]:
+    """The plan in OUT and its sha256 (which each part records: a part of another plan is not whole)."""
+    text = out.read_if_any(PLAN_NAME)
+    if text is None:
+        raise PrepareError(f"{out.label}/{PLAN_NAME} not found: run `prepare SRC OUT --stage plan` first")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PrepareError(f"{out.label}/{PLAN_NAME} is not readable JSON: {exc}") from exc
+    if document.get("format") != PLAN_FORMAT or document.get("version") != 1:
+        raise PrepareError(f"{out.label}/{PLAN_NAME}: not a {PLAN_FORMAT} version 1 document")
+    return document, hashlib.sha256(text).hexdigest()
+
+
+# -- 2. work ---------------------------------------------------------------------------------------------------------
+
+
+def whole_parts(out: Store, document: dict[str, Any], plan_sha: str, numbers: list[int]) -> dict[int, dict[str, Any]]:
+    """The records of those of `numbers` whose part is whole: its record written under this plan, and every shard
+    it lists present at the size its tokens make (one listing of OUT, then the records it holds)."""
+    sizes = out.sizes()
+    width = np.dtype(document["dtype"]).itemsize
+    present = [n for n in numbers if part_file(n) in sizes]
+    whole = {}
+    for _, data in read_many(out, (part_file(n) for n in present)):
+        try:
+            record = json.loads(data)
+        except json.JSONDecodeError:
+            continue
+        if record.get("plan") == plan_sha and all(
+                sizes.get(s["file"]) == s["tokens"] * width for s in record.get("shards", [])):
+            whole[int(record["part"])] = record
+    return whole
+
+
+def work(src: Store, out: Store, worker: int, workers: int, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Tokenize the plan's parts p with p % workers == worker that are not whole yet."""
+    if not 0 <= worker < workers:
+        raise PrepareError(f"--worker {worker} is not allowed with --workers {workers}: use 0 to {workers - 1}")
+    document, plan_sha = read_plan(out)
+    if location_of(src) != document["source"]["location"]:
+        raise PrepareError(f"SRC {location_of(src)} is not the plan's source {document['source']['location']}")
+    mine = [p for p in document["parts"] if p["part"] % workers == worker]
+    whole = whole_parts(out, document, plan_sha, [p["part"] for p in mine])
+    encoder = load_tokenizer(out, document["tokenizer"])
+    made, tokens, text_bytes = [], 0, 0
+    for part in mine:
+        if part["part"] in whole:
+            continue
+        record = make_part(src, out, part, document, plan_sha, encoder)
+        made.append(part["part"])
+        tokens += record["tokens"]
+        text_bytes += record["bytes"]
+        say(f"worker {worker}/{workers}: {part_file(part['part'])}: {record['documents']} documents, "
+            f"{record['tokens']} tokens")
+    return {"worker": worker, "workers": workers, "made": made, "skipped": sorted(whole), "tokens": tokens,
+            "bytes": text_bytes}
+
+
+def make_part(src: Store, out: Store, part: dict[str, Any], document: dict[str, Any], plan_sha: str,
+              encoder: tok.ByteTokenizer | tok.HFTokenizer) -> dict[str, Any]:
+    """One part's shards, then its record (last: the part counts only once its shards are all there)."""
+    number, files = part["part"], part["files"]
+
+    def documents() -> Iterator[bytes]:
+        for (rel, size, take), (_, data) in zip(files, read_many(src, (f[0] for f in files)), strict=True):
+            if len(data) != size:
+                raise PrepareError(f"{src.label}/{rel} has {len(data)} bytes, the plan {size}: it changed since "
+                                   "the plan; plan again")
+            if is_text(data) and take:
+                yield data[:take]
+
+    writer = ShardWriter(out, part["split"], number, document["options"]["shard_tokens"], document["dtype"])
+    for data, tokens in encoded(encoder, documents()):
+        writer.add_document(data, tokens)
+    record = {"part": number, "split": part["split"], "plan": plan_sha, **writer.finish()}
+    out.write(part_file(number), (json.dumps(record, indent=1) + "\n").encode())
+    return record
 
 
 def encoded(encoder: tok.ByteTokenizer | tok.HFTokenizer, documents: Iterator[bytes]
@@ -336,50 +664,201 @@ def encoded(encoder: tok.ByteTokenizer | tok.HFTokenizer, documents: Iterator[by
         yield from zip(batch, encoder.encode_documents(batch), strict=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def worker_from_resource_config(path: Path = RESOURCE_CONFIG) -> tuple[int, int]:
+    """(K, N) of this instance in a SageMaker Processing job: its current_host's position among the sorted hosts."""
+    try:
+        config = json.loads(path.read_text())
+        hosts, current = sorted(config["hosts"]), config["current_host"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PrepareError(f"--worker auto: {path} does not name current_host and hosts ({exc}); outside "
+                           "SageMaker give --worker K --workers N") from exc
+    if current not in hosts:
+        raise PrepareError(f"--worker auto: {path}: current_host {current!r} is not one of hosts {hosts}")
+    return hosts.index(current), len(hosts)
+
+
+def run_workers(src: Store, out: Store, instances: int) -> list[int]:
+    """The work stage in `instances` local processes at once (`--stage work --worker K --workers N`, as a
+    Processing job's instances run it), each given an even share of this machine's cores for the tokenizer's
+    threads; their exit codes, in worker order."""
+    trainer_dir = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [trainer_dir, os.environ.get("PYTHONPATH")]))}
+    env.setdefault("RAYON_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // instances)))
+    command = [sys.executable, "-m", "lustrain_trainer.prepare", location_of(src), location_of(out),
+               "--stage", "work", "--workers", str(instances)]
+    processes = [subprocess.Popen([*command, "--worker", str(k)], env=env) for k in range(instances)]
+    return [process.wait() for process in processes]
+
+
+# -- 3. merge --------------------------------------------------------------------------------------------------------
+
+
+def merge(out: Store) -> dict[str, Any]:
+    """index.json from the plan and its parts, every one of which must be whole (else PrepareError naming those
+    that are not)."""
+    document, plan_sha = read_plan(out)
+    numbers = [p["part"] for p in document["parts"]]
+    whole = whole_parts(out, document, plan_sha, numbers)
+    missing = [n for n in numbers if n not in whole]
+    if missing:
+        names = ", ".join(f"part-{n:05d}" for n in missing[:20]) + (f" and {len(missing) - 20} more"
+                                                                    if len(missing) > 20 else "")
+        raise PrepareError(f"{len(missing)} of {len(numbers)} parts are not whole in {out.label}: {names} "
+                           "(run the work stage again: a worker redoes only the parts not whole)")
+    splits: dict[str, dict[str, Any]] = {}
+    for number in numbers:
+        record = whole[number]
+        entry = splits.setdefault(record["split"], {"tokens": 0, "documents": 0, "bytes": 0, "shards": []})
+        for key in ("tokens", "documents", "bytes"):
+            entry[key] += record[key]
+        entry["shards"] += record["shards"]
+    splits = {split: splits[split] for split in SPLITS if splits.get(split, {}).get("shards")}
+    source = document["source"]
+    if "train" not in splits:
+        raise PrepareError(f"no text found in the files under {source['root']} matching {source['glob']!r} "
+                           "(all binary?)")
+    index: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION, "dtype": document["dtype"], "tokenizer": document["tokenizer"],
+        "source": {"root": source["root"], "glob": source["glob"], "max_bytes": source["max_bytes"],
+                   "bytes": sum(s["bytes"] for s in splits.values()), "files_matched": source["files_matched"]},
+        "splits": splits,
+    }
+    if "tokenizer_source" in document:
+        index["tokenizer_source"] = document["tokenizer_source"]
+    out.write(INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
+    return index
+
+
+# -- all three -------------------------------------------------------------------------------------------------------
+
+
+def prepare(src: Path | str | Store, out: Path | str | Store, pattern: str = "**/*", max_bytes: int | None = None,
+            shard_tokens: int = 128 << 20, val_fraction: float = 0.01, source_label: str | None = None,
+            tokenizer: str = "bytes", bpe_sample_bytes: int = BPE_SAMPLE, shard_bytes: int | None = None,
+            instances: int = 1, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Tokenize the text files under `src` into shards in `out`: plan, work (in this process, or in `instances`
+    local processes), merge. Shards hold shard_tokens tokens, or shard_bytes bytes where given (their tokens' width
+    is known once the tokenizer is)."""
+    source = src if isinstance(src, LocalStore | S3Store) else store_of(src, source_label)
+    target = out if isinstance(out, LocalStore | S3Store) else store_of(out)
+    plan(source, target, pattern, max_bytes, tokenizer, val_fraction, shard_tokens, shard_bytes, bpe_sample_bytes)
+    if instances == 1:
+        work(source, target, 0, 1, say)
+    else:
+        for k, code in enumerate(run_workers(source, target, instances)):
+            if code:  # the merge names the parts it left
+                print(f"worker {k}/{instances} exited with code {code}", file=sys.stderr)
+    return merge(target)
+
+
+# -- the command -----------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="lustrain data prepare",
         description="Tokenize a tree of text files into a few large token shards plus index.json (and the "
-                    "tokenizer's tokenizer.json).",
+                    "tokenizer's tokenizer.json): plan, work (on one or many workers), merge.",
     )
     parser.add_argument("src", metavar="SRC",
-                        help=f"directory of text files, or {STDLIB!r} for this Python's standard library "
-                             "source (an existing directory of that name wins)")
-    parser.add_argument("out", metavar="OUT", type=Path, help="directory to write the shards and index.json")
+                        help=f"directory or s3:// prefix of text files, or {STDLIB!r} for this Python's standard "
+                             "library source (an existing directory of that name wins); with --stage merge, OUT "
+                             "alone will do")
+    parser.add_argument("out", metavar="OUT", nargs="?",
+                        help="directory or s3:// prefix to write the shards and index.json to")
     parser.add_argument("--glob", default="**/*",
                         help="files to take, relative to SRC (default: %(default)s)")
     parser.add_argument("--max-bytes", type=parse_size, default=None,
                         help="stop after this much text, e.g. 4MiB")
     parser.add_argument("--shard-size", type=parse_size, default=256 << 20,
-                        help="bytes per shard file (default 256MiB)")
+                        help="bytes per shard file, and the text per part of the work (default 256MiB)")
     parser.add_argument("--val-fraction", type=float, default=0.01,
-                        help="share of documents held out for validation (default: %(default)s)")
+                        help="share of the text held out for validation, in whole files (default: %(default)s)")
     parser.add_argument("--tokenizer", default="bytes",
                         help=f"{TOKENIZER_HELP} (default: %(default)s): bpe:VOCAB trains a byte-level BPE of VOCAB "
                              f"tokens ({BPE_VOCAB[0]} to {BPE_VOCAB[1]}) on the corpus")
     parser.add_argument("--bpe-sample", type=parse_size, default=BPE_SAMPLE,
                         help="text a bpe:VOCAB tokenizer is trained on, at most: all of a smaller corpus, else a "
-                             "sample chosen by content hash (default 256MiB)")
+                             "sample of files chosen by their paths' hashes (default 256MiB)")
+    parser.add_argument("--stage", choices=STAGES, default="all",
+                        help="all (default): plan, work, merge here; plan: write OUT/prepare-plan.json; work: "
+                             "tokenize this worker's parts; merge: write index.json once every part is whole")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="--stage all: run the work in this many local processes at once (default 1)")
+    parser.add_argument("--worker", help="--stage work: this worker's number K (0 to N-1), or `auto` for its "
+                                         "place among a SageMaker Processing job's hosts")
+    parser.add_argument("--workers", type=int, help="--stage work: how many workers share the parts (N)")
+    parser.add_argument("--resource-config", type=Path, default=RESOURCE_CONFIG,
+                        help="--worker auto: SageMaker's resource config (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.out is None:
+        if args.stage != "merge":
+            parser.error("OUT is required (only --stage merge takes OUT alone)")
+        args.src, args.out = None, args.src
+    if args.instances < 1:
+        parser.error(f"--instances {args.instances} is not allowed: use 1 or more")
+    if args.instances > 1 and args.stage != "all":
+        parser.error("--instances is for --stage all; a worker of a job gives --worker K --workers N")
+    if args.stage == "work":
+        if args.worker is None:
+            parser.error("--stage work needs --worker K --workers N, or --worker auto")
+        if args.worker != "auto":
+            if not args.worker.isdigit() or args.workers is None or args.workers < 1:
+                parser.error(f"--worker {args.worker}: give a number K from 0 to N-1 with --workers N (N >= 1), "
+                             "or auto")
+            if int(args.worker) >= args.workers:
+                parser.error(f"--worker {args.worker} is not allowed with --workers {args.workers}: use 0 to "
+                             f"{args.workers - 1}")
+    elif args.worker is not None or args.workers is not None:
+        parser.error("--worker and --workers are for --stage work")
+    return args
 
-    use_stdlib = args.src == STDLIB and not Path(args.src).exists()
-    src = stdlib_source_dir() if use_stdlib else Path(args.src)
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
-        index = prepare(src, args.out, args.glob, args.max_bytes, val_fraction=args.val_fraction,
-                        source_label=STDLIB if use_stdlib else None, tokenizer=args.tokenizer,
-                        bpe_sample_bytes=args.bpe_sample, shard_bytes=args.shard_size)
+        out = store_of(args.out)
+        if args.stage == "merge":
+            report(merge(out), out.label)
+            return 0
+        src = store_of(args.src)
+        if args.stage == "plan":
+            document = plan(src, out, args.glob, args.max_bytes, args.tokenizer, args.val_fraction,
+                            shard_bytes=args.shard_size, bpe_sample_bytes=args.bpe_sample)
+            print(f"planned {document['source']['bytes']} bytes of {document['source']['files']} files from "
+                  f"{src.label} in {len(document['parts'])} parts into {out.label}/{PLAN_NAME}; next: "
+                  f"--stage work --worker K --workers N on each worker, then --stage merge")
+            return 0
+        if args.stage == "work":
+            if args.worker == "auto":
+                worker, workers = worker_from_resource_config(args.resource_config)
+                if args.workers is not None and args.workers != workers:
+                    raise PrepareError(f"--workers {args.workers} but {args.resource_config} lists {workers} hosts")
+            else:
+                worker, workers = int(args.worker), args.workers
+            done = work(src, out, worker, workers)
+            print(f"worker {worker}/{workers}: made {len(done['made'])} part(s) ({done['tokens']} tokens from "
+                  f"{done['bytes']} bytes), {len(done['skipped'])} already whole")
+            return 0
+        index = prepare(src, out, args.glob, args.max_bytes, val_fraction=args.val_fraction,
+                        tokenizer=args.tokenizer, bpe_sample_bytes=args.bpe_sample, shard_bytes=args.shard_size,
+                        instances=args.instances)
     except (PrepareError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    report(index, out.label)
+    return 0
+
+
+def report(index: dict[str, Any], where: str) -> None:
     parts = [f"{split}: {s['documents']} documents, {s['tokens']} tokens in {len(s['shards'])} shard(s)"
              for split, s in index["splits"].items()]
     info = index["tokenizer"]
     if info["eos"] is None:
         print(f"note: the tokenizer has no end-of-document token (none of {' '.join(tok.EOS_NAMES)}): documents "
               "follow one another with nothing between them", file=sys.stderr)
-    print(f"prepared {index['source']['bytes']} bytes from {src} into {args.out} ({'; '.join(parts)}); tokenizer "
-          f"{info['kind']}, vocab_size {info['vocab_size']}, {index['dtype']} shards")
-    return 0
+    print(f"prepared {index['source']['bytes']} bytes from {index['source']['root']} into {where} "
+          f"({'; '.join(parts)}); tokenizer {info['kind']}, vocab_size {info['vocab_size']}, {index['dtype']} shards")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,18 @@ data set lives in the index:
   documents' text (what bits per byte divides by, whatever the tokenizer);
 - version 1 (still read): the byte tokenizer, uint16 shards, no "bytes" (a split's bytes are its tokens less one
   EOS per document).
+
+The layout `prepare` writes (a directory, or an S3 prefix with the same keys):
+
+    index.json                  the index (shards listed by split, in part order)
+    tokenizer.json              the tokenizer's file, where it has one
+    train-PPPPP-SSS.bin         shard SSS of part PPPPP (val-PPPPP-SSS.bin for validation's parts)
+    prepare-plan.json           the plan: the listing cut into parts, the tokenizer, the options
+    parts/part-PPPPP.json       a part's record (its shards, tokens, documents, bytes), written when it is whole
+
+A shard is named by its part, so the workers that make the parts need not agree on anything but the plan, and the
+same input makes the same files whatever the number of workers. The trainer reads only the index and the files it
+names.
 """
 
 from __future__ import annotations
@@ -23,6 +35,8 @@ import numpy as np
 from .tokenizer import TOKENIZER_FILE, TOKENIZER_INFO, dtype_for, normalized
 
 INDEX_NAME = "index.json"
+PLAN_NAME = "prepare-plan.json"
+PARTS_DIR = "parts"
 FORMAT = "lustrain-token-shards"
 VERSION = 2
 VERSIONS = (1, 2)
@@ -73,8 +87,12 @@ class DataIndex:
         return 0
 
 
-def shard_name(split: str, number: int) -> str:
-    return f"{split}-{number:05d}.bin"
+def shard_name(split: str, part: int, number: int) -> str:
+    return f"{split}-{part:05d}-{number:03d}.bin"
+
+
+def part_file(part: int) -> str:
+    return f"{PARTS_DIR}/part-{part:05d}.json"
 
 
 def read_index(root: Path) -> DataIndex:

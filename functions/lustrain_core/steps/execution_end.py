@@ -116,7 +116,7 @@ def run_error(change: ExecutionStatusChange) -> dict[str, str]:
     return {
         "Error": change.error or "ExecutionFailed",
         "Cause": f"execution {change.name} failed at {_when(change.stopDate)} without its teardown"
-        + (f": {change.cause}" if change.cause else ""),
+        + (f": {notify_step.cause_text(change.cause)}" if change.cause else ""),
     }
 
 

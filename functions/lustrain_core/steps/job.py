@@ -188,7 +188,7 @@ def check_code_source(spec: JobSpec) -> None:
             "code.source",
             source,
             "a local directory cannot be read by the stack's Lambda functions: start the run with "
-            "`lustrain run SPEC` (the CLI uploads the directory and sets code.source to its s3:// URI), or "
+            "`lustrain submit SPEC --stack STACK` (it uploads the directory and sets code.source to its s3:// URI), or "
             "give an s3:// prefix holding the code",
         )
     split_s3_uri(source, "code.source")

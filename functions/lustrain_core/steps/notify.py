@@ -29,8 +29,10 @@ MAX_SUBJECT = 99
 _JOB_ID = re.compile(r"^[a-z0-9-]{1,40}-[0-9a-f]{8}$")
 
 
-def _cause_text(cause: Any) -> str:
-    """A Catch's Cause is often a Lambda error as JSON ({"errorType", "errorMessage", ...}): show the message."""
+def cause_text(cause: Any) -> str:
+    """A Cause in words. A Catch's Cause is often a Lambda error as JSON ({"errorType", "errorMessage",
+    "stackTrace", ...}): its message (the stack trace stays in the function's log); a Fail state's Cause may be a
+    caught error as JSON ({"Error", "Cause"}): its name and its cause, in words."""
     if isinstance(cause, str):
         try:
             parsed = json.loads(cause)
@@ -38,6 +40,9 @@ def _cause_text(cause: Any) -> str:
             return cause
         if isinstance(parsed, dict) and parsed.get("errorMessage"):
             return str(parsed["errorMessage"])
+        if isinstance(parsed, dict) and parsed.get("Error"):
+            inner = cause_text(parsed.get("Cause"))
+            return f"{parsed['Error']}: {inner}" if inner else str(parsed["Error"])
     return str(cause) if cause is not None else ""
 
 
@@ -88,7 +93,7 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         or (f"inline start of execution {source['execution']}" if source.get("execution") else None),
         "execution": document.get("execution") or source.get("execution"),
         "error": error.get("Error") if error else None,
-        "cause": _cause_text(error.get("Cause")) if error else None,
+        "cause": cause_text(error.get("Cause")) if error else None,
         "training_job_name": training.get("training_job_name"),
         "archive_s3_uri": training.get("archive_s3_uri"),
         "manifest_s3_uri": training.get("manifest_s3_uri"),
@@ -102,7 +107,7 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "remaining": _listed(teardown.get("remaining")),
         # a teardown that failed leaves its own {Error, Cause} where its report would be
         "teardown_error": (
-            f"{teardown['Error']}: {_cause_text(teardown.get('Cause'))}" if teardown.get("Error") else None
+            f"{teardown['Error']}: {cause_text(teardown.get('Cause'))}" if teardown.get("Error") else None
         ),
         "estimated_cost_usd": _number(cost.get("total_usd")),
         "billed_compute_usd": _billed_compute_usd(spec, training.get("billable_seconds")),

@@ -4,8 +4,8 @@
   collaborator (the twin's EventBridge). SageMaker may send one more than once: `job.event_copies`.
 - Logs: as SageMaker does, each host writes its container's output to the log group /aws/sagemaker/TrainingJobs,
   stream "<job name>/algo-<n>-<epoch seconds>", as the job's execution role (logs:CreateLogStream,
-  logs:PutLogEvents; logs:CreateLogGroup the first time). A role that may not write them loses the logs, not
-  the job, as on SageMaker.
+  logs:PutLogEvents; logs:CreateLogGroup the first time), while the job runs: a line is in CloudWatch within
+  FLUSH_S of being printed. A role that may not write them loses the logs, not the job, as on SageMaker.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ log = logging.getLogger("lustrain.twin.sagemaker")
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 #: Lines are shipped in batches of at most this many (PutLogEvents takes up to 10,000 events).
 BATCH_LINES = 200
+#: ... and at most this many seconds after they were printed: SageMaker streams a job's output to CloudWatch
+#: while it runs (`lustrain watch` and `lustrain logs --follow` move with it), not only when it ends.
+FLUSH_S = 1.0
 
 #: emit(source, detail_type, detail, region, account, resources)
 Emit = Callable[[str, str, dict[str, Any], str, str, list[str]], Any]
@@ -55,6 +58,8 @@ class LogStream:
         self._lock = threading.Lock()
         self._open = False
         self._refused: str | None = None
+        #: the flush due FLUSH_S after the oldest line not yet shipped
+        self._due: threading.Timer | None = None
 
     @property
     def _backend(self) -> Any:
@@ -77,11 +82,25 @@ class LogStream:
         with self._lock:
             self._lines.append((int(time.time() * 1000), line))
             full = len(self._lines) >= BATCH_LINES
+            if not full and self._due is None:
+                self._due = threading.Timer(FLUSH_S, self._flush_due)
+                self._due.daemon = True
+                self._due.start()
         if full:
             self.flush()
 
+    def _flush_due(self) -> None:
+        try:
+            self.flush()
+        except Exception:
+            # a twin reset under a job still printing: its lines go nowhere, the job goes on
+            log.exception("could not ship the log lines of %s", self.job.name)
+
     def flush(self) -> None:
         with self._lock:
+            if self._due is not None and self._due is not threading.current_thread():
+                self._due.cancel()
+            self._due = None
             lines, self._lines = self._lines, []
             if not lines or self._refused:
                 return

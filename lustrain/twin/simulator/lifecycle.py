@@ -11,6 +11,7 @@ links, this machine's environment, and the IAM that authorizes the job's own cal
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import io
@@ -108,7 +109,9 @@ class Settings:
     stop_grace_s: float = 120.0
     #: At most this many worker processes per job, whatever the InstanceCount.
     max_processes: int = 2
-    #: Where job work directories go (default: the system temp directory).
+    #: Where job work directories go. By default the system temp directory, where each job's directory is removed
+    #: when the job ends (or the twin stops): what a job leaves is in S3, on its file system and in CloudWatch
+    #: (its log), as on SageMaker. A directory given here (LUSTRAIN_TWIN_WORK_ROOT) keeps them, to be looked at.
     work_root: Path | None = None
     #: What the `stopped` fault leaves of MaxRuntimeInSeconds: the job is stopped this long after training starts.
     stopped_fault_runtime_s: float = 1.0
@@ -152,6 +155,8 @@ class Simulator:
         self._threads: dict[str, threading.Thread] = {}
         self._listeners: list[LogListener] = []
         self._lock = threading.Lock()
+        # a twin that stops (`lustrain local up` ended, a test process exits) removes its jobs' temp directories
+        atexit.register(self._remove_temp_workdirs)
 
     def launch(self, job: SimulatedJob) -> None:
         """Take a job just created; its life starts in a thread after `start_delay_s`, never in the caller's."""
@@ -174,6 +179,13 @@ class Simulator:
             self._jobs[job.arn] = job
             self._threads[job.arn] = thread
         thread.start()
+
+    def _remove_temp_workdirs(self) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            kill(job._process)
+            remove_temp_workdir(job)
 
     def subscribe(self, listener: LogListener) -> Callable[[], None]:
         """Call `listener(job_name, line)` for each line a trainer prints; returns the unsubscribe function."""
@@ -342,6 +354,7 @@ class _JobRun:
             if self.secrets is not None:
                 self.secrets.close()
             self.logs.flush()
+            remove_temp_workdir(job)
             job._done.set()
 
     # --- status and events ----------------------------------------------------------------------------------
@@ -386,7 +399,7 @@ class _JobRun:
     # --- the instance -----------------------------------------------------------------------------------------
 
     def _prepare(self) -> Layout:
-        root = self.settings.work_root or Path(tempfile.gettempdir()) / "lustrain-twin-sagemaker"
+        root = self.settings.work_root or temp_root()
         workdir = root / f"{self.job.name}-{uuid.uuid4().hex[:8]}"
         layout = Layout(workdir)
         layout.create()
@@ -686,6 +699,18 @@ def niced(command: list[str], niceness: int) -> list[str]:
     and every process it starts inherits the priority from its first instruction); as given at 0 or without nice."""
     nice = shutil.which("nice") if niceness > 0 else None
     return [nice, "-n", str(niceness), *command] if nice else command
+
+
+def temp_root() -> Path:
+    """Where jobs' directories go when the twin is given no work_root."""
+    return Path(tempfile.gettempdir()) / "lustrain-twin-sagemaker"
+
+
+def remove_temp_workdir(job: SimulatedJob) -> None:
+    """The job's directory under the system temp directory, removed once the job has ended (its outputs are in
+    S3 and on its file system, its log in CloudWatch); one under a work_root given to the twin stays."""
+    if job.workdir is not None and job.workdir.parent == temp_root():
+        shutil.rmtree(job.workdir, ignore_errors=True)
 
 
 def kill(process: subprocess.Popen[bytes] | None) -> None:

@@ -382,6 +382,30 @@ def test_job_goes_in_progress_then_completed_with_its_model_in_s3_and_events_in_
     assert "step=1 train_loss=2.0" in job_view("gpt-small-1").log_path.read_text()  # type: ignore[union-attr]
 
 
+def test_a_jobs_temp_directory_is_removed_when_it_ends_its_log_stays_in_cloudwatch(
+    twin: Twin, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given no work_root, a job works under the system temp directory and leaves nothing there once it ended:
+    its model is in S3 and its log in CloudWatch, as SageMaker's instance is gone with its disk."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    temp_root = tmp_path / "tmp" / "lustrain-twin-sagemaker"
+    simulator.configure(work_root=None)
+    twin.sm.create_training_job(**twin.request("temp-dir"))
+    simulator.wait_all(timeout=60)
+    assert twin.describe("temp-dir")["TrainingJobStatus"] == "Completed"
+    assert job_view("temp-dir").workdir is not None and job_view("temp-dir").workdir.parent == temp_root
+    assert list(temp_root.iterdir()) == []
+    logs = boto3.client("logs", region_name=REGION)
+    (stream,) = logs.describe_log_streams(
+        logGroupName="/aws/sagemaker/TrainingJobs", logStreamNamePrefix="temp-dir/"
+    )["logStreams"]
+    lines = logs.get_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream["logStreamName"])
+    assert any("step=1 train_loss=2.0" in e["message"] for e in lines["events"])
+
+
 def test_first_event_waits_for_the_lambda_invocation_that_created_the_job(twin: Twin) -> None:
     """Guards DESIGN's moto 5.2.5 finding: a SendTaskSuccess sent while start_training still runs is lost."""
     simulator.configure(start_delay_s=0.0)
@@ -468,6 +492,28 @@ def test_stop_training_job_sends_sigterm_then_stops_and_still_uploads_the_model(
     )
     twin.sm.create_training_job(**request)
     assert ready.wait(30), "the trainer never started"
+    # the line it printed is in CloudWatch while the job still runs (SageMaker streams a job's log)
+    logs = boto3.client("logs", region_name=REGION)
+
+    def streamed() -> list[str]:
+        try:
+            found = logs.describe_log_streams(
+                logGroupName="/aws/sagemaker/TrainingJobs", logStreamNamePrefix="stop-me/"
+            )["logStreams"]
+        except logs.exceptions.ResourceNotFoundException:
+            return []  # no line shipped yet: the log group comes with the first
+        return [
+            e["message"]
+            for stream in found
+            for e in logs.get_log_events(
+                logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream["logStreamName"]
+            )["events"]
+        ]
+
+    deadline = time.monotonic() + 10
+    while "ready" not in streamed() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "ready" in streamed() and twin.describe("stop-me")["TrainingJobStatus"] == "InProgress"
 
     twin.sm.stop_training_job(TrainingJobName="stop-me")
     stopping = twin.describe("stop-me")

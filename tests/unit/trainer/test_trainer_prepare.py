@@ -87,7 +87,8 @@ def test_rerun_into_the_same_directory_leaves_no_stale_shards(tmp_path: Path) ->
     many = len(list(out.glob("train-*.bin")))
     assert prep.main(["stdlib", str(out), "--glob", "**/*.py", "--max-bytes", "20KiB"]) == 0
     assert many > 1
-    assert sorted(p.name for p in out.glob("train-*.bin")) == ["train-00000.bin"]
+    assert sorted(p.name for p in out.glob("train-*.bin")) == ["train-00000-000.bin"]
+    assert sorted(p.name for p in (out / "parts").iterdir()) == ["part-00000.json", "part-00001.json"]
     assert not list(out.glob("*.tmp"))
 
 
@@ -117,7 +118,7 @@ def test_a_size_without_a_known_unit_is_refused_with_examples(capsys: pytest.Cap
 
 def test_a_shard_cut_short_is_reported_by_name(tmp_path: Path) -> None:
     assert prep.main(["stdlib", str(tmp_path), "--glob", "**/*.py", "--max-bytes", "20KiB"]) == 0
-    shard = tmp_path / "train-00000.bin"
+    shard = tmp_path / "train-00000-000.bin"
     shard.write_bytes(shard.read_bytes()[:1000])
-    with pytest.raises(DataError, match=r"train-00000.bin: expected \d+ bytes .* found 1000 bytes"):
+    with pytest.raises(DataError, match=r"train-00000-000.bin: expected \d+ bytes .* found 1000 bytes"):
         read_index(tmp_path)
