@@ -91,9 +91,7 @@ NOT_FOUND_CODES = frozenset(
 )
 CONDITION_FAILED = "ConditionalCheckFailedException"
 #: The codes a refused authorization comes back with (S3, EC2, SNS, the JSON services).
-ACCESS_DENIED_CODES = frozenset(
-    {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError"}
-)
+ACCESS_DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError"})
 QUOTA_REFUSED = "ResourceLimitExceeded"
 
 
@@ -121,8 +119,7 @@ def training_job_missing(exc: ClientError) -> bool:
     names lustrain builds never are."""
     code = error_code(exc)
     return code in NOT_FOUND_CODES or (
-        code == "ValidationException"
-        and exc.operation_name in ("DescribeTrainingJob", "DescribeProcessingJob")
+        code == "ValidationException" and exc.operation_name in ("DescribeTrainingJob", "DescribeProcessingJob")
     )
 
 

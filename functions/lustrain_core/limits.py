@@ -30,10 +30,7 @@ DOCUMENTED: dict[tuple[str, str, str], tuple[str, str]] = {
         "up to 255 of a-z, A-Z, 0-9, spaces and ._-:/()#,@[]+=&;{}!$*",
     ),
     # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions
-    ("ec2", "*", "TagSpecifications[].Tags[].Key"): (
-        r"(?!aws:)[\s\S]{1,128}",
-        "1 to 128 characters, not aws:",
-    ),
+    ("ec2", "*", "TagSpecifications[].Tags[].Key"): (r"(?!aws:)[\s\S]{1,128}", "1 to 128 characters, not aws:"),
     ("ec2", "*", "TagSpecifications[].Tags[].Value"): (r"[\s\S]{0,256}", "at most 256 characters"),
 }
 #: EC2 takes at most 50 tags per resource (the same page).
@@ -93,37 +90,22 @@ def _string(shape: Any, value: str, path: str, rule: tuple[str, str] | None) -> 
     low, high = meta.get("min"), meta.get("max")
     if high is not None and len(value) > high:
         yield Problem(
-            path,
-            value,
-            f"at most {high} characters (it has {len(value)})",
-            high,
+            path, value, f"at most {high} characters (it has {len(value)})", high,
             f"Member must have length less than or equal to {high}",
         )
     if low is not None and len(value) < low:
         yield Problem(
-            path,
-            value,
-            f"at least {low} characters",
-            low,
-            f"Member must have length greater than or equal to {low}",
+            path, value, f"at least {low} characters", low, f"Member must have length greater than or equal to {low}"
         )
     enum = meta.get("enum")
     if enum and value not in enum:
         yield Problem(
-            path,
-            value,
-            f"one of {', '.join(enum)}",
-            None,
-            f"Member must satisfy enum value set: [{', '.join(enum)}]",
+            path, value, f"one of {', '.join(enum)}", None, f"Member must satisfy enum value set: [{', '.join(enum)}]"
         )
     pattern = meta.get("pattern")
     if pattern and not _compiled(pattern).fullmatch(value):
         yield Problem(
-            path,
-            value,
-            f"must match {pattern}",
-            None,
-            f"Member must satisfy regular expression pattern: {pattern}",
+            path, value, f"must match {pattern}", None, f"Member must satisfy regular expression pattern: {pattern}"
         )
     if rule and not _compiled(rule[0]).fullmatch(value):
         yield Problem(path, value, rule[1], None, rule[1])
@@ -135,16 +117,11 @@ def _walk(service: str, operation: str, shape: Any, value: Any, path: str) -> It
     if kind == "structure" and isinstance(value, dict):
         for name, member in value.items():
             if name in shape.members:
-                yield from _walk(
-                    service, operation, shape.members[name], member, f"{path}.{name}".lstrip(".")
-                )
+                yield from _walk(service, operation, shape.members[name], member, f"{path}.{name}".lstrip("."))
     elif kind == "list" and isinstance(value, list):
         if meta.get("max") is not None and len(value) > meta["max"]:
             yield Problem(
-                path,
-                len(value),
-                f"at most {meta['max']} items",
-                meta["max"],
+                path, len(value), f"at most {meta['max']} items", meta["max"],
                 f"Member must have length less than or equal to {meta['max']}",
             )
         for index, item in enumerate(value):
@@ -152,10 +129,7 @@ def _walk(service: str, operation: str, shape: Any, value: Any, path: str) -> It
     elif kind == "map" and isinstance(value, dict):
         if meta.get("max") is not None and len(value) > meta["max"]:
             yield Problem(
-                path,
-                len(value),
-                f"at most {meta['max']} entries",
-                meta["max"],
+                path, len(value), f"at most {meta['max']} entries", meta["max"],
                 f"Member must have length less than or equal to {meta['max']}",
             )
         for key, item in value.items():
@@ -166,20 +140,10 @@ def _walk(service: str, operation: str, shape: Any, value: Any, path: str) -> It
         yield from _string(shape, value, path, _documented(service, operation, path))
     elif kind in {"integer", "long"} and isinstance(value, int):
         if meta.get("max") is not None and value > meta["max"]:
-            yield Problem(
-                path,
-                value,
-                f"at most {meta['max']}",
-                meta["max"],
-                f"Member must be less than or equal to {meta['max']}",
-            )
+            yield Problem(path, value, f"at most {meta['max']}", meta["max"], f"Member must be less than or equal to {meta['max']}")
         if meta.get("min") is not None and value < meta["min"]:
             yield Problem(
-                path,
-                value,
-                f"at least {meta['min']}",
-                meta["min"],
-                f"Member must be greater than or equal to {meta['min']}",
+                path, value, f"at least {meta['min']}", meta["min"], f"Member must be greater than or equal to {meta['min']}"
             )
 
 
@@ -200,10 +164,7 @@ def aws_path(path: str) -> str:
 
 def validation_message(problems: list[Problem]) -> str:
     """AWS's ValidationException text for these problems."""
-    shown = [
-        f"Value '{p.value}' at '{aws_path(p.path)}' failed to satisfy constraint: {p.constraint}"
-        for p in problems
-    ]
+    shown = [f"Value '{p.value}' at '{aws_path(p.path)}' failed to satisfy constraint: {p.constraint}" for p in problems]
     noun = "error" if len(problems) == 1 else "errors"
     return f"{len(problems)} validation {noun} detected: {'; '.join(shown)}"
 
@@ -219,11 +180,8 @@ def problems(service: str, operation: str, request: dict[str, Any]) -> list[Prob
             if len(spec.get("Tags") or []) > EC2_MAX_TAGS:
                 found.append(
                     Problem(
-                        f"TagSpecifications[{index}].Tags",
-                        len(spec["Tags"]),
-                        f"at most {EC2_MAX_TAGS} tags",
-                        EC2_MAX_TAGS,
-                        f"Member must have length less than or equal to {EC2_MAX_TAGS}",
+                        f"TagSpecifications[{index}].Tags", len(spec["Tags"]), f"at most {EC2_MAX_TAGS} tags",
+                        EC2_MAX_TAGS, f"Member must have length less than or equal to {EC2_MAX_TAGS}",
                     )
                 )
     return found

@@ -210,14 +210,14 @@ def plan(
             "compute.instance_type",
             spec.compute.instance_type,
             f"unknown to the planner; known: {', '.join(sorted(prices.instance_types))} (add its row to "
-            'data/instance_types.json, or for this plan with --prices: {"instance_types": {type: row}})',
+            "data/instance_types.json, or for this plan with --prices: {\"instance_types\": {type: row}})",
         )
     if itype.hourly_usd is None:
         raise SpecInvalid.one(
             "compute.instance_type",
             spec.compute.instance_type,
             "has no confirmed on-demand price in the instance-type catalogue, so the run cannot be costed or held "
-            f'to a budget: give one with --prices ({{"instance_hourly_usd": {{"{itype.name}": <$ an hour>}}}}) '
+            f"to a budget: give one with --prices ({{\"instance_hourly_usd\": {{\"{itype.name}\": <$ an hour>}}}}) "
             "or add hourly_usd, price_as_of and price_source to its row",
         )
 
@@ -373,22 +373,15 @@ def _plan_memory(spec: JobSpec, errors: list[FieldError]) -> dict[str, Any] | No
     memory = dict(line.split("=", 1) for line in layout.lines())
     if not layout.fits:
         enough = trainer_plan.smallest_fitting_count(inputs, spec.compute.instance_type)
-        fix = (
-            f"use at least {enough} instances (the smallest count it fits)"
-            if enough
-            else "no count of this instance type fits it"
-        )
-        errors.append(
-            FieldError(
-                "compute.instance_count",
-                spec.compute.instance_count,
-                f"the {inputs['preset']} model ({layout.parameters:,} parameters) needs "
-                f"{layout.peak_bytes / trainer_plan.GIB:.1f} GiB per GPU on {spec.compute.instance_count} x "
-                f"{spec.compute.instance_type} ({memory['sharding']}, shard group {layout.shard}), more than the "
-                f"{trainer_plan.USABLE_GPU_SHARE * layout.gpu_bytes / trainer_plan.GIB:.1f} GiB a GPU can give: {fix}, "
-                "or change code.hyperparameters (a smaller preset, batch_size, activation_checkpointing true)",
-            )
-        )
+        fix = (f"use at least {enough} instances (the smallest count it fits)" if enough
+               else "no count of this instance type fits it")
+        errors.append(FieldError(
+            "compute.instance_count", spec.compute.instance_count,
+            f"the {inputs['preset']} model ({layout.parameters:,} parameters) needs "
+            f"{layout.peak_bytes / trainer_plan.GIB:.1f} GiB per GPU on {spec.compute.instance_count} x "
+            f"{spec.compute.instance_type} ({memory['sharding']}, shard group {layout.shard}), more than the "
+            f"{trainer_plan.USABLE_GPU_SHARE * layout.gpu_bytes / trainer_plan.GIB:.1f} GiB a GPU can give: {fix}, "
+            "or change code.hyperparameters (a smaller preset, batch_size, activation_checkpointing true)"))
     return memory
 
 
@@ -503,11 +496,7 @@ def _plan_filesystem(
         reason = (
             f"cheapest {kind} that holds {need_gib:,.0f} GiB and serves {serves}: "
             f"{capacity} GiB at {per_tib} MB/s/TiB = {throughput:,.0f} MB/s, sized by "
-            + (
-                f"throughput for {by}"
-                if for_throughput > need_gib and by != "the smallest capacity FSx offers"
-                else by
-            )
+            + (f"throughput for {by}" if for_throughput > need_gib and by != "the smallest capacity FSx offers" else by)
         )
     if capacity > MAX_STORAGE_GIB:
         errors.append(
@@ -540,9 +529,7 @@ def _plan_filesystem(
     )
 
 
-def _plan_checkpoints(
-    spec: JobSpec, memory: dict[str, Any] | None, warnings: list[str]
-) -> dict[str, Any] | None:
+def _plan_checkpoints(spec: JobSpec, memory: dict[str, Any] | None, warnings: list[str]) -> dict[str, Any] | None:
     """checkpoints.to_filesystem's share of the file system: the checkpoints it holds at once (the kept ones and
     the one being written, which the trainer prunes the oldest after) and the throughput that writes one within
     CHECKPOINT_WRITE_TARGET_S. The size is the trainer's memory plan's (12 bytes a parameter: fp32 weights and
@@ -576,12 +563,7 @@ def _plan_checkpoints(
 
 
 def _cheapest(
-    kind: str,
-    need_gib: float,
-    demand: float,
-    prices: PriceTable,
-    hours: float,
-    tiers: list[int] | None = None,
+    kind: str, need_gib: float, demand: float, prices: PriceTable, hours: float, tiers: list[int] | None = None
 ) -> dict[str, Any]:
     """The cheapest file system of `kind` (among throughput `tiers`, default all of the kind's) that holds `need_gib`
     and serves `demand` MB/s: its capacity, throughput tier, throughput, private IPs and cost for a run of `hours`
@@ -626,16 +608,7 @@ def _plan_network(
     needed = for_instances + for_fs + headroom
     if n.subnet_id:
         return NetworkPlan(
-            itype.ips,
-            for_instances,
-            for_fs,
-            headroom,
-            needed,
-            None,
-            None,
-            None,
-            None,
-            n.subnet_id,
+            itype.ips, for_instances, for_fs, headroom, needed, None, None, None, None, n.subnet_id,
             itype.efa_interfaces,
         )
 
@@ -796,7 +769,9 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
         filesystem_usd=round(filesystem, 2),
         control_plane_usd=round(control, 4),
         total_usd=round(total, 2),
-        hourly_usd=round(c.instance_count * hourly * fraction + filesystem / (hours + 1) + network_hourly, 2),
+        hourly_usd=round(
+            c.instance_count * hourly * fraction + filesystem / (hours + 1) + network_hourly, 2
+        ),
         prices_as_of=prices.as_of,
         assumptions=assumptions,
         network_usd=round(network, 2),
@@ -838,25 +813,16 @@ def _recommend(spec: JobSpec, fs: FilesystemPlan) -> dict[str, Any]:
     )
     cheaper = "persistent" if persistent["cost_usd"] <= scratch["cost_usd"] else "scratch"
     if spec.filesystem.keep:
-        choice, why = (
-            "persistent",
-            "the file system is kept after the run (keep), and only PERSISTENT_2 survives a file-server failure",
-        )
+        choice, why = "persistent", "the file system is kept after the run (keep), and only PERSISTENT_2 survives a file-server failure"
     elif hours > PERSISTENT_AFTER_HOURS:
-        choice, why = (
-            "persistent",
-            (
-                f"a {hours:g} h run should survive a file-server failure (PERSISTENT_2 replicates; SCRATCH_2 loses its "
-                "data and must be rebuilt from S3)"
-            ),
+        choice, why = "persistent", (
+            f"a {hours:g} h run should survive a file-server failure (PERSISTENT_2 replicates; SCRATCH_2 loses its "
+            "data and must be rebuilt from S3)"
         )
     elif cheaper == "persistent":
         choice, why = "persistent", "it costs no more, and it survives a file-server failure"
     else:
-        choice, why = (
-            "scratch",
-            f"it costs less, and a {hours:g} h run can rebuild its file system from S3 after a failure",
-        )
+        choice, why = "scratch", f"it costs less, and a {hours:g} h run can rebuild its file system from S3 after a failure"
     return {"deployment_type": choice, "why": f"{choice} recommended: {why}; {figures}"}
 
 

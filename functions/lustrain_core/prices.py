@@ -68,9 +68,7 @@ class PriceTable:
         types = dict(self.instance_types)
         rows = overrides.get("instance_types", {})
         if not isinstance(rows, dict):
-            raise ValueError(
-                'instance_types is an object {"ml.<type>": {row as in data/instance_types.json}}'
-            )
+            raise ValueError('instance_types is an object {"ml.<type>": {row as in data/instance_types.json}}')
         for name, row in rows.items():
             types[name] = parse_row(name, row)
         as_of = str(overrides.get("as_of", self.as_of))
@@ -97,9 +95,7 @@ class PriceTable:
             ),
         )
 
-    def billed_compute_usd(
-        self, instance_type: str, instance_count: float, billable_seconds: float
-    ) -> float | None:
+    def billed_compute_usd(self, instance_type: str, instance_count: float, billable_seconds: float) -> float | None:
         """What SageMaker bills for a job's instances: BillableTimeInSeconds (spot savings already show in it) x the
         instance count x the list price per hour; None for an instance type with no price here."""
         itype = self.instance_types.get(instance_type)

@@ -163,22 +163,15 @@ POLICY: dict[FailureClass, ClassPolicy] = {
 #: each class by the error name its training task fails with
 BY_ERROR: dict[str, FailureClass] = {policy.error: cls for cls, policy in POLICY.items()}
 #: the names Step Functions itself gives a training task that stopped reporting
-BY_ERROR.update(
-    {"States.Timeout": FailureClass.UNRESPONSIVE, "States.HeartbeatTimeout": FailureClass.UNRESPONSIVE}
-)
+BY_ERROR.update({"States.Timeout": FailureClass.UNRESPONSIVE, "States.HeartbeatTimeout": FailureClass.UNRESPONSIVE})
 
 #: FailureReason patterns, checked in order; the first match names the class. Texts are SageMaker's wordings,
 #: and the trainer's own (INFRASTRUCTURE_MARK). A script's out-of-memory error is its own (before CUDA words).
 _REASONS: tuple[tuple[re.Pattern[str], FailureClass], ...] = (
-    (
-        re.compile(r"CapacityError|InsufficientCapacity|Unable to provision requested ML compute", re.I),
-        FailureClass.CAPACITY,
-    ),
+    (re.compile(r"CapacityError|InsufficientCapacity|Unable to provision requested ML compute", re.I), FailureClass.CAPACITY),
     (re.compile(r"ResourceLimitExceeded|resource limit", re.I), FailureClass.QUOTA),
     (
-        re.compile(
-            r"(unable|failed) to mount|mount\.lustre|mount(ing)? (the )?(FSx|Lustre|file ?system)", re.I
-        ),
+        re.compile(r"(unable|failed) to mount|mount\.lustre|mount(ing)? (the )?(FSx|Lustre|file ?system)", re.I),
         FailureClass.CONFIGURATION,
     ),
     # the script's exit code as SageMaker's toolkit reports it (ExitCode 75), or torchrun's summary of a worker's
@@ -284,12 +277,7 @@ LAMBDA_TIMEOUT = Retrier(
     ),
 )
 LAMBDA_SERVICE = Retrier(
-    (
-        "Lambda.ServiceException",
-        "Lambda.AWSLambdaException",
-        "Lambda.SdkClientException",
-        "Lambda.TooManyRequestsException",
-    ),
+    ("Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException", "Lambda.TooManyRequestsException"),
     "RetryIntervalSeconds",
     6,
     jitter=True,

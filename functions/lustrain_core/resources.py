@@ -46,9 +46,7 @@ class Kind:
 
 
 VPC = Kind("vpc", "ec2", "network", "describe_vpcs", "VpcIds", "Vpcs", "VpcId", tag_filter=True)
-SUBNET = Kind(
-    "subnet", "ec2", "network", "describe_subnets", "SubnetIds", "Subnets", "SubnetId", tag_filter=True
-)
+SUBNET = Kind("subnet", "ec2", "network", "describe_subnets", "SubnetIds", "Subnets", "SubnetId", tag_filter=True)
 SECURITY_GROUP = Kind(
     "security_group", "ec2", "network", "describe_security_groups", "GroupIds", "SecurityGroups", "GroupId",
     tag_filter=True,

@@ -162,9 +162,7 @@ def test_a_rule_another_teardown_revoked_meanwhile_is_gone_as_wanted_and_the_gro
         if not revoked:
             revoked.append(params["GroupId"])
             group = other.describe_security_groups(GroupIds=[params["GroupId"]])["SecurityGroups"][0]
-            other.revoke_security_group_ingress(
-                GroupId=params["GroupId"], IpPermissions=group["IpPermissions"]
-            )
+            other.revoke_security_group_ingress(GroupId=params["GroupId"], IpPermissions=group["IpPermissions"])
 
     clients.client("ec2").meta.events.register(
         "before-parameter-build.ec2.RevokeSecurityGroupIngress", the_other_teardown_first

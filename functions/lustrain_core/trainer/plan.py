@@ -59,9 +59,7 @@ class Hardware:
 #: drives are taken to be no faster. The device-to-host copy (the blocking part) is an assumption until
 #: bench/gpu_check.py measures it on the card: 10 GB/s a GPU (PCIe Gen4 x16 peaks at 32 GB/s, shared by two
 #: GPUs behind one switch on a p4d), 20 GB/s on PCIe Gen5 (p5).
-WRITE_RATE_SOURCE = (
-    "host NVMe write 8 GB/s (AWS P4d deep dive, fio); device-to-host 10-20 GB/s per GPU (assumed)"
-)
+WRITE_RATE_SOURCE = "host NVMe write 8 GB/s (AWS P4d deep dive, fio); device-to-host 10-20 GB/s per GPU (assumed)"
 #: SageMaker's grace between SIGTERM and SIGKILL on a stop (StopTrainingJob's API reference), and torchrun's before
 #: it kills its workers: 30 s, configurable (TORCH_ELASTIC_SHUTDOWN_TIMEOUT) only from torch 2.12
 SAGEMAKER_STOP_GRACE_S = 120
@@ -75,13 +73,8 @@ CATALOGUE: dict[str, dict[str, Any]] = json.loads(CATALOGUE_FILE.read_text())["i
 
 #: the GPU instance types whose rows carry what the plan needs (the checkpoint rates included)
 INSTANCES: dict[str, Hardware] = {
-    name: Hardware(
-        row["gpus"],
-        int(row["gpu_memory_gib"] * GIB),
-        int(row["host_memory_gib"] * GIB),
-        float(row["checkpoint_write_gbps"]),
-        float(row["stage_gbps"]),
-    )
+    name: Hardware(row["gpus"], int(row["gpu_memory_gib"] * GIB), int(row["host_memory_gib"] * GIB),
+                   float(row["checkpoint_write_gbps"]), float(row["stage_gbps"]))
     for name, row in CATALOGUE.items()
     if row.get("gpus") and row.get("checkpoint_write_gbps") and row.get("stage_gbps")
 }
@@ -90,13 +83,10 @@ DEFAULT_INSTANCE = "ml.p4d.24xlarge"
 #: dense bf16 TFLOP/s per GPU by the name torch.cuda.get_device_name() contains, first match wins: what MFU is
 #: measured against where the instance type is not known (the catalogue's rows: NVIDIA's datasheets, half the
 #: figures quoted with sparsity)
-PEAK_TFLOPS_BY_GPU_NAME = tuple(
-    dict.fromkeys(
-        (row["gpu"], float(row["bf16_dense_tflops_per_gpu"]))
-        for row in CATALOGUE.values()
-        if row.get("gpu") and row.get("bf16_dense_tflops_per_gpu")
-    )
-)
+PEAK_TFLOPS_BY_GPU_NAME = tuple(dict.fromkeys(
+    (row["gpu"], float(row["bf16_dense_tflops_per_gpu"]))
+    for row in CATALOGUE.values() if row.get("gpu") and row.get("bf16_dense_tflops_per_gpu")
+))
 
 
 def peak_tflops(device_name: str, instance_type: str | None = None) -> float | None:
@@ -188,10 +178,7 @@ class Shape:
         multiplies nothing) plus attention's 12 x layers x width x sequence (PaLM's appendix B: scores and values
         over every query head, however few key/value heads), without the recomputation activation checkpointing
         adds (MFU counts the model's FLOPs, not the hardware's)."""
-        return (
-            6.0 * (self.parameters - self.lookup_parameters)
-            + 12.0 * self.n_layer * self.n_embd * self.seq_len
-        )
+        return 6.0 * (self.parameters - self.lookup_parameters) + 12.0 * self.n_layer * self.n_embd * self.seq_len
 
 
 @dataclass(frozen=True)
@@ -218,14 +205,8 @@ class Plan:
 
     @property
     def peak_bytes(self) -> int:
-        return (
-            self.parameter_bytes
-            + self.gradient_bytes
-            + self.optimizer_bytes
-            + self.working_bytes
-            + self.activation_bytes
-            + self.overhead_bytes
-        )
+        return (self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes + self.working_bytes
+                + self.activation_bytes + self.overhead_bytes)
 
     @property
     def fits(self) -> bool:
@@ -278,31 +259,15 @@ class Plan:
         ]
 
 
-def plan(
-    shape: Shape,
-    *,
-    batch_size: int,
-    activation_checkpointing: bool,
-    world_size: int,
-    bf16: bool = True,
-    fsdp: bool | None = None,
-    shard: int = 0,
-    instance_type: str = DEFAULT_INSTANCE,
-    hardware: Hardware | None = None,
-) -> Plan:
+def plan(shape: Shape, *, batch_size: int, activation_checkpointing: bool, world_size: int, bf16: bool = True,
+         fsdp: bool | None = None, shard: int = 0, instance_type: str = DEFAULT_INSTANCE,
+         hardware: Hardware | None = None) -> Plan:
     """The plan of one training layout. fsdp None and shard 0 choose: DDP if a whole replica fits a GPU, else the
     smallest shard group that fits (see shard_groups); a shard that does not divide world_size is an error."""
     hw = hardware or INSTANCES[instance_type]
     if fsdp is None or (fsdp and not shard):
-        shard = shard or choose_shard(
-            shape,
-            batch_size=batch_size,
-            activation_checkpointing=activation_checkpointing,
-            world_size=world_size,
-            bf16=bf16,
-            hardware=hw,
-            allow_ddp=fsdp is None,
-        )
+        shard = shard or choose_shard(shape, batch_size=batch_size, activation_checkpointing=activation_checkpointing,
+                                      world_size=world_size, bf16=bf16, hardware=hw, allow_ddp=fsdp is None)
         fsdp = shard > 1 or fsdp is True
     shard = shard if fsdp else 1
     if world_size % shard:
@@ -321,23 +286,12 @@ def plan(
     checkpoint = 12 * p
     stage = 12 * p // shard
     return Plan(
-        instance_type=instance_type,
-        world_size=world_size,
-        gpus_per_host=min(hw.gpus, world_size),
-        host_memory_bytes=hw.host_bytes,
-        shard=shard,
-        fsdp=bool(fsdp),
-        parameters=p,
-        parameter_bytes=4 * p // shard,
-        gradient_bytes=4 * p // shard,
-        optimizer_bytes=8 * p // shard,
-        working_bytes=working,
-        activation_bytes=activations,
-        overhead_bytes=GPU_OVERHEAD_BYTES,
-        gpu_bytes=hw.gpu_bytes,
-        checkpoint_bytes=checkpoint,
-        host_checkpoint_bytes=checkpoint // hosts,
-        stage_bytes=stage,
+        instance_type=instance_type, world_size=world_size, gpus_per_host=min(hw.gpus, world_size),
+        host_memory_bytes=hw.host_bytes, shard=shard,
+        fsdp=bool(fsdp), parameters=p, parameter_bytes=4 * p // shard, gradient_bytes=4 * p // shard,
+        optimizer_bytes=8 * p // shard, working_bytes=working, activation_bytes=activations,
+        overhead_bytes=GPU_OVERHEAD_BYTES, gpu_bytes=hw.gpu_bytes, checkpoint_bytes=checkpoint,
+        host_checkpoint_bytes=checkpoint // hosts, stage_bytes=stage,
         checkpoint_blocking_s=stage / (hw.stage_gbps * 1e9),
         checkpoint_write_s=checkpoint / hosts / (hw.write_gbps * 1e9),
     )
@@ -346,11 +300,7 @@ def plan(
 def shard_groups(world_size: int, gpus_per_host: int) -> list[int]:
     """The shard group sizes a world can use, smallest first: the divisors of one host's GPUs (within a host, over
     NVLink), then whole hosts that divide the world (HSDP replicas across the rest)."""
-    sizes = [
-        s
-        for s in range(2, min(gpus_per_host, world_size) + 1)
-        if world_size % s == 0 and gpus_per_host % s == 0
-    ]
+    sizes = [s for s in range(2, min(gpus_per_host, world_size) + 1) if world_size % s == 0 and gpus_per_host % s == 0]
     hosts = world_size // gpus_per_host if world_size % gpus_per_host == 0 else 0
     sizes += [n * gpus_per_host for n in range(2, hosts + 1) if hosts % n == 0]
     if world_size not in sizes and world_size > 1:
@@ -358,30 +308,14 @@ def shard_groups(world_size: int, gpus_per_host: int) -> list[int]:
     return sorted(set(sizes))
 
 
-def choose_shard(
-    shape: Shape,
-    *,
-    batch_size: int,
-    activation_checkpointing: bool,
-    world_size: int,
-    bf16: bool,
-    hardware: Hardware,
-    allow_ddp: bool = True,
-) -> int:
+def choose_shard(shape: Shape, *, batch_size: int, activation_checkpointing: bool, world_size: int, bf16: bool,
+                 hardware: Hardware, allow_ddp: bool = True) -> int:
     """The smallest shard group whose plan fits the GPU (1: DDP, when allowed and a whole replica fits); the whole
     world when none fits (the plan then says fits=no)."""
     candidates = ([1] if allow_ddp or world_size == 1 else []) + shard_groups(world_size, hardware.gpus)
     for size in candidates:
-        candidate = plan(
-            shape,
-            batch_size=batch_size,
-            activation_checkpointing=activation_checkpointing,
-            world_size=world_size,
-            bf16=bf16,
-            fsdp=size > 1,
-            shard=size,
-            hardware=hardware,
-        )
+        candidate = plan(shape, batch_size=batch_size, activation_checkpointing=activation_checkpointing,
+                         world_size=world_size, bf16=bf16, fsdp=size > 1, shard=size, hardware=hardware)
         if candidate.fits:
             return size
     return candidates[-1] if candidates else 1
@@ -390,28 +324,14 @@ def choose_shard(
 def plan_of_run(inputs: dict[str, Any], instance_type: str, instance_count: int) -> Plan:
     """The plan of a run from presets.plan_inputs' values, on instance_count instances of instance_type."""
     hw = INSTANCES[instance_type]
-    shape = Shape(
-        n_layer=inputs["n_layer"],
-        n_embd=inputs["n_embd"],
-        n_head=inputs["n_head"],
-        seq_len=inputs["seq_len"],
-        vocab_size=inputs["vocab_size"],
-        arch=inputs.get("arch", "gpt"),
-        n_kv_head=inputs.get("n_kv_head", 0),
-        ffn_hidden=inputs.get("ffn_hidden", 0),
-        tie_embeddings=inputs.get("tie_embeddings", True),
-    )
+    shape = Shape(n_layer=inputs["n_layer"], n_embd=inputs["n_embd"], n_head=inputs["n_head"],
+                  seq_len=inputs["seq_len"], vocab_size=inputs["vocab_size"], arch=inputs.get("arch", "gpt"),
+                  n_kv_head=inputs.get("n_kv_head", 0), ffn_hidden=inputs.get("ffn_hidden", 0),
+                  tie_embeddings=inputs.get("tie_embeddings", True))
     fsdp = {"auto": None, "true": True, "false": False}.get(inputs["fsdp"])
-    return plan(
-        shape,
-        batch_size=inputs["batch_size"],
-        activation_checkpointing=inputs["activation_checkpointing"],
-        world_size=instance_count * hw.gpus,
-        bf16=inputs["precision"] != "fp32",
-        fsdp=fsdp,
-        shard=inputs["shard_group"],
-        instance_type=instance_type,
-    )
+    return plan(shape, batch_size=inputs["batch_size"], activation_checkpointing=inputs["activation_checkpointing"],
+                world_size=instance_count * hw.gpus, bf16=inputs["precision"] != "fp32", fsdp=fsdp,
+                shard=inputs["shard_group"], instance_type=instance_type)
 
 
 def smallest_fitting_count(inputs: dict[str, Any], instance_type: str, max_count: int = 1000) -> int | None:

@@ -189,14 +189,10 @@ VARIABLES: dict[str, Callable[[Mapping[str, Any]], list[str] | None]] = {
     "TrainingJobName": lambda p: _one(p.get("TrainingJobName")),
     "ProcessingJobName": lambda p: _one(p.get("ProcessingJobName")),
     # DescribeTrainingPlan names a plan by its name or ARN; CreateTrainingJob by ResourceConfig.TrainingPlanArn
-    "TrainingPlanName": lambda p: (
-        _arn_part(
-            p.get("TrainingPlanName") or (p.get("ResourceConfig") or {}).get("TrainingPlanArn"),
-            5,
-            r"training-plan/(.+)",
-        )
-        or _one(p.get("TrainingPlanName"))
-    ),
+    "TrainingPlanName": lambda p: _arn_part(
+        p.get("TrainingPlanName") or (p.get("ResourceConfig") or {}).get("TrainingPlanArn"), 5, r"training-plan/(.+)"
+    )
+    or _one(p.get("TrainingPlanName")),
     "FileSystemId": lambda p: _many(p.get("FileSystemId") or p.get("FileSystemIds")),
     "FileSystemIdOrFileCacheId": lambda p: _one(p.get("FileSystemId")),
     "DataRepositoryAssociationId": lambda p: _one(p.get("AssociationId")),

@@ -51,6 +51,7 @@ _PATCHED = "_lustrain_twin_sagemaker"
 _STATE = "_lustrain_twin_training"
 
 
+
 #: AWS's answer to DescribeTrainingJob and StopTrainingJob on a job that does not exist.
 NOT_FOUND = "Requested resource not found."
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
@@ -190,10 +191,7 @@ def _refuse_as_taken(backend: SageMakerModelBackend, request: dict[str, Any]) ->
     resources = request.get("ResourceConfig") or {}
     instance_type = str(resources.get("InstanceType", ""))
     spot = bool(request.get("EnableManagedSpotTraining"))
-    name, limit = _quota_value(backend.account_id, backend.region_name, instance_type, spot) or (
-        instance_type,
-        0.0,
-    )
+    name, limit = _quota_value(backend.account_id, backend.region_name, instance_type, spot) or (instance_type, 0.0)
     raise ResourceLimitExceeded(
         f"The account-level service limit '{name}' is {_count(limit)} Instances, with current utilization "
         f"of {_count(limit)} Instances and a request delta of {int(resources.get('InstanceCount', 1))} Instances. "
@@ -351,9 +349,7 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
             _refuse_as_taken(backend, request)
         if (request.get("ResourceConfig") or {}).get("TrainingPlanArn"):
             # reserved capacity: checked against its plan, not the on-demand quota
-            training_plans.check_job(
-                backend.account_id, backend.region_name, request, _subnet_zones(backend, request)
-            )
+            training_plans.check_job(backend.account_id, backend.region_name, request, _subnet_zones(backend, request))
         else:
             _check_quota(backend, request)
         result = original(self)
