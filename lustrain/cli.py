@@ -75,52 +75,27 @@ def _parser() -> argparse.ArgumentParser:
     sb.add_argument("--artifacts-bucket", help="where a local code.source is uploaded (with --jobs-bucket)")
     sb.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
     sb.add_argument(
-        "--wait",
-        type=float,
-        default=60.0,
-        help="seconds to wait for the run to start, with --stack (default 60)",
+        "--wait", type=float, default=60.0, help="seconds to wait for the run to start, with --stack (default 60)"
     )
     sb.set_defaults(command=cmd_submit)
 
     for name, help_text, command in (
         ("runs", "every run of a stack: state, attempt, instances, elapsed time, cost so far", cmd_runs),
-        (
-            "status",
-            "one run: its states on a time line, quota, file system, training job, last metrics",
-            cmd_status,
-        ),
-        (
-            "cancel",
-            "stop a run; its teardown stops the training job and deletes what the run created",
-            cmd_cancel,
-        ),
-        (
-            "logs",
-            "the run's training logs (/aws/sagemaker/TrainingJobs), every host merged in time order",
-            cmd_logs,
-        ),
+        ("status", "one run: its states on a time line, quota, file system, training job, last metrics", cmd_status),
+        ("cancel", "stop a run; its teardown stops the training job and deletes what the run created", cmd_cancel),
+        ("logs", "the run's training logs (/aws/sagemaker/TrainingJobs), every host merged in time order", cmd_logs),
         ("watch", "follow a run live, state by state with its training progress, until it ends", cmd_watch),
-        (
-            "report",
-            "an HTML report with PNG plots: loss and validation bits per byte by step, states on a time line, cost, throughput",
-            cmd_report,
-        ),
+        ("report", "an HTML report with PNG plots: loss and validation bits per byte by step, states on a time line, cost, throughput", cmd_report),
     ):
         op = sub.add_parser(name, help=help_text)
         if name != "runs":
-            op.add_argument(
-                "run", metavar="RUN", help="the run's job id, execution name or ARN, or spec name"
-            )
+            op.add_argument("run", metavar="RUN", help="the run's job id, execution name or ARN, or spec name")
         if name == "logs":
-            op.add_argument(
-                "--follow", "-f", action="store_true", help="keep printing new lines until the run ends"
-            )
+            op.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the run ends")
         if name == "watch":
             op.add_argument("--interval", type=float, default=5.0, help="seconds between looks (default 5)")
         if name == "report":
-            op.add_argument(
-                "-o", "--output", type=Path, default=Path("reports"), help="where to write (default reports/)"
-            )
+            op.add_argument("-o", "--output", type=Path, default=Path("reports"), help="where to write (default reports/)")
         _stack_arguments(op)
         op.set_defaults(command=command)
 
@@ -131,32 +106,16 @@ def _parser() -> argparse.ArgumentParser:
     dp.add_argument("rest", nargs=argparse.REMAINDER)
     dp.set_defaults(command=cmd_data_prepare)
 
-    ex = sub.add_parser(
-        "export", help="write a trained model as a Hugging Face directory (transformers loads it)"
-    )
-    ex.add_argument(
-        "model",
-        metavar="MODEL",
-        help="a model directory, a model.tar.gz, an s3:// model (.tar.gz or prefix), or a run of --stack",
-    )
+    ex = sub.add_parser("export", help="write a trained model as a Hugging Face directory (transformers loads it)")
+    ex.add_argument("model", metavar="MODEL",
+                    help="a model directory, a model.tar.gz, an s3:// model (.tar.gz or prefix), or a run of --stack")
     ex.add_argument("-o", "--output", type=Path, required=True, help="the directory to write")
-    ex.add_argument(
-        "--dtype",
-        default="float32",
-        choices=("float32", "bfloat16", "float16"),
-        help="the weights' type (default float32, as trained)",
-    )
-    ex.add_argument(
-        "--max-shard-gib",
-        type=float,
-        default=None,
-        help="the largest safetensors file before the weights are sharded (default 5 GB)",
-    )
-    ex.add_argument(
-        "--stack",
-        default=os.environ.get("LUSTRAIN_STACK", "lustrain"),
-        help="the stack whose run MODEL names (default: $LUSTRAIN_STACK, else lustrain)",
-    )
+    ex.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the weights' type (default float32, as trained)")
+    ex.add_argument("--max-shard-gib", type=float, default=None,
+                    help="the largest safetensors file before the weights are sharded (default 5 GB)")
+    ex.add_argument("--stack", default=os.environ.get("LUSTRAIN_STACK", "lustrain"),
+                    help="the stack whose run MODEL names (default: $LUSTRAIN_STACK, else lustrain)")
     ex.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
     ex.set_defaults(command=cmd_export)
 
@@ -232,15 +191,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"run {r.job_id} ({r.name}): {r.state}" + (f", {r.error}" if r.error else ""))
     if found.cause:
         print(f"  cause:       {found.cause}")
-    print(
-        f"  execution:   {r.execution or '(none: a direct invoke)'} {found.execution_status or ''}".rstrip()
-    )
+    print(f"  execution:   {r.execution or '(none: a direct invoke)'} {found.execution_status or ''}".rstrip())
     print(f"  attempt:     {r.attempt} on {r.instances} x {r.instance_type}")
     quota = found.quota
     if quota:
-        print(
-            f"  quota:       {quota.get('instances_requested')} x {quota.get('instance_type')} ('{quota.get('quota_name')}')"
-        )
+        print(f"  quota:       {quota.get('instances_requested')} x {quota.get('instance_type')} ('{quota.get('quota_name')}')")
     plan = found.training_plan
     if plan:
         now = plan.get("now")
@@ -262,14 +217,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{place.get('ahead_instances', 0)} instance(s) ahead, {_ago(float(place.get('queued_s') or 0))} so far"
         )
     elif place.get("admitted_at"):
-        print(
-            f"  queue:       admitted {place['admitted_at']} after {_ago(float(place.get('queued_s') or 0))}"
-        )
+        print(f"  queue:       admitted {place['admitted_at']} after {_ago(float(place.get('queued_s') or 0))}")
     if found.file_system:
         fs = found.file_system
-        print(
-            f"  file system: {fs['id']} {fs['lifecycle']} ({fs['deployment_type']}, {fs['storage_gib']:,} GiB)"
-        )
+        print(f"  file system: {fs['id']} {fs['lifecycle']} ({fs['deployment_type']}, {fs['storage_gib']:,} GiB)")
     if found.training_job:
         job = found.training_job
         print(f"  training:    {job['name']} {job['status']} ({job['secondary_status']})")
@@ -277,9 +228,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("  metrics:     " + ", ".join(f"{k}={v:g}" for k, v in sorted(job["metrics"].items())))
     if found.evaluation:
         print(f"  evaluation:  {evaluation_text(found.evaluation)}")
-    spent = f"${r.cost_so_far_usd:,.2f}" + (
-        f" of a ${r.budget_usd:,.2f} budget" if r.budget_usd is not None else ""
-    )
+    spent = f"${r.cost_so_far_usd:,.2f}" + (f" of a ${r.budget_usd:,.2f} budget" if r.budget_usd is not None else "")
     print(f"  cost so far: {spent} (list prices) after {_ago(r.elapsed_s)}")
     if found.resources_left:
         label = "holds:      " if r.state == "RUNNING" else "left:       "
@@ -339,14 +288,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     printed_json = ""
     last_step: int | None = None
     last = None
-    bar = Progress(
-        TextColumn("training"),
-        BarColumn(),
-        TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
-        console=console,
-        disable=args.json or not console.is_terminal,
-        transient=True,
-    )
+    bar = Progress(TextColumn("training"), BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+                   console=console, disable=args.json or not console.is_terminal, transient=True)
     task = None
     with bar:
         for snapshot in watch(stack, args.run, poll_s=args.interval):
@@ -438,12 +381,10 @@ def _plan_prepare(args: argparse.Namespace) -> bool:
     spec = validate_prepare_spec(doc)
     size = args.data_gib or spec.size_gib
     if size is None:
-        raise SpecInvalid.one(
-            "size_gib", None, "the source's size in GiB is needed to plan (or give --data-gib)"
-        )
+        raise SpecInvalid.one("size_gib", None, "the source's size in GiB is needed to plan (or give --data-gib)")
     itype = PriceTable.load(args.prices).instance_types.get(spec.instance_type)
     hourly = itype.hourly_usd if itype is not None else None
-    plan = prepare_plan.plan_of(spec.name, spec.instances, spec.instance_type, size, hourly)
+    plan = prepare_plan.plan_of(spec.name, spec.tokenizer, spec.instances, spec.instance_type, size, hourly)
     print(json.dumps(plan, indent=2) if args.json else prepare_plan.render_plan(plan))
     return True
 
@@ -480,9 +421,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     record = started_from(Stack.locate(args.stack, session), done.spec_s3_uri, timeout_s=args.wait)
     if record is None:
-        print(
-            f"no run started from it within {args.wait:g} s; lustrain runs --stack {args.stack} lists the runs"
-        )
+        print(f"no run started from it within {args.wait:g} s; lustrain runs --stack {args.stack} lists the runs")
         return EXIT_FAILED
     if record.get("unrecorded"):
         from lustrain.operate import status
@@ -506,22 +445,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     session = boto3.Session(region_name=args.region) if args.region else boto3.Session()
     limit = int(args.max_shard_gib * 2**30) if args.max_shard_gib else None
     try:
-        files = export(
-            args.model,
-            args.output,
-            dtype=args.dtype,
-            max_shard_bytes=limit,
-            s3=lambda: session.client("s3"),
-            stack=lambda: _stack(args),
-        )
+        files = export(args.model, args.output, dtype=args.dtype, max_shard_bytes=limit,
+                       s3=lambda: session.client("s3"), stack=lambda: _stack(args))
     except ExportError as exc:
         print(f"lustrain: {exc}", file=sys.stderr)
         return EXIT_INVALID
     print(f"exported {args.model} to {args.output}: {', '.join(files)}")
-    print(
-        f"load it: transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r}); "
-        f"sample it: python -m lustrain_trainer.generate {args.output}"
-    )
+    print(f"load it: transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r}); "
+          f"sample it: python -m lustrain_trainer.generate {args.output}")
     return EXIT_OK
 
 
@@ -620,18 +551,12 @@ def render_plan(name: str, p: Plan) -> str:
     m = p.memory
     if m is not None:
         rows += [
-            (
-                "memory",
-                f"{int(m['parameters']):,} parameters, {m['sharding']} (shard group {m['shard_group']}, "
-                f"{m['replicas']} replica(s)); peak {m['peak_gib_per_gpu']} of {m['gpu_gib']} GiB a GPU: "
-                f"fits {m['fits']}",
-            ),
-            (
-                "checkpoint",
-                f"{m['checkpoint_gb']} GB ({m['checkpoint_gb_per_host']} GB a host), training blocked "
-                f"{m['checkpoint_blocking_s']} s, written in {m['checkpoint_write_s']} s; SIGTERM to "
-                f"saved {m['stop_to_saved_s']} s at worst",
-            ),
+            ("memory", f"{int(m['parameters']):,} parameters, {m['sharding']} (shard group {m['shard_group']}, "
+                       f"{m['replicas']} replica(s)); peak {m['peak_gib_per_gpu']} of {m['gpu_gib']} GiB a GPU: "
+                       f"fits {m['fits']}"),
+            ("checkpoint", f"{m['checkpoint_gb']} GB ({m['checkpoint_gb_per_host']} GB a host), training blocked "
+                           f"{m['checkpoint_blocking_s']} s, written in {m['checkpoint_write_s']} s; SIGTERM to "
+                           f"saved {m['stop_to_saved_s']} s at worst"),
         ]
     width = max(len(k) for k, _ in rows)
     lines = [f"plan for {name}"] + [f"  {k.ljust(width)}  {v}" for k, v in rows]

@@ -374,23 +374,9 @@ def prepare_job(
 ) -> dict[str, Any]:
     """The CreateProcessingJob request of one stage of a preparation run (lustrain_core.prepare_plan): the trainer
     package's bundle as the job's code, the stage's command line, in the run's subnet (which reaches S3 through its
-    gateway endpoint), with the role given. The `whole` stage (today's one-instance prepare, on local directories)
-    also takes SRC as an input and gives OUT as an output."""
+    gateway endpoint), with the role given. The job reads SRC and writes OUT itself (boto3): no data input or
+    output is declared."""
     code = code_s3_uri.rsplit("/", 1)[0] + "/" if code_s3_uri.endswith("/sourcedir.tar.gz") else code_s3_uri
-    inputs: list[dict[str, Any]] = [_processing_input("code", code, prepare_plan.CODE_DIR)]
-    outputs: list[dict[str, Any]] = []
-    if stage == "whole":
-        inputs.append(_processing_input("source", run.source, prepare_plan.DATA_DIR))
-        outputs.append(
-            {
-                "OutputName": "shards",
-                "S3Output": {
-                    "S3Uri": run.output,
-                    "LocalPath": prepare_plan.OUTPUT_DIR,
-                    "S3UploadMode": "EndOfJob",
-                },
-            }
-        )
     cluster: dict[str, Any] = {
         "InstanceCount": run.instances_of(stage),
         "InstanceType": run.instance_type,
@@ -399,7 +385,7 @@ def prepare_job(
     key = kms_key(settings)
     if key:
         cluster["VolumeKmsKeyId"] = key
-    request: dict[str, Any] = {
+    return {
         "ProcessingJobName": run.job_name(stage),
         "ProcessingResources": {"ClusterConfig": cluster},
         "AppSpecification": {
@@ -407,18 +393,14 @@ def prepare_job(
             "ContainerEntrypoint": prepare_plan.ENTRYPOINT,
             "ContainerArguments": run.arguments(stage),
         },
-        "ProcessingInputs": inputs,
+        "ProcessingInputs": [_processing_input("code", code, prepare_plan.CODE_DIR)],
         "NetworkConfig": {
-            "EnableNetworkIsolation": False,  # the workers read SRC and write OUT themselves, through the endpoint
             "VpcConfig": {"Subnets": [subnet_id], "SecurityGroupIds": list(security_group_ids)},
         },
         "StoppingCondition": {"MaxRuntimeInSeconds": prepare_plan.MAX_RUNTIME_SECONDS},
         "RoleArn": role_arn,
         "Tags": tags,
     }
-    if outputs:
-        request["ProcessingOutputConfig"] = {"Outputs": outputs, **({"KmsKeyId": key} if key else {})}
-    return request
 
 
 def _processing_input(name: str, s3_uri: str, local_path: str) -> dict[str, Any]:

@@ -9,11 +9,8 @@ private subnet, one after the other:
    needs `tokenizers` (the image has it, a Lambda does not), and the caller's machine may be far from the data.
 2. work (N instances, `--worker auto`): each instance tokenizes the parts p with p % N == its position in the
    sorted hosts of /opt/ml/config/resourceconfig.json, reading its files from S3 itself (a corpus is never copied
-   whole to every instance) and writing each part's shards and part-NNNNN.json to OUT.
+   whole to every instance) and writing each part's shards and parts/part-NNNNN.json to OUT.
 3. merge (1 instance): checks every part is whole and writes OUT/index.json.
-
-Until the stages exist in lustrain_trainer.prepare, the one-instance form runs as one job, `whole`: today's
-prepare on local directories, SRC downloaded as a ProcessingInput and OUT uploaded as a ProcessingOutput.
 
 Why Processing and not a training job: a processing job is billed and limited as data work (its own instance
 quotas, "ml.<type> for processing job usage"), takes any command as its entry point, and gives every instance
@@ -22,41 +19,35 @@ quotas, "ml.<type> for processing job usage"), takes any command as its entry po
 
 from __future__ import annotations
 
-import math
+import re
 from dataclasses import dataclass
 
-#: The stages of a preparation run, in order, and the ones run when the trainer has no stages yet.
+from lustrain_core.trainer.prepare_estimate import estimate_prepare
+
+#: The stages of a preparation run, in order; plan and merge are small: one instance each, whatever --instances says
 STAGES = ("plan", "work", "merge")
-WHOLE = ("whole",)
-#: plan and merge are small: one instance each, whatever --instances says
-SINGLE_INSTANCE_STAGES = frozenset({"plan", "merge", "whole"})
+SINGLE_INSTANCE_STAGES = frozenset({"plan", "merge"})
 #: in the instance catalogue (data/instance_types.json), so that `lustrain plan` can price it
 DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"
 #: the instance's volume holds the code, the tokenizer's sample and the shards in flight (a shard is 256 MiB)
 VOLUME_GIB = 100
-#: the longest one stage may run (SageMaker's MaxRuntimeInSeconds allows 5 days; botocore: 1..777600)
+#: the longest one stage may run (botocore's ProcessingMaxRuntimeInSeconds allows 1..777600)
 MAX_RUNTIME_SECONDS = 24 * 3600
 #: Where the code is unpacked in the container, and its entry point: the bundle is upload_code's sourcedir.tar.gz
 #: (a ProcessingInput is copied, not unpacked); each item of ContainerEntrypoint is at most 256 characters.
 CODE_DIR = "/opt/ml/processing/input/code"
-DATA_DIR = "/opt/ml/processing/input/data"
-OUTPUT_DIR = "/opt/ml/processing/output"
+RESOURCE_CONFIG = "/opt/ml/config/resourceconfig.json"
 ENTRY_SCRIPT = (
     'code="$1"; shift; tar -xzf "$code/sourcedir.tar.gz" -C "$code" || exit 1; '
     'PYTHONPATH="$code${PYTHONPATH:+:$PYTHONPATH}" exec python3 -m lustrain_trainer.prepare "$@"'
 )
 ENTRYPOINT = ["/bin/sh", "-c", ENTRY_SCRIPT, "prepare", CODE_DIR]
-
-#: Tokens per second one instance of DEFAULT_INSTANCE_TYPE tokenizes, until the preparation's own estimate (the
-#: prepare engineer's pure estimate function, from bench/prepare.py's measurement) replaces it. Where it comes
-#: from: a byte-level BPE in Hugging Face `tokenizers` encodes on the order of 1 MB of text per second per core,
-#: about 250,000 tokens at 4 bytes a token, and ml.c5.xlarge has 4 vCPUs. Not measured on SageMaker: used for
-#: `lustrain plan`'s estimate only.
-TOKENS_PER_SECOND_PER_INSTANCE = 1_000_000
-#: about 4 bytes of English text per BPE token
-BYTES_PER_TOKEN = 4.0
-#: a processing job's start (instances, image pull) and end, per stage
+#: A processing job's start (provisioning the instances, pulling the image) and end, per stage: not in the
+#: preparation's own estimate (prepare_estimate), which times the work alone. A round figure, not measured.
 STAGE_OVERHEAD_SECONDS = 300
+#: vCPUs of an instance of these families: 2 for .large, 4 for .xlarge, 4N for .Nxlarge (the EC2 instance types'
+#: published sizes); the BPE encodes on every core
+_VCPU_FAMILIES = frozenset({"c5", "c6i", "c7i", "m5", "m6i", "m7i", "r5", "r6i", "r7i"})
 
 
 @dataclass(frozen=True)
@@ -69,11 +60,12 @@ class PrepareRun:
     tokenizer: str = "bytes"
     instances: int = 1
     instance_type: str = DEFAULT_INSTANCE_TYPE
-    staged: bool = True
+    #: bytes per shard and per part of the work (prepare's --shard-size; None: its default, 256 MiB)
+    shard_size: int | None = None
 
     @property
     def stages(self) -> tuple[str, ...]:
-        return STAGES if self.staged else WHOLE
+        return STAGES
 
     def instances_of(self, stage: str) -> int:
         return 1 if stage in SINGLE_INSTANCE_STAGES else self.instances
@@ -85,16 +77,25 @@ class PrepareRun:
 
     def arguments(self, stage: str) -> list[str]:
         """lustrain_trainer.prepare's arguments for the stage (the contract's command lines)."""
-        if stage == "whole":
-            return [DATA_DIR, OUTPUT_DIR, "--tokenizer", self.tokenizer]
         common = [self.source, self.output]
         if stage == "plan":
-            return [*common, "--stage", "plan", "--tokenizer", self.tokenizer]
+            sized = ["--shard-size", str(self.shard_size)] if self.shard_size else []
+            return [*common, "--stage", "plan", "--tokenizer", self.tokenizer, *sized]
         if stage == "work":
-            return [*common, "--stage", "work", "--worker", "auto", "--workers", str(self.instances)]
+            return [
+                *common,
+                "--stage",
+                "work",
+                "--worker",
+                "auto",
+                "--workers",
+                str(self.instances),
+                "--resource-config",
+                RESOURCE_CONFIG,
+            ]
         if stage == "merge":
             return [*common, "--stage", "merge"]
-        raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES + WHOLE)}")
+        raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
 
 
 def next_stage(run: PrepareRun, done: list[str]) -> str | None:
@@ -105,54 +106,58 @@ def next_stage(run: PrepareRun, done: list[str]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Estimate:
-    seconds: float
-    instance_hours: float
-
-    def cost_usd(self, hourly_usd: float | None) -> float | None:
-        """What the instances bill at `hourly_usd` each (None when the type has no price)."""
-        return None if hourly_usd is None else round(self.instance_hours * hourly_usd, 2)
-
-
-def estimate(source_bytes: int, instances: int) -> Estimate:
-    """The wall time and instance-hours of preparing `source_bytes` of text on `instances` instances."""
-    tokens = source_bytes / BYTES_PER_TOKEN
-    work = tokens / (TOKENS_PER_SECOND_PER_INSTANCE * max(1, instances))
-    stages_seconds = STAGE_OVERHEAD_SECONDS * len(STAGES)
-    seconds = work + stages_seconds
-    instance_hours = (work * instances + STAGE_OVERHEAD_SECONDS * (instances + 2)) / 3600
-    return Estimate(seconds=math.ceil(seconds), instance_hours=instance_hours)
+def vcpus_of(instance_type: str) -> int | None:
+    """The instance's vCPUs for the families whose sizes follow EC2's rule; None for any other (the estimate then
+    uses the rate it measured, on 2 cores: a low figure)."""
+    found = re.fullmatch(r"ml\.([a-z0-9]+)\.(\d*)(x?large)", instance_type)
+    if found is None or found[1] not in _VCPU_FAMILIES:
+        return None
+    if found[3] == "large":
+        return 2
+    return 4 * int(found[2] or 1)
 
 
 def plan_of(
-    name: str, instances: int, instance_type: str, source_gib: float, hourly_usd: float | None
+    name: str, tokenizer: str, instances: int, instance_type: str, source_gib: float, hourly_usd: float | None
 ) -> dict[str, object]:
-    """`lustrain plan` of a kind: prepare spec: its stages, wall time, instance-hours and cost."""
-    found = estimate(int(source_gib * 2**30), instances)
+    """`lustrain plan` of a kind: prepare spec: its stages, wall time, instance-hours and cost, from the
+    preparation's own estimate (lustrain_core.trainer.prepare_estimate, a copy of the trainer's) plus each stage's
+    start."""
+    found = estimate_prepare(int(source_gib * 2**30), tokenizer, instances, vcpus_of(instance_type))
+    overhead = STAGE_OVERHEAD_SECONDS
+    seconds = found.seconds + overhead * len(STAGES)
+    instance_seconds = (
+        found.plan_seconds + found.merge_seconds + found.work_seconds * instances + overhead * (instances + 2)
+    )
+    instance_hours = instance_seconds / 3600
     return {
         "name": name,
         "kind": "prepare",
         "stages": [f"{stage} x{1 if stage in SINGLE_INSTANCE_STAGES else instances}" for stage in STAGES],
         "instance_type": instance_type,
+        "tokenizer": tokenizer,
         "source_gib": source_gib,
-        "wall_hours": round(found.seconds / 3600, 2),
-        "instance_hours": round(found.instance_hours, 2),
-        "cost_usd": found.cost_usd(hourly_usd),
-        "tokens_per_second_per_instance": TOKENS_PER_SECOND_PER_INSTANCE,
+        "parts": found.parts,
+        "wall_hours": round(seconds / 3600, 2),
+        "instance_hours": round(instance_hours, 2),
+        "cost_usd": None if hourly_usd is None else round(instance_hours * hourly_usd, 2),
+        "instance_bytes_per_s": found.instance_bytes_per_s,
+        "rate_source": found.rate_source,
     }
 
 
 def render_plan(plan: dict[str, object]) -> str:
     cost = plan["cost_usd"]
+    stages = plan["stages"]
+    assert isinstance(stages, list)
     return "\n".join(
         (
-            f"{plan['name']}: data preparation of {plan['source_gib']} GiB on {plan['instance_type']}",
-            f"  stages:         {', '.join(plan['stages'])}",  # type: ignore[arg-type]
-            f"  wall time:      {plan['wall_hours']} h",
+            f"{plan['name']}: data preparation of {plan['source_gib']} GiB ({plan['tokenizer']}) on "
+            f"{plan['instance_type']}",
+            f"  stages:         {', '.join(stages)} ({plan['parts']} parts)",
+            f"  wall time:      {plan['wall_hours']} h, with {STAGE_OVERHEAD_SECONDS} s to start each stage",
             f"  instance-hours: {plan['instance_hours']}",
             f"  cost:           {'unknown (no price for the type)' if cost is None else f'${cost:,.2f}'}",
-            f"  (at {plan['tokens_per_second_per_instance']:,} tokens/s per instance, an estimate "
-            "not yet measured on SageMaker)",
+            f"  (at {plan['instance_bytes_per_s']:,.0f} text bytes/s per instance: {plan['rate_source']})",
         )
     )

@@ -25,10 +25,12 @@ ACCOUNT = "123456789012"
 BUCKET = "lustrain-prep-data"
 ARTIFACTS = "lustrain-prep-artifacts"
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
+#: about 20 KB in 12 files: 4 KiB parts make several, which the two work instances share
 CORPUS = {
-    "corpus/a.txt": ("the quick brown fox jumps over the lazy dog\n" * 40).encode(),
-    "corpus/sub/b.txt": ("pack my box with five dozen liquor jugs\n" * 30).encode(),
-    "corpus/c.txt": "naïve café, déjà vu: unicode text survives\n".encode() * 20,
+    f"corpus/d{i % 3}/f{i:02d}.txt": (
+        f"document {i}: the quick brown fox jumps over the lazy dog; naïve café, déjà vu.\n" * (12 + 3 * i)
+    ).encode()
+    for i in range(12)
 }
 
 
@@ -58,7 +60,7 @@ def _request(run: prepare_plan.PrepareRun, stage: str, settings: Settings, **net
     )
 
 
-@pytest.mark.parametrize("stage", ["plan", "work", "merge", "whole"])
+@pytest.mark.parametrize("stage", ["plan", "work", "merge"])
 def test_every_stage_request_passes_botocores_model(stage: str, settings: Settings) -> None:
     run = _run(job_id="a-very-long-spec-name-that-fills-forty-c-0123abcd", tokenizer="bpe:4096")
     request = _request(run, stage, settings)
@@ -75,19 +77,33 @@ def test_every_stage_request_passes_botocores_model(stage: str, settings: Settin
 def test_the_stages_follow_the_contract() -> None:
     run = _run(tokenizer="bpe:4096")
     assert run.arguments("plan")[2:] == ["--stage", "plan", "--tokenizer", "bpe:4096"]
-    assert run.arguments("work")[2:] == ["--stage", "work", "--worker", "auto", "--workers", "4"]
+    assert run.arguments("work")[2:] == [
+        "--stage",
+        "work",
+        "--worker",
+        "auto",
+        "--workers",
+        "4",
+        "--resource-config",
+        "/opt/ml/config/resourceconfig.json",
+    ]
     assert run.arguments("merge")[2:] == ["--stage", "merge"]
     assert prepare_plan.next_stage(run, []) == "plan"
     assert prepare_plan.next_stage(run, ["plan"]) == "work"
     assert prepare_plan.next_stage(run, ["plan", "work", "merge"]) is None
-    assert prepare_plan.next_stage(_run(staged=False), []) == "whole"
 
 
-def test_the_estimate_splits_the_work_not_the_overhead() -> None:
-    one = prepare_plan.estimate(10**12, 1)
-    four = prepare_plan.estimate(10**12, 4)
-    assert four.seconds < one.seconds / 3
-    assert four.instance_hours >= one.instance_hours  # more instances cost at least as much
+def test_the_estimate_is_the_preparations_own_plus_each_stages_start() -> None:
+    from lustrain_core.trainer.prepare_estimate import estimate_prepare
+
+    one = prepare_plan.plan_of("c", "bpe:4096", 1, "ml.c5.xlarge", 1000, 0.2)
+    eight = prepare_plan.plan_of("c", "bpe:4096", 8, "ml.c5.xlarge", 1000, 0.2)
+    assert eight["wall_hours"] < one["wall_hours"] / 4  # the work is split, the plan and merge are not
+    assert eight["instance_hours"] >= one["instance_hours"]  # and each instance starts, and bills, on its own
+    own = estimate_prepare(1000 * 2**30, "bpe:4096", 8, vcpus=4)
+    assert eight["wall_hours"] == round((own.seconds + 3 * prepare_plan.STAGE_OVERHEAD_SECONDS) / 3600, 2)
+    assert (prepare_plan.vcpus_of("ml.c5.xlarge"), prepare_plan.vcpus_of("ml.m5.4xlarge")) == (4, 16)
+    assert prepare_plan.vcpus_of("ml.p4d.24xlarge") is None
 
 
 def test_a_failed_stage_names_the_job_and_sagemakers_reason() -> None:
@@ -246,7 +262,7 @@ def test_the_one_instance_stage_runs_the_trainers_prepare_on_the_twin_and_writes
     patches.install()
     previous = simulator.settings()
     simulator.configure(start_delay_s=0.05, work_root=tmp_path / "jobs")
-    run = _run(staged=False, instances=1)
+    run = _run(instances=2, tokenizer="bpe:300", shard_size=4096)
     try:
         with mock_aws():
             s3 = boto3.client("s3", region_name=REGION)
@@ -291,28 +307,40 @@ def test_the_one_instance_stage_runs_the_trainers_prepare_on_the_twin_and_writes
                     settings=settings,
                 )
 
-            looks = [
-                prepare.advance(run, [], sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of)
-            ]
-            assert looks[0] == {"done": [], "stage": "whole", "status": "InProgress"}
-            name = request_of("whole")["ProcessingJobName"]
-            # recorded in the run's ledger before it was created: teardown finds it whatever happens next
-            assert records.get(ddb, settings.jobs_table, run.job_id)["resources"] == [
-                {"type": "processing_job", "id": name}
-            ]
-            # a retried look (the step's Lambda timed out) carries on with the same job
-            again = prepare.advance(run, [], sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of)
-            assert again["stage"] == "whole" and len(sm.list_processing_jobs()["ProcessingJobSummaries"]) == 1
             from lustrain.twin.patches import processing
 
-            assert processing.jobs(ACCOUNT, REGION)[name]._done.wait(300)
-            looks.append(
-                prepare.advance(run, [], sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of)
+            def advance(done: list[str]) -> dict[str, Any]:
+                return prepare.advance(
+                    run, done, sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of
+                )
+
+            look = advance([])
+            assert look == {"done": [], "stage": "plan", "status": "InProgress"}
+            # recorded in the run's ledger before it was created: teardown finds it whatever happens next
+            assert records.get(ddb, settings.jobs_table, run.job_id)["resources"] == [
+                {"type": "processing_job", "id": run.job_name("plan")}
+            ]
+            # a retried look (the step's Lambda timed out) carries on with the same job
+            assert (
+                advance([])["stage"] == "plan"
+                and len(sm.list_processing_jobs()["ProcessingJobSummaries"]) == 1
             )
-            described = sm.describe_processing_job(ProcessingJobName=name)
-            assert looks[-1] == {"done": ["whole"], "stage": None, "status": "Completed"}, described.get(
-                "FailureReason"
-            )
+            seen = []
+            while look["stage"] is not None:
+                seen.append(look["stage"])
+                name = run.job_name(look["stage"])
+                assert processing.jobs(ACCOUNT, REGION)[name]._done.wait(300)
+                look = advance(look["done"])
+                assert look["status"] in ("InProgress", "Completed"), sm.describe_processing_job(
+                    ProcessingJobName=name
+                ).get("FailureReason")
+            assert seen == ["plan", "work", "merge"] and look["done"] == seen
+            work = sm.describe_processing_job(ProcessingJobName=run.job_name("work"))
+            assert work["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
+            streams = boto3.client("logs", region_name=REGION).describe_log_streams(
+                logGroupName="/aws/sagemaker/ProcessingJobs", logStreamNamePrefix=run.job_name("work")
+            )["logStreams"]
+            assert len(streams) == 2  # each instance worked: its own log stream
             written = {
                 o["Key"].removeprefix("shards/"): s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
                 for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="shards/")["Contents"]
@@ -324,15 +352,27 @@ def test_the_one_instance_stage_runs_the_trainers_prepare_on_the_twin_and_writes
     for key, body in CORPUS.items():
         (local_src / key).parent.mkdir(parents=True, exist_ok=True)
         (local_src / key).write_bytes(body)
-    assert trainer_prepare.main([str(local_src / "corpus"), str(tmp_path / "local")]) == 0
+    local_run = [
+        str(local_src / "corpus"),
+        str(tmp_path / "local"),
+        "--tokenizer",
+        "bpe:300",
+        "--shard-size",
+        "4096",
+    ]
+    assert trainer_prepare.main(local_run) == 0
     local = {
         p.relative_to(tmp_path / "local").as_posix(): p.read_bytes()
         for p in (tmp_path / "local").rglob("*")
         if p.is_file()
     }
     assert "index.json" in written
-    shards = sorted(name for name in local if name != "index.json")
-    assert shards and all(written[name] == local[name] for name in shards)
+    made = sorted(name for name in local if name.endswith(".bin") or name == "tokenizer.json")
+    assert sorted(name for name in written if name.endswith(".bin") or name == "tokenizer.json") == made
+    assert (
+        len([name for name in made if name.endswith(".bin")]) > 2
+    )  # several parts, shared by the two workers
+    assert all(written[name] == local[name] for name in made)
     # the index records where the source was read from, which differs (a local path here): compare the rest
     ours, theirs = json.loads(written["index.json"]), json.loads(local["index.json"])
     ours.pop("source", None)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from lustrain_core import prepare_plan
 from lustrain_core.errors import SpecInvalid
+from lustrain_core.prices import INSTANCE_TYPES
 from lustrain_core.spec import is_prepare, load_spec, parse_document, validate_prepare_spec
 
 from lustrain.cli import main
@@ -64,8 +65,9 @@ def test_plan_estimates_time_and_cost_and_more_instances_shorten_it(
     assert main(["plan", str(one), "--json"]) == 0
     single = json.loads(capsys.readouterr().out)
     assert single["wall_hours"] > 4 * eight["wall_hours"]
-    expected = prepare_plan.estimate(500 * 2**30, 8)
-    assert eight["wall_hours"] == round(expected.seconds / 3600, 2)
+    price = INSTANCE_TYPES["ml.c5.xlarge"].hourly_usd
+    assert eight == prepare_plan.plan_of("corpus-bpe", "bpe:32768", 8, "ml.c5.xlarge", 500.0, price)
+    assert eight["rate_source"].startswith("bench/prepare.py")
 
 
 def test_plan_without_a_size_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
