@@ -16,7 +16,6 @@ from lustrain_core.config import Settings
 from lustrain_core.errors import PrepareFailed
 from lustrain_core.images import prepare_image
 from lustrain_core.steps import prepare, records
-from lustrain_core.steps.code import build_bundle
 
 from lustrain.twin import simulator
 
@@ -173,84 +172,17 @@ def test_the_stages_start_one_after_the_other_each_once_and_a_failed_one_ends_th
     assert [r["id"] for r in ledger] == [run.job_name("plan"), run.job_name("work")]
 
 
-def _role(iam: Any, run: prepare_plan.PrepareRun) -> str:
-    """A role SageMaker may assume that reads the code and the source and writes the output, and nothing else."""
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": "sagemaker.amazonaws.com"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-    arn = str(
-        iam.create_role(RoleName="lustrain-prepare", AssumeRolePolicyDocument=json.dumps(trust))["Role"][
-            "Arn"
-        ]
-    )
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": "s3:ListBucket",
-                "Resource": [f"arn:aws:s3:::{BUCKET}", f"arn:aws:s3:::{ARTIFACTS}"],
-            },
-            {
-                "Effect": "Allow",
-                "Action": "s3:GetObject",
-                "Resource": [
-                    f"arn:aws:s3:::{BUCKET}/corpus/*",
-                    f"arn:aws:s3:::{ARTIFACTS}/code/{run.job_id}/*",
-                ],
-            },
-            {"Effect": "Allow", "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{BUCKET}/shards/*"},
-            {
-                "Effect": "Allow",
-                "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                "Resource": "*",
-            },
-            {
-                "Effect": "Allow",
-                "Action": [
-                    f"ec2:{a}"
-                    for a in (
-                        "CreateNetworkInterface",
-                        "CreateNetworkInterfacePermission",
-                        "DeleteNetworkInterface",
-                        "DeleteNetworkInterfacePermission",
-                        "DescribeNetworkInterfaces",
-                        "DescribeVpcs",
-                        "DescribeDhcpOptions",
-                        "DescribeSubnets",
-                        "DescribeSecurityGroups",
-                    )
-                ],
-                "Resource": "*",
-            },
-        ],
-    }
-    iam.put_role_policy(RoleName="lustrain-prepare", PolicyName="prepare", PolicyDocument=json.dumps(policy))
-    return arn
-
-
-def _trainer_files() -> list[tuple[str, bytes]]:
-    return [
-        (path.relative_to(TRAINER).as_posix(), path.read_bytes())
-        for path in sorted(TRAINER.rglob("*"))
-        if path.is_file() and "__pycache__" not in path.parts
-    ]
-
-
-def test_the_one_instance_stage_runs_the_trainers_prepare_on_the_twin_and_writes_a_local_runs_shards(
+def test_two_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_tokenizer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Settings
 ) -> None:
+    """plan (1 instance, trains the BPE once), work (2 instances, each its share of the parts, reading S3 itself),
+    merge (1): the trainer package runs in the twin's processing jobs, in a private subnet, as a role that reads
+    the code and SRC and writes OUT only; what lands in OUT is what a local --instances 1 run writes."""
     from lustrain_trainer import prepare as trainer_prepare
     from moto import mock_aws
 
     from lustrain.twin import patches
+    from lustrain.twin.prepare_run import run_on_twin
 
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",
@@ -263,90 +195,26 @@ def test_the_one_instance_stage_runs_the_trainers_prepare_on_the_twin_and_writes
     previous = simulator.settings()
     simulator.configure(start_delay_s=0.05, work_root=tmp_path / "jobs")
     run = _run(instances=2, tokenizer="bpe:300", shard_size=4096)
+    corpus = [(key.removeprefix("corpus/"), body) for key, body in CORPUS.items()]
     try:
         with mock_aws():
-            s3 = boto3.client("s3", region_name=REGION)
-            for bucket in (BUCKET, ARTIFACTS):
-                s3.create_bucket(Bucket=bucket)
-            for key, body in CORPUS.items():
-                s3.put_object(Bucket=BUCKET, Key=key, Body=body)
-            code_key = f"code/{run.job_id}/abc/sourcedir.tar.gz"
-            s3.put_object(Bucket=ARTIFACTS, Key=code_key, Body=build_bundle(_trainer_files()))
-            ec2 = boto3.client("ec2", region_name=REGION)
-            vpc = ec2.create_vpc(CidrBlock="10.82.0.0/16")["Vpc"]["VpcId"]
-            subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.82.1.0/24")["Subnet"]["SubnetId"]
-            group = ec2.create_security_group(GroupName="prep", Description="prep", VpcId=vpc)["GroupId"]
-            table = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"][0]
-            ec2.create_vpc_endpoint(
-                VpcId=vpc,
-                ServiceName=f"com.amazonaws.{REGION}.s3",
-                VpcEndpointType="Gateway",
-                RouteTableIds=[table["RouteTableId"]],
+            finished = run_on_twin(run, corpus, settings)
+            ledger = records.get(
+                boto3.client("dynamodb", region_name=REGION), settings.jobs_table, run.job_id
             )
-            role = _role(boto3.client("iam", region_name=REGION), run)
-            sm = boto3.client("sagemaker", region_name=REGION)
-            ddb = boto3.client("dynamodb", region_name=REGION)
-            ddb.create_table(
-                TableName=settings.jobs_table,
-                KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-                AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
-                BillingMode="PAY_PER_REQUEST",
-            )
-            records.put_new(ddb, settings.jobs_table, {"job_id": run.job_id})
-
-            def request_of(stage: str) -> dict[str, Any]:
-                return aws_requests.prepare_job(
-                    run,
-                    stage,
-                    role_arn=role,
-                    image_uri=prepare_image(REGION),
-                    code_s3_uri=f"s3://{ARTIFACTS}/{code_key}",
-                    subnet_id=subnet,
-                    security_group_ids=[group],
-                    tags=[{"Key": "lustrain:job-id", "Value": run.job_id}],
-                    settings=settings,
-                )
-
-            from lustrain.twin.patches import processing
-
-            def advance(done: list[str]) -> dict[str, Any]:
-                return prepare.advance(
-                    run, done, sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of
-                )
-
-            look = advance([])
-            assert look == {"done": [], "stage": "plan", "status": "InProgress"}
-            # recorded in the run's ledger before it was created: teardown finds it whatever happens next
-            assert records.get(ddb, settings.jobs_table, run.job_id)["resources"] == [
-                {"type": "processing_job", "id": run.job_name("plan")}
-            ]
-            # a retried look (the step's Lambda timed out) carries on with the same job
-            assert (
-                advance([])["stage"] == "plan"
-                and len(sm.list_processing_jobs()["ProcessingJobSummaries"]) == 1
-            )
-            seen = []
-            while look["stage"] is not None:
-                seen.append(look["stage"])
-                name = run.job_name(look["stage"])
-                assert processing.jobs(ACCOUNT, REGION)[name]._done.wait(300)
-                look = advance(look["done"])
-                assert look["status"] in ("InProgress", "Completed"), sm.describe_processing_job(
-                    ProcessingJobName=name
-                ).get("FailureReason")
-            assert seen == ["plan", "work", "merge"] and look["done"] == seen
-            work = sm.describe_processing_job(ProcessingJobName=run.job_name("work"))
-            assert work["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
-            streams = boto3.client("logs", region_name=REGION).describe_log_streams(
+            logs = boto3.client("logs", region_name=REGION)
+            streams = logs.describe_log_streams(
                 logGroupName="/aws/sagemaker/ProcessingJobs", logStreamNamePrefix=run.job_name("work")
             )["logStreams"]
-            assert len(streams) == 2  # each instance worked: its own log stream
-            written = {
-                o["Key"].removeprefix("shards/"): s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
-                for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="shards/")["Contents"]
-            }
     finally:
+        simulator.reset()
         simulator.configure(**{f: getattr(previous, f) for f in previous.__dataclass_fields__})
+
+    assert [look["stage"] for look in finished.looks] == ["plan", "work", "merge", None]
+    assert finished.jobs["work"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
+    assert len(streams) == 2  # each work instance ran, and logged to a stream of its own
+    # each stage was in the run's ledger before it was created: teardown finds them whatever happens
+    assert [r["id"] for r in ledger["resources"]] == [run.job_name(s) for s in ("plan", "work", "merge")]
 
     local_src = tmp_path / "src"
     for key, body in CORPUS.items():
@@ -366,7 +234,7 @@ def test_the_one_instance_stage_runs_the_trainers_prepare_on_the_twin_and_writes
         for p in (tmp_path / "local").rglob("*")
         if p.is_file()
     }
-    assert "index.json" in written
+    written = finished.written
     made = sorted(name for name in local if name.endswith(".bin") or name == "tokenizer.json")
     assert sorted(name for name in written if name.endswith(".bin") or name == "tokenizer.json") == made
     assert (
