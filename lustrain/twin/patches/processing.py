@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import os
 import threading
 from typing import Any
@@ -61,6 +62,7 @@ def s3_endpoint() -> str:
         if _server_url is None:
             from moto.server import ThreadedMotoServer
 
+            logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
             server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             server.start()
             host, port = server.get_host_and_port()
