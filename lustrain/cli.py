@@ -459,6 +459,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from lustrain_trainer import prepare
 
+    for given in args.rest:
+        option = given.split("=", 1)[0]
+        if option in ("--stack", "--instance-type"):
+            # the Processing jobs' pieces exist (lustrain_core.prepare_plan, steps/prepare.py, the twin's), but no
+            # state machine of a stack starts them yet: say so rather than let the option pass as a path
+            raise SpecInvalid.one(
+                option,
+                None,
+                "running data preparation on a stack's SageMaker Processing jobs is not available yet; without it, "
+                "SRC and OUT may be s3:// prefixes and --instances N runs N workers on this machine",
+            )
     return int(prepare.main(args.rest))
 
 
