@@ -459,14 +459,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from lustrain_trainer import prepare
 
-    for given in args.rest:
-        option = given.split("=", 1)[0]
+    for at, given in enumerate(args.rest):
+        option, _, value = given.partition("=")
         if option in ("--stack", "--instance-type"):
             # the Processing jobs' pieces exist (lustrain_core.prepare_plan, steps/prepare.py, the twin's), but no
             # state machine of a stack starts them yet: say so rather than let the option pass as a path
             raise SpecInvalid.one(
                 option,
-                None,
+                value or (args.rest[at + 1] if at + 1 < len(args.rest) else None),
                 "running data preparation on a stack's SageMaker Processing jobs is not available yet; without it, "
                 "SRC and OUT may be s3:// prefixes and --instances N runs N workers on this machine",
             )
