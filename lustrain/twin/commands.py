@@ -102,7 +102,9 @@ def _print_outcome(r: Any) -> None:
         for a in r.attempts:
             how = a["outcome"] + (f" ({a['failure_class']})" if a.get("failure_class") else "")
             steps = (
-                f", steps {a['resumed_from'] or 0}-{a['step_reached']}" if a.get("step_reached") is not None else ""
+                f", steps {a['resumed_from'] or 0}-{a['step_reached']}"
+                if a.get("step_reached") is not None
+                else ""
             )
             print(f"attempt {a['attempt']}: {a.get('training_job_name') or '(no job)'} {how}{steps}")
         if r.goodput is not None:
@@ -180,9 +182,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         for name, value in sorted(stack.outputs.items()):
             print(f"  {name:<28} {value}")
         jobs = stack.outputs.get("JobsBucketName", "<jobs bucket>")
-        print(
-            f"start a run:  AWS_ENDPOINT_URL={url} lustrain submit examples/tiny.yaml --stack {STACK_NAME}"
-        )
+        print(f"start a run:  AWS_ENDPOINT_URL={url} lustrain submit examples/tiny.yaml --stack {STACK_NAME}")
         print(
             f"          or: aws --endpoint-url {url} s3 cp SPEC.yaml s3://{jobs}/jobs/  (code.source: s3://...)"
         )

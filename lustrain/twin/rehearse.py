@@ -278,7 +278,9 @@ def _buy_training_plan(spec: JobSpec, given: dict[str, Any], say: Printer) -> No
     if "starts_in_s" in plan:  # Scheduled now, Active that many seconds from now
         plan["start"] = time.time() + float(plan.pop("starts_in_s"))
     arn = training_plans.create_training_plan(str(compute.training_plan).rsplit("/", 1)[-1], **plan)
-    say(f"twin: training plan {arn}: {plan['instance_count']} x {plan['instance_type']} in {plan['availability_zone']}")
+    say(
+        f"twin: training plan {arn}: {plan['instance_count']} x {plan['instance_type']} in {plan['availability_zone']}"
+    )
 
 
 def bucket_of(uri: str) -> str:
@@ -412,9 +414,7 @@ def _drop_spec(stack: Any, doc: dict[str, Any], say: Printer) -> str:
         r.ref for r in stack.resources.values() if r.type == "AWS::StepFunctions::StateMachine"
     )
     key = f"jobs/{doc['name']}.yaml"
-    operator_session().client("s3").put_object(
-        Bucket=jobs_bucket, Key=key, Body=yaml.safe_dump(doc).encode()
-    )
+    operator_session().client("s3").put_object(Bucket=jobs_bucket, Key=key, Body=yaml.safe_dump(doc).encode())
     say(f"drop: s3://{jobs_bucket}/{key} -> EventBridge 'Object Created' -> StartExecution")
     sfn = operator_session().client("stepfunctions")
 
@@ -453,7 +453,9 @@ def drop(stack: Any, spec_path: Path, key: str | None = None) -> tuple[JobSpec, 
     machine = stack.outputs["StateMachineArn"]
     before = {e["executionArn"] for e in sfn.list_executions(stateMachineArn=machine)["executions"]}
     session.client("s3").put_object(
-        Bucket=stack.outputs["JobsBucketName"], Key=key or f"jobs/{spec.name}.yaml", Body=yaml.safe_dump(doc).encode()
+        Bucket=stack.outputs["JobsBucketName"],
+        Key=key or f"jobs/{spec.name}.yaml",
+        Body=yaml.safe_dump(doc).encode(),
     )
 
     def started() -> str | None:
@@ -632,7 +634,10 @@ def scaled_to_this_machine(spec_path: str | Path, into: Path) -> Path:
     spec: dict[str, Any] = yaml.safe_load(Path(spec_path).read_text())
     compute = spec.setdefault("compute", {})
     compute.update(instance_count=min(int(compute.get("instance_count", 2)), 2), max_runtime_hours=1)
-    spec["code"] = {"source": "trainer/", "hyperparameters": {"preset": "tiny", "max_steps": 6, "log_interval": 2}}
+    spec["code"] = {
+        "source": "trainer/",
+        "hyperparameters": {"preset": "tiny", "max_steps": 6, "log_interval": 2},
+    }
     spec["data"]["size_gib"] = min(float(spec["data"].get("size_gib", 1)), 1.0)
     spec["output"]["expected_size_gib"] = 0.1
     spec.pop("budget", None)

@@ -155,3 +155,12 @@ def test_every_lustrain_command_a_message_or_the_docs_name_is_one_the_cli_has():
     named_in_docs = {name for name, files in named.items() if any(f.startswith("docs/") for f in files)}
     assert {"local", "rehearse"} <= named_in_docs  # and docs/ too
     assert {name: files for name, files in named.items() if name not in commands} == {}
+
+
+@pytest.mark.parametrize("option", [["--stack", "lustrain"], ["--stack=lustrain"], ["--instance-type", "ml.c5.xlarge"]])
+def test_data_prepare_on_a_stack_says_it_is_not_available_yet_and_runs_nothing(tmp_path, capsys, option):
+    out = tmp_path / "out"
+    assert main(["data", "prepare", "s3://bkt/text/", str(out), "--instances", "2", *option]) == 2
+    err = capsys.readouterr().err
+    assert option[0].split("=")[0] in err and "not available yet" in err
+    assert not out.exists()
