@@ -8,10 +8,18 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lustrain_core import prepare_plan
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.planner import lustre_ips, plan, usable_ips, valid_capacities
 from lustrain_core.prices import PriceTable
-from lustrain_core.spec import load_spec, load_spec_file, validate_spec
+from lustrain_core.spec import (
+    is_prepare,
+    load_spec,
+    load_spec_file,
+    parse_document,
+    validate_prepare_spec,
+    validate_spec,
+)
 
 
 def spec_with(**sections):
@@ -234,6 +242,14 @@ def test_every_example_plans():
     names = {p.name for p in examples}
     assert {"tiny.yaml", "llama-tiny.yaml", "p4d-2x-scratch.yaml", "p4d-50x-persistent.yaml"} <= names
     for path in examples:
+        doc = parse_document(path.read_bytes(), source=str(path))
+        if is_prepare(doc):  # data preparation: planned by its own planner
+            spec = validate_prepare_spec(doc)
+            hourly = PriceTable().instance_types[spec.instance_type].hourly_usd
+            estimate = prepare_plan.plan_of(spec.name, spec.tokenizer, spec.instances, spec.instance_type,
+                                            spec.size_gib, hourly)
+            assert estimate["cost_usd"] > 0, path
+            continue
         assert plan(load_spec_file(path)).cost.total_usd > 0
 
 
