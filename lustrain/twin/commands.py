@@ -22,6 +22,18 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 DEFAULT_LOCAL_QUOTA = 8
 
 
+def local_parameters() -> dict[str, str]:
+    """The template parameters of a served twin (and of `local invoke`'s fresh one): the rehearsal's, and the
+    events/ samples' code bucket allowed as an administrator allows a team's buckets (code.source is read from
+    the data prefixes the stack allows), so that the samples' spec is accepted as it stands."""
+    from lustrain.twin.rehearse import FAST_PARAMETERS
+
+    return {
+        **FAST_PARAMETERS,
+        "AllowedDataPrefixes": FAST_PARAMETERS["AllowedDataPrefixes"] + ",s3://my-team-code/",
+    }
+
+
 def register(sub: Any) -> None:
     """Add the twin's commands to the `lustrain` parser."""
     r = sub.add_parser("rehearse", help="run a whole job on the local twin (no AWS account needed)")
@@ -137,7 +149,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
     from lustrain.twin import patches, served
     from lustrain.twin.patches import eventbridge, lambda_invoke
-    from lustrain.twin.rehearse import FAST_PARAMETERS, REGION, STACK_NAME, TEMPLATE
+    from lustrain.twin.rehearse import REGION, STACK_NAME, TEMPLATE
     from lustrain.twin.stack import materialise
 
     STOP.clear()
@@ -161,7 +173,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         requests.post(
             f"{url}/moto-api/config", json={"stepfunctions": {"execute_state_machine": True}}, timeout=10
         )
-        stack = materialise(TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=FAST_PARAMETERS)
+        stack = materialise(TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=local_parameters())
         # the stack's schedules (the sweeper's SweepSchedule) fire at their rate while the twin serves
         eventbridge.run_schedules(STOP)
         prepare_for_runs(args.quota, print)
@@ -319,7 +331,7 @@ def _invoke_fresh(module: str, event: Any) -> dict[str, Any]:
 
     from lustrain.twin.rehearse import REGION, twin
 
-    with twin() as stack:
+    with twin(local_parameters()) as stack:
         prepare_for_runs(DEFAULT_LOCAL_QUOTA, lambda line: print(line, file=sys.stderr))
         response = boto3.client("lambda", region_name=REGION).invoke(
             FunctionName=stack.function_names()[module], Payload=json.dumps(event).encode()
