@@ -189,6 +189,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             f"follow runs:  export AWS_ENDPOINT_URL={url} LUSTRAIN_STACK={STACK_NAME}; "
             "lustrain runs | status RUN | logs RUN | cancel RUN"
         )
+        print(
+            "one function: lustrain local invoke FUNCTION -e EVENT  (FUNCTION: template.yaml's logical id, e.g. "
+            "SweepFunction; it runs on this twin)"
+        )
         previous = signal.signal(signal.SIGTERM, lambda *_: STOP.set())
         served.record(url, args.port, STACK_NAME)
         print("Ctrl-C stops the twin.", flush=True)

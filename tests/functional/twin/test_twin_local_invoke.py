@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from lustrain.cli import main
+from lustrain.twin import served
 
 ROOT = Path(__file__).resolve().parents[3]
 EVENTS = ROOT / "events"
@@ -37,7 +38,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def local_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """`lustrain local up` in its own process, until the module's tests are done."""
     cache = tmp_path_factory.mktemp("cache")
     port = _free_port()
@@ -80,11 +81,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 
 @pytest.fixture
-def on_served(served: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def on_served(local_up: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """This process as the user's other terminal: the same cache, no AWS_ENDPOINT_URL."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(served["cache"]))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(local_up["cache"]))
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    return served
+    return local_up
 
 
 def invoke(function: str, event: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Any:
@@ -116,13 +117,28 @@ def test_unknown_function_is_refused_by_name_with_the_ids_allowed(
 def test_without_a_served_twin_a_fresh_one_is_built_and_said_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    """A `local up` that was killed left its record; nothing answers there, so a fresh twin does the call."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    stale = served.record(f"http://127.0.0.1:{_free_port()}", 1, "lustrain-twin")
     code = main(["local", "invoke", "SweepFunction", "-e", str(EVENTS / "sweep.json")])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "no running `lustrain local up`" in err and "building a fresh twin" in err
+    assert f"recorded in {stale}) does not answer" in err and not stale.exists()
     assert json.loads(out)["swept"] == []
+
+
+def test_the_twin_named_by_aws_endpoint_url_is_used(
+    local_up: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The URL `local up` tells the user to export is found without its record."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", local_up["url"])
+    assert invoke("SweepFunction", sample("sweep"), tmp_path, capsys)["swept"] == []
 
 
 def test_handler_names_are_taken_beside_logical_ids(
