@@ -20,6 +20,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 #: the twin account's quota of each instance type while `local up` serves it (and for `local invoke`'s fresh twin)
 DEFAULT_LOCAL_QUOTA = 8
+SAMPLES = Path(__file__).resolve().parents[2] / "events"
 
 
 def local_parameters() -> dict[str, str]:
@@ -216,7 +217,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
 def prepare_for_runs(quota: int, say: Any) -> None:
     """What a twin holds before its first run, served or made for one invocation: `quota` instances of each type
-    (as an account whose limits were raised), and the example's data and output buckets (examples/tiny.yaml)."""
+    (as an account whose limits were raised); the example's data and output buckets (examples/tiny.yaml); and the
+    world the events/ samples' spec names (`samples_world`)."""
     from lustrain_core.prices import INSTANCE_TYPES
     from lustrain_core.spec import load_spec_file
 
@@ -228,6 +230,35 @@ def prepare_for_runs(quota: int, say: Any) -> None:
     example = load_spec_file(EXAMPLE)
     ensure_data(example, say)
     ensure_bucket(bucket_of(example.output.s3_uri))
+    samples_world(say)
+
+
+def samples_world(say: Any) -> None:
+    """The buckets the events/ samples' spec (register_job_inline.json) reads and writes, as the rehearsal fills a
+    spec's: its data prefix filled with the example's token shards, its output bucket, and its code.source holding
+    the repository's trainer/ (an S3 code.source is the user's to fill; the samples name one)."""
+    from lustrain_core.spec import validate_spec
+
+    from lustrain.twin.rehearse import REPO_ROOT, bucket_of, ensure_bucket, ensure_data, operator_session
+
+    path = SAMPLES / "register_job_inline.json"
+    if not path.is_file():
+        return
+    spec = validate_spec(json.loads(path.read_text())["input"]["spec"])
+    ensure_data(spec, say)
+    ensure_bucket(bucket_of(spec.output.s3_uri))
+    bucket, _, prefix = spec.code.source.removeprefix("s3://").partition("/")
+    ensure_bucket(bucket)
+    s3 = operator_session().client("s3")
+    if s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
+        return
+    trainer = REPO_ROOT / "trainer"
+    files = sorted(p for p in trainer.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for file in files:
+        s3.upload_file(str(file), bucket, prefix + file.relative_to(trainer).as_posix())
+    say(
+        f"code: {spec.code.source} was empty: uploaded trainer/ ({len(files)} files), the events/ samples' code"
+    )
 
 
 def cmd_local_invoke(args: argparse.Namespace) -> int:

@@ -164,13 +164,11 @@ def test_every_sample_succeeds_on_the_served_twin_in_a_run_order(
             StackName="lustrain-twin"
         )["Stacks"][0]["Outputs"]
     }
-    # the user's part, as with the aws CLI: the samples' code, data and results buckets, and the spec put in the
-    # jobs bucket outside jobs/, where no rule starts a run: this test runs the steps itself
+    # `local up` filled the samples' data, output and code buckets as the rehearsal fills a spec's; the user's part,
+    # as with the aws CLI: the spec put in the jobs bucket outside jobs/ (where no rule starts a run: this test runs
+    # the steps itself), and a training entry point done in milliseconds in place of trainer/'s
     spec = sample("register_job_inline")["input"]["spec"]
-    for bucket in ("my-team-code", "my-team-datasets", "my-team-results"):
-        s3.create_bucket(Bucket=bucket)
     s3.put_object(Bucket="my-team-code", Key="gpt-small/train.py", Body=STUB_TRAINER.read_bytes())
-    s3.put_object(Bucket="my-team-datasets", Key="pile-tokens/shard-00000.bin", Body=bytes(range(256)) * 64)
     dropped = s3.put_object(
         Bucket=outputs["JobsBucketName"], Key="drafts/gpt-small.yaml", Body=yaml.safe_dump(spec)
     )
