@@ -114,6 +114,17 @@ def test_unknown_function_is_refused_by_name_with_the_ids_allowed(
     assert "invalid job spec" not in err
 
 
+def test_an_event_that_is_not_json_is_refused_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    event = tmp_path / "event.json"
+    event.write_text("{'job': 1}")
+    code = main(["local", "invoke", "RegisterJobFunction", "-e", str(event)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--event {event} is not JSON" in err and "invalid job spec" not in err
+
+
 def test_without_a_served_twin_a_fresh_one_is_built_and_said_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
