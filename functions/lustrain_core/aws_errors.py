@@ -119,7 +119,7 @@ def training_job_missing(exc: ClientError) -> bool:
     names lustrain builds never are."""
     code = error_code(exc)
     return code in NOT_FOUND_CODES or (
-        code == "ValidationException" and exc.operation_name == "DescribeTrainingJob"
+        code == "ValidationException" and exc.operation_name in ("DescribeTrainingJob", "DescribeProcessingJob")
     )
 
 

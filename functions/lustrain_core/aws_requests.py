@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from lustrain_core import recovery
+from lustrain_core import prepare_plan, recovery
 from lustrain_core.config import Settings
 from lustrain_core.document import Job, Network, Run
 from lustrain_core.errors import MISSING, SpecInvalid
@@ -355,3 +355,62 @@ def security_group(job: Job, vpc_id: str) -> dict[str, Any]:
 def vpc(job: Job, cidr: str) -> dict[str, Any]:
     """CreateVpc of the run's network (its CIDR block from the plan)."""
     return {"CidrBlock": cidr, "TagSpecifications": tag_spec(job, "vpc", "vpc")}
+
+
+# --------------------------------------------------------------------------- SageMaker Processing: data preparation
+
+
+def prepare_job(
+    run: prepare_plan.PrepareRun,
+    stage: str,
+    *,
+    role_arn: str,
+    image_uri: str,
+    code_s3_uri: str,
+    subnet_id: str,
+    security_group_ids: list[str],
+    tags: list[dict[str, str]],
+    settings: Settings,
+) -> dict[str, Any]:
+    """The CreateProcessingJob request of one stage of a preparation run (lustrain_core.prepare_plan): the trainer
+    package's bundle as the job's code, the stage's command line, in the run's subnet (which reaches S3 through its
+    gateway endpoint), with the role given. The job reads SRC and writes OUT itself (boto3): no data input or
+    output is declared."""
+    code = code_s3_uri.rsplit("/", 1)[0] + "/" if code_s3_uri.endswith("/sourcedir.tar.gz") else code_s3_uri
+    cluster: dict[str, Any] = {
+        "InstanceCount": run.instances_of(stage),
+        "InstanceType": run.instance_type,
+        "VolumeSizeInGB": prepare_plan.VOLUME_GIB,
+    }
+    key = kms_key(settings)
+    if key:
+        cluster["VolumeKmsKeyId"] = key
+    return {
+        "ProcessingJobName": run.job_name(stage),
+        "ProcessingResources": {"ClusterConfig": cluster},
+        "AppSpecification": {
+            "ImageUri": image_uri,
+            "ContainerEntrypoint": prepare_plan.ENTRYPOINT,
+            "ContainerArguments": run.arguments(stage),
+        },
+        "ProcessingInputs": [_processing_input("code", code, prepare_plan.CODE_DIR)],
+        "NetworkConfig": {
+            "VpcConfig": {"Subnets": [subnet_id], "SecurityGroupIds": list(security_group_ids)},
+        },
+        "StoppingCondition": {"MaxRuntimeInSeconds": prepare_plan.MAX_RUNTIME_SECONDS},
+        "RoleArn": role_arn,
+        "Tags": tags,
+    }
+
+
+def _processing_input(name: str, s3_uri: str, local_path: str) -> dict[str, Any]:
+    return {
+        "InputName": name,
+        "S3Input": {
+            "S3Uri": s3_uri,
+            "LocalPath": local_path,
+            "S3DataType": "S3Prefix",
+            "S3InputMode": "File",
+            "S3DataDistributionType": "FullyReplicated",
+        },
+    }

@@ -153,6 +153,10 @@ class TrainingJobCompleted(LustrainError):
     state machine takes as the task's result."""
 
 
+class PrepareFailed(LustrainError):
+    """A stage of a data preparation run (a SageMaker Processing job) ended Failed or Stopped, without its output."""
+
+
 class BudgetExceeded(LustrainError):
     """The run's budget is spent: its training job reached the MaxRuntimeInSeconds the budget left it (what it
     wrote is archived), or the budget left a next attempt too little time to start one."""

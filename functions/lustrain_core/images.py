@@ -98,3 +98,45 @@ def pytorch_training_image(framework_version: str, region: str, instance_type: s
     return ECR_URI_TEMPLATE.format(
         registry=registry, hostname=hostname, repository=entry["repository"], tag=tag
     )
+
+
+@cache
+def _prepare_config() -> dict[str, Any]:
+    text = resources.files("lustrain_core").joinpath("data/prepare_image.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def prepare_image(region: str) -> str:
+    """The image data preparation's processing jobs run in: the Hugging Face PyTorch training DLC, e.g.
+    763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:2.8.0-transformers4.56.2-gpu-py312-
+    cu129-ubuntu22.04, as the SDK's image_uris.retrieve("huggingface", ...) names it.
+
+    Why this image: the job runs in the run's private subnet, where nothing can be pip-installed, and a bpe:VOCAB
+    tokenizer needs Hugging Face `tokenizers`; the PyTorch DLC does not list it, the Hugging Face DLC installs
+    transformers (which requires tokenizers) on top of the PyTorch DLC (numpy, boto3). Only a GPU build is
+    published; it runs on the CPU instances preparation uses (nothing in preparation touches CUDA), at the cost of
+    a larger image to pull."""
+    config = _prepare_config()
+    registry = config["registries"].get(region)
+    hostname = config["ecr_hostnames"].get(region)
+    if registry is None or hostname is None:
+        raise SpecInvalid.one(
+            "region",
+            region,
+            "no Hugging Face PyTorch training image in this region (data preparation's image): "
+            f"regions: {', '.join(sorted(config['registries']))}",
+        )
+    processor = config["processors"][-1]
+    pytorch = config["base_framework_version"].removeprefix("pytorch")
+    tag = "-".join(
+        (
+            f"{pytorch}-transformers{config['transformers_version']}",
+            processor,
+            config["py_version"],
+            config["container_version"][processor],
+        )
+    )
+    return ECR_URI_TEMPLATE.format(
+        registry=registry, hostname=hostname, repository=config["repository"], tag=tag
+    )

@@ -14,6 +14,7 @@ and the benches read this table; how each family is deleted lives in teardown, p
     file_system                   fsx        Tags of each          DescribeFileSystems FileSystemIds
     data_repository_association   fsx        Tags of each          DescribeDataRepositoryAssociations AssociationIds
     training_job                  sagemaker  ListTags of each      DescribeTrainingJob TrainingJobName
+    processing_job                sagemaker  ListTags of each      DescribeProcessingJob ProcessingJobName
 """
 
 from __future__ import annotations
@@ -71,8 +72,15 @@ TRAINING_JOB = Kind(
     state_key="TrainingJobStatus",
 )  # fmt: skip
 
+#: data preparation's stages (lustrain_core.prepare_plan, steps/prepare.py)
+PROCESSING_JOB = Kind(
+    "processing_job", "sagemaker", "compute", "describe_processing_job", "ProcessingJobName", "",
+    "ProcessingJobName", state_key="ProcessingJobStatus",
+)  # fmt: skip
+
 KINDS: tuple[Kind, ...] = (
     VPC, SUBNET, SECURITY_GROUP, ROUTE_TABLE, VPC_ENDPOINT, FILE_SYSTEM, DATA_REPOSITORY_ASSOCIATION, TRAINING_JOB,
+    PROCESSING_JOB,
 )  # fmt: skip
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
 #: The network's pieces in the order AWS lets them be deleted (each depends on the ones after it).
@@ -88,12 +96,12 @@ def present(kind: Kind, item: dict[str, Any]) -> bool:
 def describe(client: Any, kind: Kind, resource_id: str) -> dict[str, Any] | None:
     """One resource as its service describes it, or None when it is gone (not found, or in a gone state)."""
     try:
-        if kind is TRAINING_JOB:
-            found = [client.describe_training_job(TrainingJobName=resource_id)]
+        if kind in (TRAINING_JOB, PROCESSING_JOB):
+            found = [getattr(client, kind.describe)(**{kind.ids_param: resource_id})]
         else:
             found = getattr(client, kind.describe)(**{kind.ids_param: [resource_id]})[kind.result_key]
     except ClientError as exc:
-        if not_found(exc) or (kind is TRAINING_JOB and training_job_missing(exc)):
+        if not_found(exc) or (kind in (TRAINING_JOB, PROCESSING_JOB) and training_job_missing(exc)):
             return None
         raise
     item = dict(found[0]) if found else None

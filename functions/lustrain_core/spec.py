@@ -399,14 +399,65 @@ class JobSpec(_Section):
     @field_validator("tags")
     @classmethod
     def _no_reserved_tags(cls, v: dict[str, str]) -> dict[str, str]:
-        # AWS stores tag keys case-sensitively, but IAM matches condition key names (aws:ResourceTag/<key>,
-        # aws:RequestTag/<key>) in any case: a Lustrain:created-by tag would be the stack's own to its policies
-        for key in v:
-            if key.lower().startswith(RESERVED_TAG_PREFIXES):
-                raise ValueError(
-                    f"tag key {key!r}: the prefixes {' and '.join(RESERVED_TAG_PREFIXES)} are reserved, in any case"
-                )
-        return v
+        return reserved_tags_refused(v)
+
+
+def reserved_tags_refused(v: dict[str, str]) -> dict[str, str]:
+    """A spec's tags, unless one uses a reserved prefix."""
+    # AWS stores tag keys case-sensitively, but IAM matches condition key names (aws:ResourceTag/<key>,
+    # aws:RequestTag/<key>) in any case: a Lustrain:created-by tag would be the stack's own to its policies
+    for key in v:
+        if key.lower().startswith(RESERVED_TAG_PREFIXES):
+            raise ValueError(
+                f"tag key {key!r}: the prefixes {' and '.join(RESERVED_TAG_PREFIXES)} are reserved, in any case"
+            )
+    return v
+
+
+class PrepareSpec(_Section):
+    """A data preparation run (kind: prepare): tokenize the text under `source` into shards and index.json under
+    `output`, on `instances` SageMaker Processing instances (lustrain_core.prepare_plan)."""
+
+    kind: Literal["prepare"]
+    name: str = Field(pattern=NAME_PATTERN, description="[a-z0-9-], 1..40 chars; prefixes every AWS name")
+    source: S3Uri
+    output: S3Uri
+    #: bytes | bpe:VOCAB | an s3:// tokenizer.json (lustrain_trainer.tokenizer)
+    tokenizer: str = Field("bytes", min_length=1, max_length=256)
+    #: CreateProcessingJob's InstanceCount: 1..100 (botocore's model)
+    instances: int = Field(1, ge=1, le=100)
+    instance_type: str = Field("ml.c5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    #: the source's size, for `lustrain plan` (which reads nothing in S3)
+    size_gib: float | None = Field(None, gt=0, le=MAX_STORAGE_GIB)
+    tags: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=256)]] = (
+        Field(default_factory=dict, max_length=40)
+    )
+
+    @field_validator("tags")
+    @classmethod
+    def _no_reserved_tags(cls, v: dict[str, str]) -> dict[str, str]:
+        return reserved_tags_refused(v)
+
+    @model_validator(mode="after")
+    def _output_apart_from_source(self) -> PrepareSpec:
+        src, out = self.source.rstrip("/") + "/", self.output.rstrip("/") + "/"
+        if src.startswith(out) or out.startswith(src):
+            raise ValueError(
+                f"output {self.output} and source {self.source} overlap: the shards would be read as text"
+            )
+        return self
+
+
+def is_prepare(doc: Any) -> bool:
+    """Whether a spec document is a data preparation run (kind: prepare) rather than a training run."""
+    return isinstance(doc, dict) and doc.get("kind") == "prepare"
+
+
+def validate_prepare_spec(doc: dict[str, Any]) -> PrepareSpec:
+    try:
+        return PrepareSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecInvalid(field_errors(exc)) from None
 
 
 # --------------------------------------------------------------------------- loading

@@ -50,6 +50,12 @@ def register(sub: Any) -> None:
     )
     r.add_argument("--quota", type=int, help="the twin account's instance quota for the spec's type")
     r.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
+    r.add_argument(
+        "--tokenizer",
+        default="bytes",
+        help="what the example data is prepared with when the spec's data prefix is empty, as `lustrain data "
+        "prepare --tokenizer`: bytes (default) | bpe:VOCAB (trained on the corpus) | PATH of a tokenizer.json",
+    )
     r.set_defaults(command=cmd_rehearse)
 
     local = sub.add_parser("local", help="the twin as a server, and Docker-free `sam local invoke`")
@@ -88,7 +94,12 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
         raise SpecInvalid.one("--inject", args.inject, str(exc)) from None
     printer = None if args.json else _live_printer()
     result = rehearse(
-        args.spec, inject=args.inject, quota=args.quota, printer=printer, timeout_s=args.timeout
+        args.spec,
+        inject=args.inject,
+        quota=args.quota,
+        printer=printer,
+        timeout_s=args.timeout,
+        tokenizer=args.tokenizer,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))

@@ -9,6 +9,7 @@ left but what the spec keeps.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -171,6 +172,7 @@ def rehearse(
     inspect: Callable[[Any, Rehearsal], None] | None = None,
     template: dict[str, Any] | None = None,
     training_plan: dict[str, Any] | None = None,
+    tokenizer: str = "bytes",
 ) -> Rehearsal:
     """Rehearse one run; raises SpecInvalid before anything starts if the spec or its plan is invalid.
 
@@ -179,6 +181,9 @@ def rehearse(
     `template` replaces template.yaml's content (a test's changed copy, see stack.copy_template).
     `training_plan`: for a spec with compute.training_plan, the twin's plan of that name
     (lustrain.twin.training_plans.create_training_plan's keywords); by default one that carries the run, Active now.
+    `tokenizer`: what the example data is prepared with where the spec's data prefix is empty (ensure_data): a
+    `lustrain data prepare --tokenizer` value. On AWS the data is prepared before the run and carries its tokenizer
+    (index.json, tokenizer.json), which the trainer reads; the spec names none, so the rehearsal takes it here.
     """
     from lustrain.twin import faults, simulator
     from lustrain.twin.patches import fsx, service_quotas
@@ -186,6 +191,7 @@ def rehearse(
     say = printer or (lambda line: None)
     spec = load_spec_file(spec_path)
     the_plan, _ = compile_offline(spec)
+    check_tokenizer(tokenizer)
     parsed = [faults.parse(f) for f in inject or []]
     started = time.monotonic()
     with twin(parameters, template) as stack:
@@ -205,7 +211,7 @@ def rehearse(
             f"{the_plan.filesystem.deployment_type} {the_plan.filesystem.storage_gib} GiB, "
             f"/{the_plan.network.subnet_prefix_length} subnet, up to ${the_plan.cost.total_usd:,.2f}"
         )
-        ensure_data(spec, say)
+        ensure_data(spec, say, tokenizer)
         ensure_bucket(bucket_of(spec.output.s3_uri))
         doc = submittable(spec, Path(spec_path).parent, stack.outputs, say)
         log_tail: list[str] = []
@@ -272,7 +278,9 @@ def _buy_training_plan(spec: JobSpec, given: dict[str, Any], say: Printer) -> No
     if "starts_in_s" in plan:  # Scheduled now, Active that many seconds from now
         plan["start"] = time.time() + float(plan.pop("starts_in_s"))
     arn = training_plans.create_training_plan(str(compute.training_plan).rsplit("/", 1)[-1], **plan)
-    say(f"twin: training plan {arn}: {plan['instance_count']} x {plan['instance_type']} in {plan['availability_zone']}")
+    say(
+        f"twin: training plan {arn}: {plan['instance_count']} x {plan['instance_type']} in {plan['availability_zone']}"
+    )
 
 
 def bucket_of(uri: str) -> str:
@@ -290,44 +298,88 @@ def ensure_bucket(name: str) -> None:
         s3.create_bucket(Bucket=name)
 
 
-def ensure_data(spec: JobSpec, say: Printer) -> None:
-    """An empty data prefix is filled with token shards of Python's standard library (cached between runs)."""
+def ensure_data(spec: JobSpec, say: Printer, tokenizer: str = "bytes") -> None:
+    """An empty data prefix is filled with token shards of Python's standard library made with `tokenizer` (a
+    `lustrain data prepare --tokenizer` value; cached between runs)."""
     bucket, prefix = bucket_of(spec.data.s3_uri), _key_of(spec.data.s3_uri)
     ensure_bucket(bucket)
     s3 = operator_session().client("s3")
     if s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
         return
-    shards = example_shards()
+    shards = example_shards(tokenizer=tokenizer)
     # the shards, the index, the plan and its parts
     files = sorted(p for p in shards.rglob("*") if p.is_file())
     for path in files:
         s3.upload_file(str(path), bucket, prefix + path.relative_to(shards).as_posix())
     size = sum(p.stat().st_size for p in files)
     say(
-        f"data: {spec.data.s3_uri} was empty: uploaded the stdlib corpus as token shards ({size / 2**20:.1f} MiB)"
+        f"data: {spec.data.s3_uri} was empty: uploaded the stdlib corpus as token shards of tokenizer {tokenizer} "
+        f"({size / 2**20:.1f} MiB)"
     )
 
 
-def example_shards(max_bytes: str = "3MiB") -> Path:
-    """Token shards of the standard library's source, made once per Python version and shard layout and kept under
-    .lustrain/."""
+#: where example_shards keeps what it made
+CACHE = REPO_ROOT / ".lustrain" / "cache"
+
+
+def check_tokenizer(tokenizer: str) -> None:
+    """Refuse, before anything starts, a --tokenizer the rehearsal cannot prepare its example data with: what
+    `lustrain data prepare` refuses, and an s3:// tokenizer.json (the twin's S3 starts empty: nothing could be
+    there)."""
+    from lustrain_core.errors import SpecInvalid
     from lustrain_trainer import prepare
 
+    allowed = "bytes | bpe:VOCAB | PATH of a tokenizer.json on this machine"
+    try:
+        kind, where = prepare.parse_tokenizer(tokenizer)
+    except prepare.PrepareError as exc:
+        raise SpecInvalid.one(
+            "--tokenizer", tokenizer, str(exc).removeprefix(f"--tokenizer {tokenizer}: ")
+        ) from None
+    if kind == "file" and str(where).startswith("s3://"):
+        raise SpecInvalid.one(
+            "--tokenizer",
+            tokenizer,
+            f"the twin's S3 starts empty, so it holds no tokenizer.json: download it and give its path "
+            f"(allowed: {allowed})",
+        )
+    if kind == "file" and not Path(str(where)).is_file():
+        raise SpecInvalid.one("--tokenizer", tokenizer, f"no such file (allowed: {allowed})")
+
+
+def _tokenizer_key(tokenizer: str) -> str:
+    """The tokenizer's part of the cache's name: its value, or for a tokenizer.json the first 16 hex digits of
+    its content's sha256 (a file's path says nothing of what it holds, and may change)."""
+    from lustrain_trainer import prepare
+
+    kind, where = prepare.parse_tokenizer(tokenizer)
+    if kind == "file":
+        return "file-" + hashlib.sha256(Path(str(where)).read_bytes()).hexdigest()[:16]
+    return tokenizer.replace(":", "")
+
+
+def example_shards(max_bytes: str = "3MiB", tokenizer: str = "bytes", cache_root: Path | None = None) -> Path:
+    """Token shards of the standard library's source made with `tokenizer`, made once per Python version, size and
+    tokenizer and kept under .lustrain/cache/ (or `cache_root`); the shard layout is in the name too."""
+    from lustrain_trainer import prepare
+
+    root = cache_root or CACHE
     cache = (
-        REPO_ROOT
-        / ".lustrain"
-        / "cache"
+        root
         / f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{max_bytes}-{prepare.LAYOUT}"
+        f"-{_tokenizer_key(tokenizer)}"
     )
     if not (cache / "index.json").exists():
-        with tempfile.TemporaryDirectory(
-            dir=cache.parent.parent if cache.parent.parent.exists() else None
-        ) as tmp:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root) as tmp:
             out = Path(tmp) / "shards"
-            code = prepare.main(["stdlib", str(out), "--glob", "**/*.py", "--max-bytes", max_bytes])
+            code = prepare.main(
+                ["stdlib", str(out), "--glob", "**/*.py", "--max-bytes", max_bytes, "--tokenizer", tokenizer]
+            )
             if code != 0:
-                raise RuntimeError(f"preparing the example data failed (exit {code})")
-            cache.parent.mkdir(parents=True, exist_ok=True)
+                raise RuntimeError(
+                    f"preparing the example data with tokenizer {tokenizer} failed (exit {code})"
+                )
             try:
                 out.rename(cache)
             except OSError:
@@ -362,9 +414,7 @@ def _drop_spec(stack: Any, doc: dict[str, Any], say: Printer) -> str:
         r.ref for r in stack.resources.values() if r.type == "AWS::StepFunctions::StateMachine"
     )
     key = f"jobs/{doc['name']}.yaml"
-    operator_session().client("s3").put_object(
-        Bucket=jobs_bucket, Key=key, Body=yaml.safe_dump(doc).encode()
-    )
+    operator_session().client("s3").put_object(Bucket=jobs_bucket, Key=key, Body=yaml.safe_dump(doc).encode())
     say(f"drop: s3://{jobs_bucket}/{key} -> EventBridge 'Object Created' -> StartExecution")
     sfn = operator_session().client("stepfunctions")
 
@@ -403,7 +453,9 @@ def drop(stack: Any, spec_path: Path, key: str | None = None) -> tuple[JobSpec, 
     machine = stack.outputs["StateMachineArn"]
     before = {e["executionArn"] for e in sfn.list_executions(stateMachineArn=machine)["executions"]}
     session.client("s3").put_object(
-        Bucket=stack.outputs["JobsBucketName"], Key=key or f"jobs/{spec.name}.yaml", Body=yaml.safe_dump(doc).encode()
+        Bucket=stack.outputs["JobsBucketName"],
+        Key=key or f"jobs/{spec.name}.yaml",
+        Body=yaml.safe_dump(doc).encode(),
     )
 
     def started() -> str | None:
@@ -582,7 +634,10 @@ def scaled_to_this_machine(spec_path: str | Path, into: Path) -> Path:
     spec: dict[str, Any] = yaml.safe_load(Path(spec_path).read_text())
     compute = spec.setdefault("compute", {})
     compute.update(instance_count=min(int(compute.get("instance_count", 2)), 2), max_runtime_hours=1)
-    spec["code"] = {"source": "trainer/", "hyperparameters": {"preset": "tiny", "max_steps": 6, "log_interval": 2}}
+    spec["code"] = {
+        "source": "trainer/",
+        "hyperparameters": {"preset": "tiny", "max_steps": 6, "log_interval": 2},
+    }
     spec["data"]["size_gib"] = min(float(spec["data"].get("size_gib", 1)), 1.0)
     spec["output"]["expected_size_gib"] = 0.1
     spec.pop("budget", None)

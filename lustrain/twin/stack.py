@@ -84,7 +84,9 @@ def _local_uri(path: str) -> str:
     return f"s3://{LOCAL_BUCKET}/{path.rstrip('/')}"
 
 
-def sam_transform(template: dict[str, Any], region: str, parameters: dict[str, str] | None = None) -> dict[str, Any]:
+def sam_transform(
+    template: dict[str, Any], region: str, parameters: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The CloudFormation template SAM makes of `template` (local CodeUri / DefinitionUri as stand-in S3 URIs)."""
     transformed: dict[str, Any] = json.loads(
         _transform(json.dumps(template, sort_keys=True), region, json.dumps(parameters or {}))
@@ -227,12 +229,16 @@ def template_parameters(template: dict[str, Any], overrides: dict[str, str] | No
     """The stack's parameter values: defaults, then `overrides`; list parameters as lists."""
     declared = template.get("Parameters") or {}
     params = {
-        name: ",".join(spec["Default"]) if isinstance(spec.get("Default"), list) else str(spec.get("Default", ""))
+        name: ",".join(spec["Default"])
+        if isinstance(spec.get("Default"), list)
+        else str(spec.get("Default", ""))
         for name, spec in declared.items()
     }
     unknown = set(overrides or {}) - set(params)
     if unknown:
-        raise TemplateError(f"unknown template parameters {sorted(unknown)}; the template has {sorted(params)}")
+        raise TemplateError(
+            f"unknown template parameters {sorted(unknown)}; the template has {sorted(params)}"
+        )
     params.update(overrides or {})
     values: dict[str, Any] = dict(params)
     for name, spec in declared.items():
@@ -404,16 +410,16 @@ class _Maker:
 
     def _aws_sns_topic(self, lid: str, res: dict[str, Any]) -> Resource:
         p = self.props(res)
-        arn = self.client("sns").create_topic(Name=p.get("TopicName") or _physical_name(self.stack, lid, 256))[
-            "TopicArn"
-        ]
+        arn = self.client("sns").create_topic(
+            Name=p.get("TopicName") or _physical_name(self.stack, lid, 256)
+        )["TopicArn"]
         return Resource(lid, res["Type"], arn, {"TopicArn": arn, "TopicName": arn.rsplit(":", 1)[1]})
 
     def _aws_sns_subscription(self, lid: str, res: dict[str, Any]) -> Resource:
         p = self.props(res)
-        arn = self.client("sns").subscribe(TopicArn=p["TopicArn"], Protocol=p["Protocol"], Endpoint=p["Endpoint"])[
-            "SubscriptionArn"
-        ]
+        arn = self.client("sns").subscribe(
+            TopicArn=p["TopicArn"], Protocol=p["Protocol"], Endpoint=p["Endpoint"]
+        )["SubscriptionArn"]
         return Resource(lid, res["Type"], arn)
 
     def _aws_sqs_queue(self, lid: str, res: dict[str, Any]) -> Resource:
@@ -438,14 +444,18 @@ class _Maker:
         logs.create_log_group(logGroupName=name)
         if p.get("RetentionInDays"):
             logs.put_retention_policy(logGroupName=name, retentionInDays=int(p["RetentionInDays"]))
-        return Resource(lid, res["Type"], name, {"Arn": f"arn:aws:logs:{self.region}:{ACCOUNT}:log-group:{name}:*"})
+        return Resource(
+            lid, res["Type"], name, {"Arn": f"arn:aws:logs:{self.region}:{ACCOUNT}:log-group:{name}:*"}
+        )
 
     # ------------------------------------------------------------------ IAM
     def _aws_iam_managedpolicy(self, lid: str, res: dict[str, Any]) -> Resource:
         p = self.props(res)
         name = p.get("ManagedPolicyName") or f"{self.stack}-{lid}"[:128]
         arn = self.client("iam").create_policy(
-            PolicyName=name, PolicyDocument=_versioned(p["PolicyDocument"]), Description=p.get("Description", "")
+            PolicyName=name,
+            PolicyDocument=_versioned(p["PolicyDocument"]),
+            Description=p.get("Description", ""),
         )["Policy"]["Arn"]
         return Resource(lid, res["Type"], arn, {"PolicyArn": arn})
 
@@ -463,7 +473,9 @@ class _Maker:
         )["Role"]
         for policy in p.get("Policies") or []:
             iam.put_role_policy(
-                RoleName=name, PolicyName=policy["PolicyName"], PolicyDocument=_versioned(policy["PolicyDocument"])
+                RoleName=name,
+                PolicyName=policy["PolicyName"],
+                PolicyDocument=_versioned(policy["PolicyDocument"]),
             )
         for arn in p.get("ManagedPolicyArns") or []:
             if ":iam::aws:policy/" in arn:
@@ -488,7 +500,11 @@ class _Maker:
             "Code": {"ZipFile": _placeholder_zip()},
             "Timeout": int(p.get("Timeout", 3)),
             "MemorySize": int(p.get("MemorySize", 128)),
-            "Environment": {"Variables": {k: str(v) for k, v in ((p.get("Environment") or {}).get("Variables") or {}).items()}},
+            "Environment": {
+                "Variables": {
+                    k: str(v) for k, v in ((p.get("Environment") or {}).get("Variables") or {}).items()
+                }
+            },
             "Architectures": list(p.get("Architectures") or ["x86_64"]),
         }
         if (p.get("DeadLetterConfig") or {}).get("TargetArn"):
@@ -506,7 +522,11 @@ class _Maker:
         p = self.props(res)
         kwargs = {k: p[k] for k in ("SourceArn", "SourceAccount") if k in p}
         self.client("lambda").add_permission(
-            FunctionName=p["FunctionName"], StatementId=lid, Action=p["Action"], Principal=p["Principal"], **kwargs
+            FunctionName=p["FunctionName"],
+            StatementId=lid,
+            Action=p["Action"],
+            Principal=p["Principal"],
+            **kwargs,
         )
         return Resource(lid, res["Type"], lid)
 
@@ -563,7 +583,16 @@ def _versioned(document: dict[str, Any]) -> str:
 
 
 def _target(t: dict[str, Any]) -> dict[str, Any]:
-    keep = ("Id", "Arn", "RoleArn", "Input", "InputPath", "InputTransformer", "RetryPolicy", "DeadLetterConfig")
+    keep = (
+        "Id",
+        "Arn",
+        "RoleArn",
+        "Input",
+        "InputPath",
+        "InputTransformer",
+        "RetryPolicy",
+        "DeadLetterConfig",
+    )
     return {k: v for k, v in t.items() if k in keep}
 
 

@@ -97,7 +97,7 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
     queue: dict[str, str] = {}
     fill_data = rehearsal.ensure_data
 
-    def with_secrets_and_a_notice_queue(spec: Any, say: Any) -> None:
+    def with_secrets_and_a_notice_queue(spec: Any, say: Any, tokenizer: str = "bytes") -> None:
         # in the stack's account, before the spec is dropped: the secrets, and a queue that receives the notices
         session = operator_session()
         secret = session.client("secretsmanager").create_secret(
@@ -116,7 +116,7 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
         session.client("sns").subscribe(
             TopicArn=topic, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"}
         )
-        fill_data(spec, say)
+        fill_data(spec, say, tokenizer)
 
     monkeypatch.setattr(rehearsal, "ensure_data", with_secrets_and_a_notice_queue)
     traces: dict[str, str] = {}

@@ -329,3 +329,55 @@ def test_a_training_job_of_another_run_is_never_stopped_even_from_the_ledger(tra
     assert result["kept"] == [
         {"type": "training_job", "id": name, "reason": "not tagged as this job's: never stopped"}
     ]
+
+
+# --- data preparation's processing jobs (steps/prepare.py records each in the ledger before creating it) ------
+
+
+def test_a_processing_job_still_running_is_stopped_before_anything_is_deleted_and_another_runs_never(aws):
+    from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
+    from lustrain_core.steps import prepare
+
+    document = built(with_filesystem=False)
+    job_id = document["job"]["job_id"]
+    request = {
+        "ProcessingJobName": f"{job_id}-prep-work",
+        "ProcessingResources": {
+            "ClusterConfig": {"InstanceCount": 2, "InstanceType": "ml.c5.xlarge", "VolumeSizeInGB": 30}
+        },
+        "AppSpecification": {
+            "ImageUri": "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:x",
+            "ContainerEntrypoint": ["python3", "-c", "import signal; signal.pause()"],
+        },
+        "RoleArn": aws.sagemaker_role_arn,
+        "Tags": [{"Key": TAG_JOB_ID, "Value": job_id}, {"Key": TAG_CREATED_BY, "Value": aws.stack_name}],
+    }
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.add_resources(
+        ddb, aws.jobs_table, job_id, [{"type": prepare.RESOURCE_TYPE, "id": request["ProcessingJobName"]}]
+    )
+    assert prepare.start(sagemaker(), request) == "InProgress"
+    other = register(spec(name="other"), execution="run-2")
+    records.add_resources(
+        ddb,
+        aws.jobs_table,
+        other["job"]["job_id"],
+        [{"type": "processing_job", "id": request["ProcessingJobName"]}],
+    )
+
+    assert tear_down(other)["kept"] == [
+        {
+            "type": "processing_job",
+            "id": request["ProcessingJobName"],
+            "reason": "not tagged as this job's: never stopped",
+        }
+    ]
+    result = tear_down(document)
+
+    described = sagemaker().describe_processing_job(ProcessingJobName=request["ProcessingJobName"])
+    assert described["ProcessingJobStatus"] == "Stopped"
+    assert result["stopped"] == [{"type": "processing_job", "id": request["ProcessingJobName"]}]
+    assert result["remaining"] == [] and count_of_job(job_id) == NOTHING
+    # the ledger is clear: a second teardown has nothing left to do
+    again = tear_down(document)
+    assert (again["remaining"], again["status"]) == ([], "SUCCEEDED")

@@ -127,8 +127,9 @@ def test_a_spec_aws_would_refuse_at_launch_exits_2_at_validate_and_plan(tmp_path
     assert f"- {field}:" in capsys.readouterr().err
 
 
-def test_every_lustrain_command_a_message_or_the_readme_names_is_one_the_cli_has():
-    """What a message tells a user to type (`lustrain submit SPEC`, `lustrain status RUN`) is a real command."""
+def test_every_lustrain_command_a_message_or_the_docs_name_is_one_the_cli_has():
+    """What a message, the README or a page of docs/ tells a user to type (`lustrain submit SPEC`, `lustrain status
+    RUN`) is a real command."""
     import argparse
     from pathlib import Path
 
@@ -142,9 +143,24 @@ def test_every_lustrain_command_a_message_or_the_readme_names_is_one_the_cli_has
         for name in action.choices
     }
     named: dict[str, set[str]] = {}
-    sources = [*root.glob("lustrain/**/*.py"), *root.glob("functions/**/*.py"), root / "README.md"]
+    docs = [root / "README.md", *root.glob("docs/*.md")]
+    sources = [*root.glob("lustrain/**/*.py"), *root.glob("functions/**/*.py"), *docs]
+    # in a page, also what a command line of a code block runs (`    lustrain watch tiny`, `.venv/bin/lustrain ...`)
+    in_docs = re.compile(r"(?:`|^ {4,}|`\.venv/bin/)lustrain ([a-z][a-z-]*)", re.MULTILINE)
     for path in sources:
-        for found in re.finditer(r"`lustrain ([a-z][a-z-]*)", path.read_text()):
+        pattern = in_docs if path.suffix == ".md" else re.compile(r"`lustrain ([a-z][a-z-]*)")
+        for found in pattern.finditer(path.read_text()):
             named.setdefault(found.group(1), set()).add(str(path.relative_to(root)))
     assert {"submit", "status", "runs"} <= set(named)  # the scan reads what it should
+    named_in_docs = {name for name, files in named.items() if any(f.startswith("docs/") for f in files)}
+    assert {"local", "rehearse"} <= named_in_docs  # and docs/ too
     assert {name: files for name, files in named.items() if name not in commands} == {}
+
+
+@pytest.mark.parametrize("option", [["--stack", "lustrain"], ["--stack=lustrain"], ["--instance-type", "ml.c5.xlarge"]])
+def test_data_prepare_on_a_stack_says_it_is_not_available_yet_and_runs_nothing(tmp_path, capsys, option):
+    out = tmp_path / "out"
+    assert main(["data", "prepare", "s3://bkt/text/", str(out), "--instances", "2", *option]) == 2
+    err = capsys.readouterr().err
+    assert option[0].split("=")[0] in err and "not available yet" in err
+    assert not out.exists()

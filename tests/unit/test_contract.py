@@ -647,20 +647,20 @@ def test_allowed_prefixes_must_end_at_a_folder_so_iam_and_register_job_agree() -
         assert TEMPLATE["Parameters"][parameter]["Default"] == ""
 
 
-def test_the_readmes_launch_plan_table_lists_exactly_the_models_fields() -> None:
+def test_the_docs_launch_plan_table_lists_exactly_the_models_fields() -> None:
     from lustrain_core.launch_plan import LaunchPlan
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.split("<!-- launch-plan-fields -->")[1].split("<!-- /launch-plan-fields -->")[0]
+    doc = (ROOT / "docs" / "how-a-run-goes.md").read_text()
+    table = doc.split("<!-- launch-plan-fields -->")[1].split("<!-- /launch-plan-fields -->")[0]
     named = {name for row in table.splitlines()[3:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
     assert named == set(LaunchPlan.model_fields)
 
 
-def test_the_readmes_run_document_table_lists_exactly_each_sections_fields() -> None:
+def test_the_docs_run_document_table_lists_exactly_each_sections_fields() -> None:
     from lustrain_core.document import SECTIONS
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.split("<!-- run-document-sections -->")[1].split("<!-- /run-document-sections -->")[0]
+    doc = (ROOT / "docs" / "how-a-run-goes.md").read_text()
+    table = doc.split("<!-- run-document-sections -->")[1].split("<!-- /run-document-sections -->")[0]
     rows = {row.split("|")[1].strip(): row.split("|")[3] for row in table.strip().splitlines()[2:]}
     listed = {re.match(r"`\$\.(\w+)`", name).group(1): set(re.findall(r"`(\w+)`", fields)) for name, fields in rows.items()}
     assert listed == {name: set(model.model_fields) for name, (model, _) in SECTIONS.items()}

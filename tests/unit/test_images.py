@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from lustrain_core.errors import SpecInvalid
-from lustrain_core.images import available_versions, pytorch_training_image
+from lustrain_core.images import available_versions, prepare_image, pytorch_training_image
 
 REPO = Path(__file__).resolve().parents[2]
 REGIONS = (
@@ -47,6 +47,24 @@ def test_the_committed_extract_is_what_the_installed_sdk_would_give(image_uris):
     """Guards an SDK upgrade that changes tags or registries: refresh the data file to make this pass."""
     script = _refresh_script()
     assert script.DATA_FILE.read_text() == script.render(script.extract())
+    assert script.PREPARE_FILE.read_text() == script.render(script.extract_prepare())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("region", REGIONS[:3])
+def test_the_preparation_image_is_what_the_sdk_names(image_uris, region):
+    """The Hugging Face DLC is published for GPU only: the SDK is asked for a GPU instance type; the processing
+    job runs the same image on a CPU instance."""
+    expected = image_uris.retrieve(
+        "huggingface",
+        region,
+        version="4.56.2",
+        base_framework_version="pytorch2.8.0",
+        py_version="py312",
+        instance_type="ml.g5.xlarge",
+        image_scope="training",
+    )
+    assert prepare_image(region) == expected
 
 
 @pytest.mark.slow
@@ -77,6 +95,15 @@ def test_the_field_guides_p4d_image():
     assert pytorch_training_image("2.8.0", "eu-west-1", "ml.m5.xlarge").endswith(
         "pytorch-training:2.8.0-cpu-py312"
     )
+
+
+def test_the_preparation_image_is_the_hugging_face_dlc_and_a_region_without_it_is_named():
+    assert prepare_image("us-east-1") == (
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
+        "2.8.0-transformers4.56.2-gpu-py312-cu129-ubuntu22.04"
+    )
+    with pytest.raises(SpecInvalid, match="no Hugging Face PyTorch training image in this region"):
+        prepare_image("xx-nowhere-1")
 
 
 def test_versions_offered_start_where_torchrun_is_supported():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -228,7 +230,10 @@ def test_an_unknown_instance_type_is_an_error_listing_the_known_ones():
 
 
 def test_every_example_plans():
-    for path in ("examples/tiny.yaml", "examples/p4d-2x-scratch.yaml", "examples/p4d-50x-persistent.yaml"):
+    examples = sorted(Path("examples").glob("*.yaml"))
+    names = {p.name for p in examples}
+    assert {"tiny.yaml", "llama-tiny.yaml", "p4d-2x-scratch.yaml", "p4d-50x-persistent.yaml"} <= names
+    for path in examples:
         assert plan(load_spec_file(path)).cost.total_usd > 0
 
 

@@ -1,5 +1,5 @@
 """The run policy for failures (lustrain_core.recovery): one place, read by the classifier, the decision between
-attempts, the state machine's retriers and the README; pure, no AWS."""
+attempts, the state machine's retriers and docs/failures-and-queue.md; pure, no AWS."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def test_every_task_state_of_the_definition_retries_as_the_policy_says():
     assert list(render.tasks_with_retry(states))  # every Task state has one
 
 
-def test_the_readmes_table_of_failure_classes_is_the_policys():
-    readme = (REPO / "README.md").read_text()
-    table = readme.split("<!-- failure-classes -->\n")[1].split("<!-- /failure-classes -->")[0]
+def test_the_docs_table_of_failure_classes_is_the_policys():
+    doc = (REPO / "docs" / "failures-and-queue.md").read_text()
+    table = doc.split("<!-- failure-classes -->\n")[1].split("<!-- /failure-classes -->")[0]
     assert table == recovery.markdown_table(), "regenerate: python -m lustrain_core.recovery"
 
 

@@ -195,6 +195,7 @@ def test_deletes_and_stops_touch_only_what_a_run_of_this_stack_tagged():
     actions = {a for _, s in destructive for a in listed(s["Action"])}
     assert {
         "sagemaker:StopTrainingJob",
+        "sagemaker:StopProcessingJob",
         "fsx:DeleteFileSystem",
         "ec2:DeleteVpc",
         "ec2:DeleteSubnet",

@@ -42,8 +42,10 @@ from lustrain_core.steps import queue, records, warm_pool
 from lustrain_core.steps.teardown_base import (
     BUSY,
     DEFAULT_INTERVAL_SECONDS,
+    JOBS,
     MAX_BUDGET_SECONDS,
     NETWORK_ORDER,
+    PROCESSING_JOB,
     TRAINING_JOB,
     Clock,
     Report,
@@ -163,14 +165,16 @@ def teardown_job(
     for entry in resources:
         if entry["type"] == TRAINING_JOB:
             problem = work.stop_training_job(entry["id"])
-            if problem:
-                problems.append(problem)
+        elif entry["type"] == PROCESSING_JOB:
+            problem = work.stop_processing_job(entry["id"])
+        else:
+            continue
+        if problem:
+            problems.append(problem)
     if problems:
         # a running job mounts the file system and holds interfaces in the subnet: everything else waits for it
         problems += [
-            f"{r['type']} {r['id']} (waits for the training job)"
-            for r in resources
-            if r["type"] != TRAINING_JOB
+            f"{r['type']} {r['id']} (waits for the run's jobs)" for r in resources if r["type"] not in JOBS
         ]
     else:
         pool = (

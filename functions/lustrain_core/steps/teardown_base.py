@@ -16,6 +16,9 @@ from lustrain_core.config import Settings
 from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
 
 TRAINING_JOB = registry.TRAINING_JOB.name
+PROCESSING_JOB = registry.PROCESSING_JOB.name
+#: the kinds of job a run starts, which hold instances and interfaces in its subnet until they have stopped
+JOBS = frozenset({TRAINING_JOB, PROCESSING_JOB})
 NETWORK_ORDER = registry.NETWORK_ORDER
 #: A training job in these statuses still holds instances (and mounts the file system).
 TRAINING_RUNNING = frozenset({"InProgress", "Stopping"})

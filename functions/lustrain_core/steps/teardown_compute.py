@@ -1,6 +1,6 @@
-"""Teardown's compute family: the run's training jobs, stopped (StopTrainingJob) and waited for until Stopped, since
-their instances mount the file system and hold network interfaces in the subnet; one that already ended holds
-nothing and counts as already gone."""
+"""Teardown's compute family: the run's training jobs and data preparation's processing jobs, stopped
+(StopTrainingJob, StopProcessingJob) and waited for until Stopped, since their instances mount the file system and
+hold network interfaces in the subnet; one that already ended holds nothing and counts as already gone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import error_code, training_job_missing
-from lustrain_core.steps.teardown_base import TRAINING_JOB, TRAINING_RUNNING, Scope
+from lustrain_core.steps.teardown_base import PROCESSING_JOB, TRAINING_JOB, TRAINING_RUNNING, Scope
 
 
 class TrainingJobs(Scope):
@@ -55,5 +55,39 @@ class TrainingJobs(Scope):
             if not self.clock.wait():
                 return f"training job {name} is still {job['TrainingJobStatus']}"
             job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
+        (self.report.stopped if asked else self.report.already_gone).append(entry)
+        return None
+
+    def _processing_job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.sagemaker.describe_processing_job(ProcessingJobName=name))
+        except ClientError as exc:
+            if training_job_missing(exc):
+                return None
+            raise
+
+    def stop_processing_job(self, name: str) -> str | None:
+        """Stop one of the run's processing jobs and wait until it has; None when it no longer runs, else why."""
+        entry = {"type": PROCESSING_JOB, "id": name}
+        job = self._processing_job(name)
+        if job is None:
+            self.report.already_gone.append(entry)
+            return None
+        if not self.ours(self._training_job_tags(job["ProcessingJobArn"])):
+            self.report.kept.append({**entry, "reason": "not tagged as this job's: never stopped"})
+            return None
+        asked = False
+        if job["ProcessingJobStatus"] == "InProgress":
+            try:
+                self.sagemaker.stop_processing_job(ProcessingJobName=name)
+                asked = True
+            except ClientError as exc:
+                if error_code(exc) != "ValidationException" and not training_job_missing(exc):
+                    raise
+            job = self._processing_job(name) or {"ProcessingJobStatus": "Stopped"}
+        while job["ProcessingJobStatus"] in TRAINING_RUNNING:
+            if not self.clock.wait():
+                return f"processing job {name} is still {job['ProcessingJobStatus']}"
+            job = self._processing_job(name) or {"ProcessingJobStatus": "Stopped"}
         (self.report.stopped if asked else self.report.already_gone).append(entry)
         return None

@@ -187,6 +187,7 @@ VARIABLES: dict[str, Callable[[Mapping[str, Any]], list[str] | None]] = {
     "TableName": lambda p: _one(p.get("TableName")),
     "IndexName": lambda p: _one(p.get("IndexName")),
     "TrainingJobName": lambda p: _one(p.get("TrainingJobName")),
+    "ProcessingJobName": lambda p: _one(p.get("ProcessingJobName")),
     # DescribeTrainingPlan names a plan by its name or ARN; CreateTrainingJob by ResourceConfig.TrainingPlanArn
     "TrainingPlanName": lambda p: _arn_part(
         p.get("TrainingPlanName") or (p.get("ResourceConfig") or {}).get("TrainingPlanArn"), 5, r"training-plan/(.+)"
@@ -479,12 +480,17 @@ def _fsx_create_task(call: Call) -> list[Need]:
     )
 
 
-def _sagemaker_create_training_job(call: Call) -> list[Need]:
+def _sagemaker_create_job(action: str) -> Callable[[Call], list[Need]]:
+    return lambda call: _sagemaker_create_a_job(action, call)
+
+
+def _sagemaker_create_a_job(action: str, call: Call) -> list[Need]:
+    # CreateTrainingJob and CreateProcessingJob alike:
     # "To tag a resource when you create it, you must have permission for sagemaker:AddTags" (SageMaker Developer
     # Guide, "Grant permission to tag SageMaker AI resources during creation"); the role handed to the job needs
     # iam:PassRole, with iam:PassedToService sagemaker.amazonaws.com (IAM User Guide, "Grant a user permissions to
     # pass a role to an AWS service").
-    info = _require("sagemaker:CreateTrainingJob")
+    info = _require(action)
     context = tag_context(request_tags(call.params))
     needs = [Need(info.action, arn, context) for arn in resources_of(info, call)]
     needs += _tag_on_create("sagemaker:AddTags", call, info)
@@ -590,7 +596,8 @@ def special_cases(finder: ResourceFinder) -> dict[tuple[str, str], Callable[[Cal
         ("fsx", "CreateDataRepositoryAssociation"): _fsx_create_link,
         ("fsx", "CreateDataRepositoryTask"): _fsx_create_task,
         ("fsx", "DeleteDataRepositoryAssociation"): _fsx_delete_link(finder),
-        ("sagemaker", "CreateTrainingJob"): _sagemaker_create_training_job,
+        ("sagemaker", "CreateTrainingJob"): _sagemaker_create_job("sagemaker:CreateTrainingJob"),
+        ("sagemaker", "CreateProcessingJob"): _sagemaker_create_job("sagemaker:CreateProcessingJob"),
         ("sagemaker", "ListTags"): _sagemaker_list_tags,
         **{("dynamodb", op): _dynamodb(f"dynamodb:{op}") for op in ("Query", "Scan")},
         ("lambda", "Invoke"): _lambda_invoke,

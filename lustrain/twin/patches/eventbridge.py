@@ -147,10 +147,14 @@ def _as_target_role(role_arn: str | None, rule_arn: str, state_machine_arn: str)
     principal, _credentials = enforce.assume(
         role_arn, "events", service="events.amazonaws.com", source_account=account, source_arn=rule_arn
     )
-    enforce.authorize_call(principal, "stepfunctions", "StartExecution", {"stateMachineArn": state_machine_arn}, region)
+    enforce.authorize_call(
+        principal, "stepfunctions", "StartExecution", {"stateMachineArn": state_machine_arn}, region
+    )
 
 
-def _start_execution(state_machine_arn: str, event: Any, *, role_arn: str | None = None, rule_arn: str = "") -> str:
+def _start_execution(
+    state_machine_arn: str, event: Any, *, role_arn: str | None = None, rule_arn: str = ""
+) -> str:
     from moto.stepfunctions.responses import get_backend
 
     _as_target_role(role_arn, rule_arn, state_machine_arn)
@@ -350,11 +354,16 @@ def fire_schedule(rule: Rule) -> list[Delivery]:
         if service not in _SENDERS:
             continue
         record = Delivery(
-            event_id=event_id, source="aws.events", detail_type="Scheduled Event", rule=rule.name,
+            event_id=event_id,
+            source="aws.events",
+            detail_type="Scheduled Event",
+            rule=rule.name,
             target_arn=target["Arn"],
         )
         extra = {"role_arn": target.get("RoleArn"), "rule_arn": rule.arn} if service == "states" else {}
-        _deliver_async(record, functools.partial(_SENDERS[service], target["Arn"], _target_input(target, event), **extra))
+        _deliver_async(
+            record, functools.partial(_SENDERS[service], target["Arn"], _target_input(target, event), **extra)
+        )
         sent.append(record)
     return sent
 

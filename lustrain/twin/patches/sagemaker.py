@@ -492,3 +492,6 @@ def install() -> None:
     SageMakerResponse.describe_training_plan = describe_training_plan  # type: ignore[attr-defined]
     simulator.connect(collaborators())
     setattr(SageMakerResponse, _PATCHED, True)
+    from lustrain.twin.patches import processing
+
+    processing.install()

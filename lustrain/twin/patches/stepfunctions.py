@@ -119,7 +119,12 @@ def get_execution_history(self: StepFunctionResponse) -> ActionResult:
 
 
 def _start_execution(
-    self: StepFunctionsParserBackend, original: Any, state_machine_arn: str, name: Any = None, *args: Any, **kwargs: Any
+    self: StepFunctionsParserBackend,
+    original: Any,
+    state_machine_arn: str,
+    name: Any = None,
+    *args: Any,
+    **kwargs: Any,
 ) -> Any:
     return original(self, state_machine_arn, name or str(uuid.uuid4()), *args, **kwargs)
 

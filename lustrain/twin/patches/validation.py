@@ -42,7 +42,9 @@ def install() -> None:
         if getattr(original, _PATCHED, False):
             continue
 
-        def call_action(self: Any, _original: Any = original, _service: str = service, _code: str = code) -> Any:
+        def call_action(
+            self: Any, _original: Any = original, _service: str = service, _code: str = code
+        ) -> Any:
             try:
                 params = json.loads(self.body) if self.body else {}
             except (TypeError, ValueError):

@@ -127,4 +127,7 @@ def subscribe(listener: LogListener) -> Callable[[], None]:
 
 
 def reset() -> None:
+    from lustrain.twin.simulator import processing
+
     _simulator.reset()
+    processing.reset()

@@ -1,0 +1,77 @@
+"""A data preparation spec (kind: prepare): what it may say, and `lustrain plan`'s estimate of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from lustrain_core import prepare_plan
+from lustrain_core.errors import SpecInvalid
+from lustrain_core.prices import INSTANCE_TYPES
+from lustrain_core.spec import is_prepare, load_spec, parse_document, validate_prepare_spec
+
+from lustrain.cli import main
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "prepare.yaml"
+
+
+def _spec(**changes: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "kind": "prepare",
+        "name": "corpus",
+        "source": "s3://bkt/text/",
+        "output": "s3://bkt/shards/",
+    }
+    doc.update(changes)
+    return doc
+
+
+def test_the_example_is_a_prepare_spec_and_never_a_training_one() -> None:
+    doc = parse_document(EXAMPLE.read_bytes())
+    assert is_prepare(doc)
+    spec = validate_prepare_spec(doc)
+    assert (spec.instances, spec.tokenizer) == (8, "bpe:32768")
+    with pytest.raises(SpecInvalid, match="kind"):
+        load_spec(EXAMPLE.read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"instances": 101}, "instances"),
+        ({"instances": 0}, "instances"),
+        ({"source": "/local/text"}, "source"),
+        ({"output": "s3://bkt/text/shards/"}, "overlap"),
+        ({"instance_type": "c5.xlarge"}, "instance_type"),
+        ({"tags": {"lustrain:job-id": "x"}}, "reserved"),
+        ({"gpus": 8}, "gpus"),
+    ],
+)
+def test_bad_fields_are_named(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(SpecInvalid, match=field):
+        validate_prepare_spec(_spec(**changes))
+
+
+def test_plan_estimates_time_and_cost_and_more_instances_shorten_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", str(EXAMPLE), "--json"]) == 0
+    eight = json.loads(capsys.readouterr().out)
+    assert eight["stages"] == ["plan x1", "work x8", "merge x1"]
+    assert eight["cost_usd"] > 0 and eight["wall_hours"] > 0
+    one = tmp_path / "one.yaml"
+    one.write_text(EXAMPLE.read_text().replace("instances: 8", "instances: 1"))
+    assert main(["plan", str(one), "--json"]) == 0
+    single = json.loads(capsys.readouterr().out)
+    assert single["wall_hours"] > 4 * eight["wall_hours"]
+    price = INSTANCE_TYPES["ml.c5.xlarge"].hourly_usd
+    assert eight == prepare_plan.plan_of("corpus-bpe", "bpe:32768", 8, "ml.c5.xlarge", 500.0, price)
+    assert eight["rate_source"].startswith("bench/prepare.py")
+
+
+def test_plan_without_a_size_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "nosize.yaml"
+    spec.write_text(EXAMPLE.read_text().replace("size_gib: 500\n", ""))
+    assert main(["plan", str(spec)]) != 0
+    assert "size_gib" in capsys.readouterr().err
