@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -373,11 +374,13 @@ def _invoke_served(url: str, module: str, event: Any) -> dict[str, Any]:
 
 
 def _invoke_fresh(module: str, event: Any) -> dict[str, Any]:
+    """Invoke on a twin made for this call. What the twin and the handler print (the example data's preparation,
+    the handler's own output, which AWS sends to CloudWatch) goes to stderr: stdout holds the answer alone."""
     import boto3
 
     from lustrain.twin.rehearse import REGION, twin
 
-    with twin(local_parameters()) as stack:
+    with contextlib.redirect_stdout(sys.stderr), twin(local_parameters()) as stack:
         prepare_for_runs(DEFAULT_LOCAL_QUOTA, lambda line: print(line, file=sys.stderr))
         response = boto3.client("lambda", region_name=REGION).invoke(
             FunctionName=stack.function_names()[module], Payload=json.dumps(event).encode()

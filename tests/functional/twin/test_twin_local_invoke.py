@@ -96,7 +96,10 @@ def invoke(function: str, event: dict[str, Any], tmp_path: Path, capsys: pytest.
     out, err = capsys.readouterr()
     assert code == 0, f"{function} failed (exit {code}): {err}\n{out[:3000]}"
     assert "on the twin served at" in err, err
-    return json.loads(out)
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError:
+        pytest.fail(f"{function} printed what is not its JSON answer:\n{out[:3000]}\nstderr:\n{err[:3000]}")
 
 
 def sample(name: str) -> dict[str, Any]:
