@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -18,6 +19,21 @@ from lustrain_core.errors import SpecInvalid
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
+#: the twin account's quota of each instance type while `local up` serves it (and for `local invoke`'s fresh twin)
+DEFAULT_LOCAL_QUOTA = 8
+SAMPLES = Path(__file__).resolve().parents[2] / "events"
+
+
+def local_parameters() -> dict[str, str]:
+    """The template parameters of a served twin (and of `local invoke`'s fresh one): the rehearsal's, and the
+    events/ samples' code bucket allowed as an administrator allows a team's buckets (code.source is read from
+    the data prefixes the stack allows), so that the samples' spec is accepted as it stands."""
+    from lustrain.twin.rehearse import FAST_PARAMETERS
+
+    return {
+        **FAST_PARAMETERS,
+        "AllowedDataPrefixes": FAST_PARAMETERS["AllowedDataPrefixes"] + ",s3://my-team-code/",
+    }
 
 
 def register(sub: Any) -> None:
@@ -48,10 +64,20 @@ def register(sub: Any) -> None:
     up = lsub.add_parser("up", help="serve the twin on 127.0.0.1 so that aws CLI and boto3 work against it")
     up.add_argument("--port", type=int, default=5000)
     up.add_argument("--for-seconds", type=float, help="stop after this long (default: until Ctrl-C)")
-    up.add_argument("--quota", type=int, default=8, help="the twin account's quota of each instance type (8)")
+    up.add_argument(
+        "--quota",
+        type=int,
+        default=DEFAULT_LOCAL_QUOTA,
+        help=f"the twin account's quota of each instance type ({DEFAULT_LOCAL_QUOTA})",
+    )
     up.set_defaults(command=cmd_local_up)
     inv = lsub.add_parser("invoke", help="invoke one function of the stack with an event file")
-    inv.add_argument("function", help="the handler's name, e.g. register_job")
+    inv.add_argument(
+        "function",
+        metavar="FUNCTION",
+        help="the function's logical id in template.yaml, as `sam local invoke` takes it (RegisterJobFunction), "
+        "or its handler's name (register_job)",
+    )
     inv.add_argument(
         "-e", "--event", type=Path, required=True, help="an event file, e.g. events/register_job.json"
     )
@@ -131,22 +157,12 @@ def stop_local_up() -> None:
 
 def cmd_local_up(args: argparse.Namespace) -> int:
     import requests
-    from lustrain_core.prices import INSTANCE_TYPES
-    from lustrain_core.spec import load_spec_file
     from moto.core.config import default_user_config
     from moto.server import ThreadedMotoServer
 
-    from lustrain.twin import patches
-    from lustrain.twin.patches import eventbridge, lambda_invoke, service_quotas
-    from lustrain.twin.rehearse import (
-        FAST_PARAMETERS,
-        REGION,
-        STACK_NAME,
-        TEMPLATE,
-        bucket_of,
-        ensure_bucket,
-        ensure_data,
-    )
+    from lustrain.twin import patches, served
+    from lustrain.twin.patches import eventbridge, lambda_invoke
+    from lustrain.twin.rehearse import REGION, STACK_NAME, TEMPLATE
     from lustrain.twin.stack import materialise
 
     STOP.clear()
@@ -170,14 +186,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         requests.post(
             f"{url}/moto-api/config", json={"stepfunctions": {"execute_state_machine": True}}, timeout=10
         )
-        stack = materialise(TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=FAST_PARAMETERS)
+        stack = materialise(TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=local_parameters())
         # the stack's schedules (the sweeper's SweepSchedule) fire at their rate while the twin serves
         eventbridge.run_schedules(STOP)
-        for instance_type in INSTANCE_TYPES:
-            service_quotas.set_quota(instance_type, args.quota, REGION)
-        example = load_spec_file(EXAMPLE)
-        ensure_data(example, print)
-        ensure_bucket(bucket_of(example.output.s3_uri))
+        prepare_for_runs(args.quota, print)
         print(f"lustrain twin serving on {url} (region {REGION}, account 123456789012)")
         for name, value in sorted(stack.outputs.items()):
             print(f"  {name:<28} {value}")
@@ -190,7 +202,12 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             f"follow runs:  export AWS_ENDPOINT_URL={url} LUSTRAIN_STACK={STACK_NAME}; "
             "lustrain runs | status RUN | logs RUN | cancel RUN"
         )
+        print(
+            "one function: lustrain local invoke FUNCTION -e EVENT  (FUNCTION: template.yaml's logical id, e.g. "
+            "SweepFunction; it runs on this twin)"
+        )
         previous = signal.signal(signal.SIGTERM, lambda *_: STOP.set())
+        served.record(url, args.port, STACK_NAME)
         print("Ctrl-C stops the twin.", flush=True)
         deadline = time.monotonic() + args.for_seconds if args.for_seconds else None
         try:
@@ -202,6 +219,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         finally:
             signal.signal(signal.SIGTERM, previous)
     finally:
+        served.forget(args.port)
         server.stop()
         lambda_invoke.restore_environment(saved_env)
         default_user_config.clear()  # type: ignore[attr-defined]
@@ -209,27 +227,90 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def prepare_for_runs(quota: int, say: Any) -> None:
+    """What a twin holds before its first run, served or made for one invocation: `quota` instances of each type
+    (as an account whose limits were raised); the example's data and output buckets (examples/tiny.yaml); and the
+    world the events/ samples' spec names (`samples_world`)."""
+    from lustrain_core.prices import INSTANCE_TYPES
+    from lustrain_core.spec import load_spec_file
+
+    from lustrain.twin.patches import service_quotas
+    from lustrain.twin.rehearse import REGION, bucket_of, ensure_bucket, ensure_data
+
+    for instance_type in INSTANCE_TYPES:
+        service_quotas.set_quota(instance_type, quota, REGION)
+    example = load_spec_file(EXAMPLE)
+    ensure_data(example, say)
+    ensure_bucket(bucket_of(example.output.s3_uri))
+    samples_world(say)
+
+
+def samples_world(say: Any) -> None:
+    """The buckets the events/ samples' spec (register_job_inline.json) reads and writes, as the rehearsal fills a
+    spec's: its data prefix filled with the example's token shards, its output bucket, and its code.source holding
+    the repository's trainer/ (an S3 code.source is the user's to fill; the samples name one)."""
+    from lustrain_core.spec import validate_spec
+
+    from lustrain.twin.rehearse import REPO_ROOT, bucket_of, ensure_bucket, ensure_data, operator_session
+
+    path = SAMPLES / "register_job_inline.json"
+    if not path.is_file():
+        return
+    spec = validate_spec(json.loads(path.read_text())["input"]["spec"])
+    ensure_data(spec, say)
+    ensure_bucket(bucket_of(spec.output.s3_uri))
+    bucket, _, prefix = spec.code.source.removeprefix("s3://").partition("/")
+    ensure_bucket(bucket)
+    s3 = operator_session().client("s3")
+    if s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
+        return
+    trainer = REPO_ROOT / "trainer"
+    files = sorted(p for p in trainer.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for file in files:
+        s3.upload_file(str(file), bucket, prefix + file.relative_to(trainer).as_posix())
+    say(
+        f"code: {spec.code.source} was empty: uploaded trainer/ ({len(files)} files), the events/ samples' code"
+    )
+
+
 def cmd_local_invoke(args: argparse.Namespace) -> int:
-    import boto3
+    """Invoke one function of the stack, by its logical id in template.yaml (as `sam local invoke` names it) or its
+    handler's name, on the twin of a running `lustrain local up`, else on a fresh twin made for this call alone."""
+    from lustrain.twin import served
+    from lustrain.twin.rehearse import STACK_NAME
 
-    from lustrain.twin.rehearse import REGION, twin
-
+    functions = template_functions()
+    module = function_module(args.function, functions)
+    if module is None:
+        allowed = ", ".join(f"{lid} ({mod})" for lid, mod in sorted(functions.items()))
+        print(
+            f"lustrain: local invoke: FUNCTION {args.function!r} is not a function of template.yaml; "
+            f"give one of its logical ids (or the handler's name in brackets): {allowed}",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
     try:
         event = json.loads(args.event.read_text())
     except json.JSONDecodeError as exc:
-        raise SpecInvalid.one("--event", str(args.event), f"not JSON: {exc}") from None
-    with twin() as stack:
-        names = stack.function_names()
-        if args.function not in names:
-            raise SpecInvalid.one(
-                "FUNCTION",
-                args.function,
-                f"not a function of the stack; functions: {', '.join(sorted(names))}",
-            )
-        response = boto3.client("lambda", region_name=REGION).invoke(
-            FunctionName=names[args.function], Payload=json.dumps(event).encode()
+        print(f"lustrain: local invoke: --event {args.event} is not JSON: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    found, passed = served.find(STACK_NAME)
+    if found is not None:
+        print(f"lustrain: invoking {args.function} on the twin served at {found.url}", file=sys.stderr)
+        try:
+            response = _invoke_served(found.url, module, event)
+        except LookupError as exc:
+            print(f"lustrain: local invoke: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    else:
+        why = "; ".join(passed) if passed else "none is recorded and AWS_ENDPOINT_URL is not set"
+        print(
+            f"lustrain: no running `lustrain local up` ({why}): building a fresh twin for this call "
+            "(its quotas and example data as `local up` sets them; everything it holds is gone when the call ends)",
+            file=sys.stderr,
         )
-        payload = response["Payload"].read().decode()
+        response = _invoke_fresh(module, event)
+    payload = response["Payload"]
     try:
         print(json.dumps(json.loads(payload), indent=2))
     except json.JSONDecodeError:
@@ -238,3 +319,70 @@ def cmd_local_invoke(args: argparse.Namespace) -> int:
         print(f"lustrain: {args.function} failed ({response['FunctionError']})", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def template_functions() -> dict[str, str]:
+    """Logical id -> handler module name (RegisterJobFunction -> register_job), for every function of
+    template.yaml."""
+    from lustrain.twin.cfn import load_template
+    from lustrain.twin.rehearse import TEMPLATE
+
+    resources = load_template(TEMPLATE)["Resources"]
+    return {
+        lid: str(res["Properties"]["Handler"]).rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        for lid, res in resources.items()
+        if res.get("Type") in ("AWS::Serverless::Function", "AWS::Lambda::Function")
+    }
+
+
+def function_module(name: str, functions: dict[str, str]) -> str | None:
+    """The handler module FUNCTION names: a logical id, or the module itself."""
+    if name in functions:
+        return functions[name]
+    return name if name in functions.values() else None
+
+
+def _invoke_served(url: str, module: str, event: Any) -> dict[str, Any]:
+    """Invoke the served stack's function whose handler is `module`'s (found by its Handler, as the server lists
+    it: the served stack may have been made from another checkout's template)."""
+    import boto3
+    from botocore.config import Config
+
+    from lustrain.twin.rehearse import OPERATOR_KEY, REGION
+
+    client = boto3.client(
+        "lambda",
+        endpoint_url=url,
+        region_name=REGION,
+        aws_access_key_id=OPERATOR_KEY,
+        aws_secret_access_key=OPERATOR_KEY,
+        # a function runs up to its Timeout (15 minutes at most on AWS); botocore would give up after 60 s
+        config=Config(read_timeout=900, retries={"max_attempts": 1}),
+    )
+    names = [
+        f["FunctionName"]
+        for page in client.get_paginator("list_functions").paginate()
+        for f in page["Functions"]
+        if str(f.get("Handler", "")).rsplit(".", 1)[0].rsplit(".", 1)[-1] == module
+    ]
+    if len(names) != 1:
+        raise LookupError(
+            f"the twin at {url} has {len(names)} functions whose handler is {module}'s: {names}"
+        )
+    response = client.invoke(FunctionName=names[0], Payload=json.dumps(event).encode())
+    return {**response, "Payload": response["Payload"].read().decode()}
+
+
+def _invoke_fresh(module: str, event: Any) -> dict[str, Any]:
+    """Invoke on a twin made for this call. What the twin and the handler print (the example data's preparation,
+    the handler's own output, which AWS sends to CloudWatch) goes to stderr: stdout holds the answer alone."""
+    import boto3
+
+    from lustrain.twin.rehearse import REGION, twin
+
+    with contextlib.redirect_stdout(sys.stderr), twin(local_parameters()) as stack:
+        prepare_for_runs(DEFAULT_LOCAL_QUOTA, lambda line: print(line, file=sys.stderr))
+        response = boto3.client("lambda", region_name=REGION).invoke(
+            FunctionName=stack.function_names()[module], Payload=json.dumps(event).encode()
+        )
+        return {**response, "Payload": response["Payload"].read().decode()}
