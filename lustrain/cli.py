@@ -341,6 +341,13 @@ def _add_twin_commands(sub: Any) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    prepare = _prepare_spec(args.spec)
+    if prepare is not None:
+        print(
+            f"{args.spec}: valid data preparation spec {prepare.name!r} (kind: prepare); `lustrain plan` estimates "
+            "its time and cost; a stack does not run this kind yet"
+        )
+        return EXIT_OK
     spec = load_spec_file(args.spec)
     _, launch = compile_offline(spec)
     print(
@@ -368,17 +375,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _prepare_spec(path: Path) -> Any:
+    """The spec at `path` validated as a data preparation (kind: prepare), or None where it is of another kind (or
+    not readable: load_spec_file then says why)."""
+    from lustrain_core.spec import MAX_SPEC_BYTES, is_prepare, parse_document, validate_prepare_spec
+
+    if not path.is_file() or path.stat().st_size > MAX_SPEC_BYTES:
+        return None
+    doc = parse_document(path.read_bytes(), source=str(path))
+    return validate_prepare_spec(doc) if is_prepare(doc) else None
+
+
 def _plan_prepare(args: argparse.Namespace) -> bool:
     """`lustrain plan` of a kind: prepare spec (data preparation on SageMaker Processing); False for any other."""
     from lustrain_core import prepare_plan
-    from lustrain_core.spec import MAX_SPEC_BYTES, is_prepare, parse_document, validate_prepare_spec
 
-    if args.spec.stat().st_size > MAX_SPEC_BYTES:
-        return False  # load_spec_file says why
-    doc = parse_document(args.spec.read_bytes(), source=str(args.spec))
-    if not is_prepare(doc):
+    spec = _prepare_spec(args.spec)
+    if spec is None:
         return False
-    spec = validate_prepare_spec(doc)
     size = args.data_gib or spec.size_gib
     if size is None:
         raise SpecInvalid.one("size_gib", None, "the source's size in GiB is needed to plan (or give --data-gib)")
@@ -403,6 +417,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     from lustrain.submit import stack_buckets, submit
 
+    if _prepare_spec(args.spec) is not None:
+        raise SpecInvalid.one(
+            "kind",
+            "prepare",
+            "a stack does not run data preparation yet: `lustrain data prepare SRC OUT --instances N` runs it on "
+            "this machine (SRC and OUT may be s3:// prefixes)",
+        )
     session = boto3.Session(region_name=args.region) if args.region else boto3.Session()
     if args.stack:
         jobs, artifacts = stack_buckets(args.stack, session)

@@ -164,3 +164,16 @@ def test_data_prepare_on_a_stack_says_it_is_not_available_yet_and_runs_nothing(t
     err = capsys.readouterr().err
     assert option[0].split("=")[0] in err and "not available yet" in err
     assert not out.exists()
+
+
+def test_a_prepare_spec_validates_as_one_and_submit_refuses_it_by_kind_before_any_aws_call(capsys, monkeypatch):
+    assert main(["validate", "examples/prepare.yaml"]) == 0
+    said = capsys.readouterr().out
+    assert "valid data preparation spec 'corpus-bpe'" in said and "a stack does not run this kind yet" in said
+    # no region and no endpoint: an AWS call would fail with exit 1, so exit 2 shows nothing was asked of AWS
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    assert main(["submit", "examples/prepare.yaml", "--stack", "lustrain"]) == 2
+    err = capsys.readouterr().err
+    assert "kind: a stack does not run data preparation yet" in err and "lustrain data prepare" in err
