@@ -24,22 +24,11 @@ from lustrain_core.steps import prepare, records
 from lustrain_core.steps.code import build_bundle
 
 from lustrain.twin.patches import processing
+from lustrain.twin.patches.sagemaker import VPC_ACTIONS
 
 ACCOUNT = "123456789012"
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 ROLE_NAME = "lustrain-prepare"
-#: What SageMaker's VPC mode needs of the role (patches/sagemaker.VPC_ACTIONS checks the same list).
-VPC_ACTIONS = (
-    "CreateNetworkInterface",
-    "CreateNetworkInterfacePermission",
-    "DeleteNetworkInterface",
-    "DeleteNetworkInterfacePermission",
-    "DescribeNetworkInterfaces",
-    "DescribeVpcs",
-    "DescribeDhcpOptions",
-    "DescribeSubnets",
-    "DescribeSecurityGroups",
-)
 
 
 @dataclass

@@ -50,6 +50,11 @@ def publish(job: SimulatedJob, emit: Emit) -> None:
 class LogStream:
     """One host's CloudWatch log stream, written in batches as the job's role."""
 
+    #: the log group SageMaker writes this kind of job's streams to
+    log_group = LOG_GROUP
+    #: the job's kind, as a warning names it
+    kind = "training job"
+
     def __init__(self, job: SimulatedJob, authorize: Authorize, host: str = "algo-1") -> None:
         self.job = job
         self.authorize = authorize
@@ -68,15 +73,19 @@ class LogStream:
         return logs_backends[self.job.account][self.job.region]
 
     def _create(self) -> None:
-        backend = self._backend
-        if LOG_GROUP not in backend.groups:
-            self.authorize("logs", "CreateLogGroup", {"logGroupName": LOG_GROUP})
-            backend.create_log_group(LOG_GROUP, {})
-        self.authorize("logs", "CreateLogStream", {"logGroupName": LOG_GROUP, "logStreamName": self.name})
-        backend.create_log_stream(LOG_GROUP, self.name)
+        backend, group = self._backend, self.log_group
+        if group not in backend.groups:
+            self.authorize("logs", "CreateLogGroup", {"logGroupName": group})
+            backend.create_log_group(group, {})
+        self.authorize("logs", "CreateLogStream", {"logGroupName": group, "logStreamName": self.name})
+        backend.create_log_stream(group, self.name)
+        self._opened()
+        self._open = True
+
+    def _opened(self) -> None:
+        """The stream exists: a training job names it (DescribeTrainingJob's log stream)."""
         with self.job._lock:
             self.job.log_stream = self.name
-        self._open = True
 
     def write(self, line: str) -> None:
         with self._lock:
@@ -107,10 +116,10 @@ class LogStream:
             try:
                 if not self._open:
                     self._create()
-                params = {"logGroupName": LOG_GROUP, "logStreamName": self.name}
+                params = {"logGroupName": self.log_group, "logStreamName": self.name}
                 self.authorize("logs", "PutLogEvents", {**params, "logEvents": []})
                 events = [{"timestamp": at, "message": text or " "} for at, text in lines]
-                self._backend.put_log_events(LOG_GROUP, self.name, events)
+                self._backend.put_log_events(self.log_group, self.name, events)
             except ClientError as error:
                 self._refused = str(error)
-                log.warning("training job %s cannot write its CloudWatch logs: %s", self.job.name, error)
+                log.warning("%s %s cannot write its CloudWatch logs: %s", self.kind, self.job.name, error)

@@ -185,30 +185,11 @@ class ProcessingJob:
 class _LogStream(events.LogStream):
     """An instance's stream in the processing jobs' log group."""
 
-    def _create(self) -> None:
-        backend = self._backend
-        if LOG_GROUP not in backend.groups:
-            self.authorize("logs", "CreateLogGroup", {"logGroupName": LOG_GROUP})
-            backend.create_log_group(LOG_GROUP, {})
-        self.authorize("logs", "CreateLogStream", {"logGroupName": LOG_GROUP, "logStreamName": self.name})
-        backend.create_log_stream(LOG_GROUP, self.name)
-        self._open = True
+    log_group = LOG_GROUP
+    kind = "processing job"
 
-    def flush(self) -> None:
-        with self._lock:
-            lines, self._lines = self._lines, []
-            if not lines or self._refused:
-                return
-            try:
-                if not self._open:
-                    self._create()
-                params = {"logGroupName": LOG_GROUP, "logStreamName": self.name}
-                self.authorize("logs", "PutLogEvents", {**params, "logEvents": []})
-                batch = [{"timestamp": at, "message": text or " "} for at, text in lines]
-                self._backend.put_log_events(LOG_GROUP, self.name, batch)
-            except ClientError as error:
-                self._refused = str(error)
-                log.warning("processing job %s cannot write its CloudWatch logs: %s", self.job.name, error)
+    def _opened(self) -> None:
+        """DescribeProcessingJob names no log stream."""
 
 
 class ProcessingRun:
