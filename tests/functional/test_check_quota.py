@@ -43,3 +43,19 @@ def test_a_spot_run_is_checked_against_the_spot_quota(aws):
         "ml.p4d.24xlarge for spot training job usage",
         8,
     )
+
+
+def test_a_job_never_registered_is_refused_naming_its_id_and_joins_no_line(aws):
+    import boto3
+    from lustrain_core.config import Settings
+    from lustrain_core.errors import SpecInvalid
+
+    service_quotas.set_quota("ml.p4d.24xlarge", 4)
+    document, settings = register(), Settings.from_env()
+    ddb = boto3.client("dynamodb", region_name="us-east-1")
+    # a hand-made document (`lustrain local invoke` of a sample): its job has no record in the jobs table
+    ddb.delete_item(TableName=settings.jobs_table, Key={"job_id": {"S": document["job"]["job_id"]}})
+    with pytest.raises(SpecInvalid) as exc:
+        invoke("check_quota", document)
+    assert "job.job_id" in exc.value.message and "must come from register_job" in exc.value.message
+    assert ddb.scan(TableName=settings.queue_table)["Items"] == []

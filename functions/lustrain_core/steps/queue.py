@@ -252,6 +252,8 @@ def take_place(
     QuotaExceeded when they can never fit, or the run's time in the queue (compute.max_queue_hours) ran out."""
     run = Run.parse(document)
     job = run.job
+    # a job register_job never recorded (a hand-made document) has no record to hold its place in the line
+    records.require(ddb, settings.jobs_table, job.job_id)
     compute = job.spec.compute
     table = settings.queue_table
     pool = pool_of(compute)
