@@ -17,7 +17,6 @@ emits no event. `install()` replaces CreateProcessingJob and DescribeProcessingJ
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import os
 import threading
@@ -152,16 +151,6 @@ def _sync(backend: SageMakerModelBackend, job: ProcessingJob) -> None:
         fake.processing_job_status = job.status
 
 
-def _wrap(cls: type, name: str, replacement: Any) -> None:
-    original = getattr(cls, name)
-
-    @functools.wraps(original)
-    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return replacement(original, self, *args, **kwargs)
-
-    setattr(cls, name, patched)
-
-
 def install() -> None:
     """Patch moto's SageMaker processing jobs (once per process)."""
     if getattr(SageMakerResponse, _PATCHED, False):
@@ -173,8 +162,8 @@ def install() -> None:
     ):
         if not hasattr(cls, method):
             raise RuntimeError(f"moto: {cls.__name__}.{method} is gone; the twin cannot patch it")
-    _wrap(SageMakerResponse, "create_processing_job", _create_processing_job)
-    _wrap(SageMakerResponse, "describe_processing_job", _describe_processing_job)
-    _wrap(SageMakerModelBackend, "list_processing_jobs", _list_processing_jobs)
+    sagemaker.wrap(SageMakerResponse, "create_processing_job", _create_processing_job)
+    sagemaker.wrap(SageMakerResponse, "describe_processing_job", _describe_processing_job)
+    sagemaker.wrap(SageMakerModelBackend, "list_processing_jobs", _list_processing_jobs)
     SageMakerResponse.stop_processing_job = stop_processing_job  # type: ignore[method-assign]
     setattr(SageMakerResponse, _PATCHED, True)

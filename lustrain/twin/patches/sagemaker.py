@@ -457,7 +457,8 @@ def _sync(fake: FakeTrainingJob, job: SimulatedJob) -> None:
     fake.training_end_time = described.get("TrainingEndTime")  # type: ignore[assignment]
 
 
-def _wrap(cls: type, name: str, replacement: Any) -> None:
+def wrap(cls: type, name: str, replacement: Any) -> None:
+    """Replace cls.name by replacement(original, self, *args, **kwargs): the twin's way into a moto method."""
     original = getattr(cls, name)
 
     @functools.wraps(original)
@@ -484,10 +485,10 @@ def install() -> None:
             raise RuntimeError(
                 f"moto {moto.__version__}: {cls.__name__}.{method} is gone; the twin cannot patch it"
             )
-    _wrap(SageMakerResponse, "create_training_job", _create_training_job)
-    _wrap(SageMakerResponse, "describe_training_job", _describe_training_job)
-    _wrap(SageMakerModelBackend, "list_training_jobs", _list_training_jobs)
-    _wrap(SageMakerResponse, "list_training_jobs", _list_training_jobs_response)
+    wrap(SageMakerResponse, "create_training_job", _create_training_job)
+    wrap(SageMakerResponse, "describe_training_job", _describe_training_job)
+    wrap(SageMakerModelBackend, "list_training_jobs", _list_training_jobs)
+    wrap(SageMakerResponse, "list_training_jobs", _list_training_jobs_response)
     SageMakerResponse.stop_training_job = stop_training_job  # type: ignore[attr-defined]
     SageMakerResponse.describe_training_plan = describe_training_plan  # type: ignore[attr-defined]
     simulator.connect(collaborators())
