@@ -78,7 +78,7 @@ def _create_processing_job(original: Any, self: SageMakerResponse) -> ActionResu
     jobs = _jobs(backend)
     arn = FakeProcessingJob.arn_formatter(name, backend.account_id, backend.region_name)
     if name in jobs or name in backend.processing_jobs:
-        raise ValidationError(
+        raise sagemaker.ResourceInUse(
             "Processing job names must be unique within an AWS account and region, and a processing job with "
             f"this name already exists ({arn})"
         )

@@ -77,6 +77,13 @@ class ResourceLimitExceeded(SagemakerClientError):
     code = "ResourceLimitExceeded"
 
 
+class ResourceInUse(SagemakerClientError):
+    """A job name already taken: CreateTrainingJob's and CreateProcessingJob's modelled error (moto says
+    ValidationException)."""
+
+    code = "ResourceInUse"
+
+
 @dataclass
 class _TrainingState:
     """What the twin adds to one account and region's SageMaker backend."""
@@ -235,7 +242,7 @@ def _count(value: float) -> str:
 def _check_unique(backend: SageMakerModelBackend, name: str) -> None:
     if name in _state(backend).jobs or name in backend.training_jobs:
         arn = FakeTrainingJob.arn_formatter(name, backend.account_id, backend.region_name)
-        raise ValidationError(
+        raise ResourceInUse(
             "Training job names must be unique within an AWS account and region, and a training job with "
             f"this name already exists ({arn})"
         )

@@ -286,8 +286,9 @@ def test_the_twins_reset_ends_a_running_jobs_processes(twin: World) -> None:
 
 def test_refused_as_aws_refuses(twin: World) -> None:
     twin.sm.create_processing_job(**twin.request("prep-once", instances=1))
-    with pytest.raises(ClientError, match="must be unique"):
+    with pytest.raises(ClientError, match="must be unique") as reused:
         twin.sm.create_processing_job(**twin.request("prep-once", instances=1))
+    assert reused.value.response["Error"]["Code"] == "ResourceInUse"
     with pytest.raises(ClientError, match=r"InstanceCount|instanceCount|100"):
         twin.sm.create_processing_job(**twin.request("prep-many", instances=101))
     with pytest.raises(ClientError, match="Could not assume role"):

@@ -663,7 +663,7 @@ def test_a_name_is_never_reused_even_after_its_job_ended(twin: Twin) -> None:
     assert twin.describe("once-only")["TrainingJobStatus"] == "Failed"
 
     code, message = error_of(twin.sm.create_training_job, **twin.request("once-only"))
-    assert code == "ValidationException"
+    assert code == "ResourceInUse"  # CreateTrainingJob's modelled error, as AWS answers it
     assert message == (
         "Training job names must be unique within an AWS account and region, and a training job with this name "
         f"already exists (arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/once-only)"
