@@ -25,7 +25,14 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(given)
+    if getattr(args, "passthrough", False):
+        # `data prepare` hands everything after its name to the preparation's own parser, options first or last
+        # (argparse's REMAINDER alone drops a leading option such as --help or --tokenizer)
+        args.rest = given[given.index("prepare", given.index("data")) + 1 :]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     command: Callable[[argparse.Namespace], int] = args.command
     try:
         return command(args)
@@ -104,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         "prepare", help="turn a tree of text files into token shards for Lustre", add_help=False
     )
     dp.add_argument("rest", nargs=argparse.REMAINDER)
-    dp.set_defaults(command=cmd_data_prepare)
+    dp.set_defaults(command=cmd_data_prepare, passthrough=True)
 
     ex = sub.add_parser("export", help="write a trained model as a Hugging Face directory (transformers loads it)")
     ex.add_argument("model", metavar="MODEL",

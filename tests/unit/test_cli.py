@@ -104,6 +104,14 @@ def test_data_prepare_makes_token_shards_from_a_text_tree(tmp_path, capsys):
 
     index = json.loads((out / "index.json").read_text())
     assert index and any(p.suffix == ".bin" for p in out.iterdir())
+    # the preparation's own options may come first, --help included
+    assert main(["data", "prepare", "--tokenizer", "bytes", str(src), str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "index.json").read_bytes() == (out / "index.json").read_bytes().replace(
+        str(out).encode(), str(tmp_path / "again").encode()
+    ) or json.loads((tmp_path / "again" / "index.json").read_text())["splits"] == index["splits"]
+    with pytest.raises(SystemExit) as helped:
+        main(["data", "prepare", "--help"])
+    assert helped.value.code == 0 and "--tokenizer" in capsys.readouterr().out
 
 
 def test_data_prepare_refuses_a_missing_source(tmp_path, capsys):

@@ -153,7 +153,7 @@ class BatchPlan:
 
     def __init__(self, shard_tokens: list[int], batch_size: int, seq_len: int, rank: int, world_size: int,
                  seed: int, shuffle: bool = True, split: str = "train", block: int | None = None,
-                 window: int = WINDOW_BLOCKS, grad_accum: int = 1) -> None:
+                 window: int = WINDOW_BLOCKS, grad_accum: int = 1, token_bytes: int = TOKEN_BYTES) -> None:
         if (block is not None and block < 1) or window < 1 or grad_accum < 1:
             raise DataError(f"block ({block}), window ({window}) and grad_accum ({grad_accum}) must be at least 1")
         self.batch_size, self.seq_len = batch_size, seq_len
@@ -174,7 +174,8 @@ class BatchPlan:
                 "lower batch_size/seq_len"
             )
         self.per_rank = self.steps_per_epoch * grad_accum
-        self.block = block or max(1, BLOCK_BYTES // (self.batch_tokens * TOKEN_BYTES))
+        # about BLOCK_BYTES of the shards a block, whatever their token width (uint16 or uint32: the index's dtype)
+        self.block = block or max(1, BLOCK_BYTES // (self.batch_tokens * token_bytes))
         self.window_blocks = window
         self._whole_blocks = self.total // self.block
         self._window_steps = self.block * window  # a stream's batches per shuffle window

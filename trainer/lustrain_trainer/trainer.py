@@ -202,7 +202,8 @@ class Trainer:
         if hp.eval_interval and index.splits.get("val"):
             try:
                 self.val_plan = BatchPlan([s.tokens for s in index.splits["val"]], hp.batch_size, hp.seq_len,
-                                          info.rank, info.world_size, hp.seed, shuffle=False, split="val")
+                                          info.rank, info.world_size, hp.seed, shuffle=False, split="val",
+                                          token_bytes=index.token_bytes)
             except DataError as exc:
                 self.log(f"validation off: {exc}")
             self.val_reader = ShardReader(index, "val")
@@ -224,7 +225,7 @@ class Trainer:
     def train_plan(self) -> BatchPlan:
         return BatchPlan([s.tokens for s in self.index.splits["train"]], self.hp.batch_size, self.hp.seq_len,
                          self.info.rank, self.info.world_size, self.hp.seed, grad_accum=self.grad_accum,
-                         split="train")
+                         split="train", token_bytes=self.index.token_bytes)
 
     # -- state ---------------------------------------------------------------------------------------
 

@@ -156,3 +156,12 @@ def test_too_little_data_for_the_ranks_names_the_sizes(data: Path) -> None:
 def test_a_directory_without_an_index_says_how_to_make_one(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"python -m lustrain_trainer\.prepare SRC OUT"):
         read_index(tmp_path)
+
+
+def test_a_block_holds_about_a_megabyte_of_shards_whatever_the_token_width() -> None:
+    from lustrain_trainer.data import BLOCK_BYTES, BatchPlan
+
+    narrow = BatchPlan([1 << 24], 4, 64, 0, 1, 0)
+    wide = BatchPlan([1 << 24], 4, 64, 0, 1, 0, token_bytes=4)  # uint32 shards: a vocabulary above 65,536
+    assert narrow.block == BLOCK_BYTES // (narrow.batch_tokens * 2)
+    assert wide.block == BLOCK_BYTES // (wide.batch_tokens * 4) < narrow.block
