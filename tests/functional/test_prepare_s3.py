@@ -56,7 +56,8 @@ def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
 
     assert missing == 2 and "listing s3://nowhere/web: NoSuchBucket" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
-    assert replanned == ["runs/one/prepare-plan.json"]
+    assert replanned == ["runs/one/plan/files-00000.json", "runs/one/plan/files-00001.json",
+                         "runs/one/prepare-plan.json"]
     assert sorted(remote) == sorted(local)
     shards = [name for name in local if name.endswith(".bin")]
     assert len(shards) > 3 and all(remote[name] == local[name] for name in shards)

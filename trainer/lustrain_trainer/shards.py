@@ -15,7 +15,10 @@ The layout `prepare` writes (a directory, or an S3 prefix with the same keys):
     index.json                  the index (shards listed by split, in part order)
     tokenizer.json              the tokenizer's file, where it has one
     train-PPPPP-SSS.bin         shard SSS of part PPPPP (val-PPPPP-SSS.bin for validation's parts)
-    prepare-plan.json           the plan: the listing cut into parts, the tokenizer, the options
+    prepare-plan.json           the plan: its parts (split, bytes, files, their list's sha256), the tokenizer, the
+                                options, the totals
+    plan/files-PPPPP.json       part PPPPP's files ([path, size, bytes to take] each): the worker that makes the
+                                part reads its list alone
     parts/part-PPPPP.json       a part's record (its shards, tokens, documents, bytes), written when it is whole
 
 A shard is named by its part, so the workers that make the parts need not agree on anything but the plan, and the
@@ -37,6 +40,7 @@ from .tokenizer import TOKENIZER_FILE, TOKENIZER_INFO, dtype_for, normalized
 INDEX_NAME = "index.json"
 PLAN_NAME = "prepare-plan.json"
 PARTS_DIR = "parts"
+PLAN_LISTS_DIR = "plan"
 FORMAT = "lustrain-token-shards"
 VERSION = 2
 VERSIONS = (1, 2)
@@ -93,6 +97,10 @@ def shard_name(split: str, part: int, number: int) -> str:
 
 def part_file(part: int) -> str:
     return f"{PARTS_DIR}/part-{part:05d}.json"
+
+
+def plan_list(part: int) -> str:
+    return f"{PLAN_LISTS_DIR}/files-{part:05d}.json"
 
 
 def read_index(root: Path) -> DataIndex:
