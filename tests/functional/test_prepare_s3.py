@@ -66,3 +66,26 @@ def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
     local_index["source"].pop("root")
     assert index == local_index
     assert index["source"]["files_matched"] == 5  # the compiled file's directory is skipped there too
+
+
+def test_the_listing_streams_a_page_at_a_time_in_key_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 10^8 keys the plan never holds the listing: the first file is there after one ListObjectsV2 call (a page
+    of 1,000 keys; 10 here), and the keys come in the order a sort of their paths gives."""
+    monkeypatch.setattr(prep.S3Store, "page_keys", 10)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="corpus")
+        names = [f"web/d{k % 7}/f{k:04d}.txt" for k in range(25)]
+        for name in names:
+            s3.put_object(Bucket="corpus", Key=name, Body=b"x")
+        store = prep.store_of("s3://corpus/web")
+        calls: list[str] = []
+        store.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **_: calls.append("list"))
+
+        files = store.files("**/*.txt")
+        first = next(files)
+        assert calls == ["list"]
+        rest = [rel for rel, _ in files]
+
+    assert len(calls) == 3
+    assert [first[0], *rest] == sorted(name.removeprefix("web/") for name in names)

@@ -257,6 +257,9 @@ class S3Store:
     """An s3:// prefix, through boto3 with the caller's credentials (imported only here: a local preparation never
     needs it). Keys are the prefix, "/", then the path relative to it."""
 
+    #: keys per ListObjectsV2 page: its MaxKeys, at most 1,000 (ListObjectsV2)
+    page_keys = 1000
+
     def __init__(self, url: str) -> None:
         bucket, _, prefix = url[len("s3://") :].partition("/")
         if not bucket:
@@ -284,7 +287,8 @@ class S3Store:
         """(path, size) of every object under the prefix, a page (1,000 keys) at a time: a listing of 10^8 keys is
         never held at once. A general purpose bucket lists keys in UTF-8 binary order (ListObjectsV2), the order of
         Python's str: a listing out of that order (a directory bucket's) is refused, since the plan depends on it."""
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix, PaginationConfig={"PageSize": self.page_keys})
         iterator = iter(pages)
         last = ""
         while True:
