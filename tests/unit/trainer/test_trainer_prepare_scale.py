@@ -23,11 +23,31 @@ from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 SMALL = ["--shard-size", "8KiB", "--val-fraction", "0.1"]
 #: what a pre-tokenizer's regex must see right around a cut: contractions, whitespace runs before a word or a
 #: newline, digits, an added token's text, characters of several bytes
-PIECES = ["a", "bc", "\u00e9", "1", "23", " ", "  ", "\n", "\t", "'s", "'re", ".", "!", "<|endoftext|>",
-          "\U0001f600", "\u00fc", "  \n", "..."]
+PIECES = [
+    "a",
+    "bc",
+    "\u00e9",
+    "1",
+    "23",
+    " ",
+    "  ",
+    "\n",
+    "\t",
+    "'s",
+    "'re",
+    ".",
+    "!",
+    "<|endoftext|>",
+    "\U0001f600",
+    "\u00fc",
+    "  \n",
+    "...",
+]
 #: Llama 3's pre-tokenizer regex (its tokenizer.json): a Split then a ByteLevel without a regex of its own
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +72,16 @@ def tree(root: Path) -> dict[str, bytes]:
 
 def outputs(root: Path) -> dict[str, bytes]:
     """What a preparation delivers: the shards, index.json and tokenizer.json."""
-    return {rel: data for rel, data in tree(root).items() if rel.endswith(".bin") or "/" not in rel
-            and rel != "prepare-plan.json"}
+    return {
+        rel: data
+        for rel, data in tree(root).items()
+        if rel.endswith(".bin") or ("/" not in rel and rel != "prepare-plan.json")
+    }
 
 
 def test_a_worker_reads_the_small_plan_and_its_own_parts_lists_only(
-        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     assert prep.main([str(corpus), str(out), *SMALL, "--stage", "plan"]) == 0
     plan = json.loads((out / "prepare-plan.json").read_text())
@@ -66,7 +90,8 @@ def test_a_worker_reads_the_small_plan_and_its_own_parts_lists_only(
     files = len(tree(corpus))
     assert plan["source"]["files"] == files and len(plan["parts"]) > 4
     assert sum(p["files"] for p in plan["parts"]) == files and {p["list"] for p in plan["parts"]} == {
-        f"plan/files-{p['part']:05d}.json" for p in plan["parts"]}
+        f"plan/files-{p['part']:05d}.json" for p in plan["parts"]
+    }
     read: list[str] = []
     for name in ("read", "read_if_any"):
         real = getattr(prep.LocalStore, name)
@@ -85,20 +110,26 @@ def test_a_worker_reads_the_small_plan_and_its_own_parts_lists_only(
     assert sorted(set(read) - set(lists)) == ["prepare-plan.json"]
 
 
-def test_a_list_that_is_not_the_plans_is_refused_naming_it(corpus: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_list_that_is_not_the_plans_is_refused_naming_it(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     assert prep.main([str(corpus), str(out), *SMALL, "--stage", "plan"]) == 0
     (out / "plan" / "files-00001.json").write_text('{"files": []}\n')
     assert prep.main([str(corpus), str(out), "--stage", "work", "--worker", "0", "--workers", "1"]) == 2
-    assert f"{out}/plan/files-00001.json is not the list the plan recorded: plan again" in capsys.readouterr().err
+    assert (
+        f"{out}/plan/files-00001.json is not the list the plan recorded: plan again"
+        in capsys.readouterr().err
+    )
 
 
 def reference_sample(entries: list[list[Any]], data: dict[str, bytes], limit: int) -> list[str]:
     """The sample as the plan chose it when it held the whole listing: all files in listing order when they fit,
     else sorted by path hash, the binary ones skipped, up to `limit` bytes."""
     total = sum(e[2] for e in entries)
-    order = entries if total <= limit else sorted(entries, key=lambda e: hashlib.sha256(e[0].encode()).digest())
+    order = (
+        entries if total <= limit else sorted(entries, key=lambda e: hashlib.sha256(e[0].encode()).digest())
+    )
     texts, used = [], 0
     for rel, _, take in order:
         if used >= limit:
@@ -122,11 +153,15 @@ class Files:
 
 @pytest.mark.parametrize("limit", [300, 5_000, 10**9])
 def test_the_bpe_sample_holds_only_what_it_takes_and_is_the_one_a_sort_of_the_whole_listing_gives(
-        limit: int) -> None:
+    limit: int,
+) -> None:
     rng = random.Random(limit)
     # 3,000 files of 50 to 150 bytes, one in three binary: the sample skips them and reads further in hash order
-    data = {f"d{k // 100}/f{k:05d}.txt": (b"\0" if k % 3 == 0 else b"") + bytes(rng.choices(b"abc \n", k=rng.randint(
-        50, 150))) for k in range(3000)}
+    data = {
+        f"d{k // 100}/f{k:05d}.txt": (b"\0" if k % 3 == 0 else b"")
+        + bytes(rng.choices(b"abc \n", k=rng.randint(50, 150)))
+        for k in range(3000)
+    }
     entries = [[rel, len(body), len(body)] for rel, body in sorted(data.items())]
     chooser = prep.SampleChooser(limit)
     held = 0
@@ -145,7 +180,8 @@ def test_the_bpe_sample_holds_only_what_it_takes_and_is_the_one_a_sort_of_the_wh
 
 
 def test_a_large_file_is_read_and_tokenized_in_chunks_to_the_same_bytes(
-        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     args = [*SMALL, "--tokenizer", "bpe:400"]
     assert prep.main([str(corpus), str(tmp_path / "whole"), *args]) == 0
     whole = outputs(tmp_path / "whole")
@@ -204,9 +240,12 @@ class Recording:
 
 def llama3_like(bpe: tok.HFTokenizer) -> tok.HFTokenizer:
     hf = Tokenizer.from_str(bpe.hf.to_str())
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     return tok.from_json(hf.to_str().encode(), kind="file")
 
 
