@@ -692,37 +692,37 @@ def planned_files(store: Store, listing: Iterable[tuple[str, int]], max_bytes: i
             used += take
 
 
-def splits_of(entries: Iterable[list[Any]], val_fraction: float) -> Iterator[tuple[str, list[Any]]]:
-    """(split, entry) of each planned file: whole files go to validation, spread through the corpus, keeping its
-    share of the listed bytes near val_fraction: decided from the listing alone, as it goes by, so it is the same
-    whatever the number of workers."""
+def splits_of(takes: Iterable[tuple[Any, int]], val_fraction: float) -> Iterator[tuple[str, tuple[Any, int]]]:
+    """(split, (file, bytes to take)) of each planned file: whole files go to validation, spread through the
+    corpus, keeping its share of the listed bytes near val_fraction: decided from the listing alone, as it goes by,
+    so it is the same whatever the number of workers."""
     total = val_bytes = 0
-    for number, entry in enumerate(entries):
-        total += entry[2]
+    for number, item in enumerate(takes):
+        total += item[1]
         to_val = number > 0 and val_bytes < val_fraction * total
         if to_val:
-            val_bytes += entry[2]
-        yield ("val" if to_val else "train"), entry
+            val_bytes += item[1]
+        yield ("val" if to_val else "train"), item
 
 
-def cut_parts(entries: Callable[[], Iterable[list[Any]]], val_fraction: float, part_bytes: int
+def cut_parts(takes: Callable[[], Iterable[tuple[Any, int]]], val_fraction: float, part_bytes: int
               ) -> Iterator[dict[str, Any]]:
-    """The planned files (`entries()`, read once per split) cut into numbered parts of about part_bytes of text (a
-    file is never split; one larger than that is a part of its own), train's first, then validation's: one part's
-    list in memory at a time."""
+    """The planned files (`takes()`: (file, bytes to take) of each, read once per split) cut into numbered parts of
+    about part_bytes of text (a file is never split; one larger than that is a part of its own), train's first, then
+    validation's: one part's files in memory at a time."""
     number = 0
     for split in SPLITS:
-        current: list[list[Any]] = []
+        current: list[Any] = []
         size = 0
-        for where, entry in splits_of(entries(), val_fraction):
+        for where, (file, take) in splits_of(takes(), val_fraction):
             if where != split:
                 continue
-            if current and size + entry[2] > part_bytes:
+            if current and size + take > part_bytes:
                 yield {"part": number, "split": split, "bytes": size, "files": current}
                 number += 1
                 current, size = [], 0
-            current.append(entry)
-            size += entry[2]
+            current.append(file)
+            size += take
         if current:
             yield {"part": number, "split": split, "bytes": size, "files": current}
             number += 1
@@ -793,8 +793,17 @@ def plan(src: Store, out: Store, pattern: str = "**/*", max_bytes: int | None = 
         lists = Path(work_dir) / "lists"
         lists.mkdir()
         parts = []
-        for part in cut_parts(entries, val_fraction, part_bytes):
-            text = (json.dumps(part, separators=(",", ":")) + "\n").encode()
+        def takes() -> Iterator[tuple[str, int]]:
+            """(line, bytes to take) of each planned file: the spill's own JSON, its last number read alone (a
+            plan of 10^8 files parses no line to cut its parts)."""
+            with spill.open(encoding="utf-8") as lines:
+                for line in lines:
+                    yield line[:-1], int(line[line.rindex(",") + 1 : -2])
+
+        for part in cut_parts(takes, val_fraction, part_bytes):
+            # the list is json.dumps of the part, written from the spill's lines (each json.dumps of its entry)
+            text = (f'{{"part":{part["part"]},"split":"{part["split"]}","bytes":{part["bytes"]},"files":['
+                    f'{",".join(part["files"])}]}}\n').encode()
             name = plan_list(part["part"])
             (lists / Path(name).name).write_bytes(text)
             parts.append({"part": part["part"], "split": part["split"], "bytes": part["bytes"],

@@ -92,6 +92,10 @@ def test_a_worker_reads_the_small_plan_and_its_own_parts_lists_only(
     assert sum(p["files"] for p in plan["parts"]) == files and {p["list"] for p in plan["parts"]} == {
         f"plan/files-{p['part']:05d}.json" for p in plan["parts"]
     }
+    for part in plan["parts"]:  # each list is the JSON of its part, its sha256 the plan's
+        text = (out / part["list"]).read_bytes()
+        assert text == (json.dumps(json.loads(text), separators=(",", ":")) + "\n").encode()
+        assert hashlib.sha256(text).hexdigest() == part["sha256"]
     read: list[str] = []
     for name in ("read", "read_if_any"):
         real = getattr(prep.LocalStore, name)
