@@ -4,8 +4,8 @@
 as the job's code as for training) in the stages of its contract, each a SageMaker Processing job in the run's
 private subnet, one after the other:
 
-1. plan (1 instance): lists SRC, trains the BPE once where the tokenizer is bpe:VOCAB, writes OUT/prepare-plan.json
-   and OUT/tokenizer.json. One instance, not the CLI or a Lambda: training a BPE on its sample takes minutes and
+1. plan (1 instance): lists SRC, trains the BPE once where the tokenizer is bpe:VOCAB, writes a file list per part
+   (OUT/plan/files-PPPPP.json), OUT/tokenizer.json and OUT/prepare-plan.json (the parts and totals). One instance, not the CLI or a Lambda: training a BPE on its sample takes minutes and
    needs `tokenizers` (the image has it, a Lambda does not), and the caller's machine may be far from the data.
 2. work (N instances, `--worker auto`): each instance tokenizes the parts p with p % N == its position in the
    sorted hosts of /opt/ml/config/resourceconfig.json, reading its files from S3 itself (a corpus is never copied

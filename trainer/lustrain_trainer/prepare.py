@@ -10,12 +10,15 @@ Lustre, which serves a few big files far faster than millions of small ones.
 A preparation runs in three stages, so that a corpus of terabytes is tokenized by many machines at once and the
 result does not depend on how many there were:
 
-1. plan (one process): lists SRC (sorted paths and sizes), decides which files go to validation, trains the BPE
-   once (bpe:VOCAB, on a bounded sample), and cuts the listing into numbered parts of about a shard's worth of text
-   each. It writes OUT/prepare-plan.json and OUT/tokenizer.json. Nothing in it depends on the number of workers.
+1. plan (one process): lists SRC (sorted paths and sizes, streamed: never all in memory), decides which files go to
+   validation, trains the BPE once (bpe:VOCAB, on a bounded sample), and cuts the listing into numbered parts of
+   about a shard's worth of text each. It writes each part's list of files (OUT/plan/files-NNNNN.json),
+   OUT/tokenizer.json and OUT/prepare-plan.json, which names the parts and the totals. Nothing in it depends on the
+   number of workers.
 2. work (worker K of N, each on its own machine or process): tokenizes the parts p with p % N == K, reading their
-   files itself (from S3 with boto3: the corpus is never copied whole to each machine), and writes each part's
-   shards, then OUT/parts/part-NNNNN.json last, so a part counts only when whole. A part already whole is skipped:
+   lists and their files itself (from S3 with boto3: the corpus is never copied whole to each machine; a large file
+   is read and tokenized in chunks), and writes each part's shards, then OUT/parts/part-NNNNN.json last, so a part
+   counts only when whole. A part already whole is skipped:
    a retried worker redoes only what is missing. `--worker auto` takes K and N from SageMaker Processing's
    resourceconfig.json.
 3. merge (one process): checks every part of the plan is whole and writes index.json (shards in part order), or
