@@ -23,7 +23,7 @@ ARGS = ["--shard-size", "4KiB", "--val-fraction", "0.1"]
 
 
 def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     for rel, data in FILES.items():
         (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "src" / rel).write_bytes(data)
@@ -31,6 +31,9 @@ def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
     local = {p.relative_to(tmp_path / "local").as_posix(): p.read_bytes()
              for p in (tmp_path / "local").rglob("*") if p.is_file()}
 
+    # from S3 every text file is "large": spooled to the worker's disk and tokenized a chunk at a time
+    monkeypatch.setattr(prep, "WHOLE_FILE", 1000)
+    monkeypatch.setattr(prep, "READ_CHUNK", 300)
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         for bucket in ("corpus", "prepared"):
