@@ -823,10 +823,12 @@ def plan(src: Store, out: Store, pattern: str = "**/*", max_bytes: int | None = 
         text = (json.dumps(document, separators=(",", ":")) + "\n").encode()
         if out.read_if_any(PLAN_NAME) != text:
             out.delete(rel for rel in sorted(out.sizes()) if is_output(rel))
+            def upload(name: str) -> None:  # each list read as it is sent: they are never all in memory
+                out.write(name, (lists / Path(name).name).read_bytes())
+
             with ThreadPoolExecutor(READ_THREADS) as pool:  # S3 PUTs are latency-bound, as its GETs
-                for done in [pool.submit(out.write, part["list"], (lists / Path(part["list"]).name).read_bytes())
-                             for part in parts]:
-                    done.result()
+                for _ in pool.map(upload, [part["list"] for part in parts]):
+                    pass
         if tokenizer_json is not None:
             out.write(tok.TOKENIZER_FILE, tokenizer_json)
         out.write(PLAN_NAME, text)
