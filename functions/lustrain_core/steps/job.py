@@ -42,6 +42,7 @@ from lustrain_core.spec import (
     MAX_SPEC_BYTES,
     S3_URI_PATTERN,
     JobSpec,
+    PrepareSpec,
     is_prepare,
     parse_document,
     validate_prepare_spec,
@@ -434,6 +435,13 @@ def record_once(
     }
 
 
+def planned_preparation(spec: PrepareSpec, source_gib: float) -> dict[str, Any]:
+    """A preparation's plan (prepare_plan.plan_of) at the stack's list prices, as its job record holds it."""
+    itype = PriceTable().instance_types.get(spec.instance_type)
+    hourly = itype.hourly_usd if itype is not None else None
+    return prepare_plan.plan_of(spec.name, spec.tokenizer, spec.instances, spec.instance_type, source_gib, hourly)
+
+
 def register_prepare(
     document: dict[str, Any], source: SpecSource, *, s3: Any, ddb: Any, settings: Settings
 ) -> dict[str, Any]:
@@ -456,16 +464,7 @@ def register_prepare(
             "source", spec.source, "no objects under this prefix: upload the text or fix the URI"
         )
     _listing(s3, spec.output, "output", "the output location", max_keys=0)
-    itype = PriceTable().instance_types.get(spec.instance_type)
-    plan = prepare_plan.plan_of(
-        spec.name,
-        spec.tokenizer,
-        spec.instances,
-        spec.instance_type,
-        # plan_of rounds nothing: a corpus of a few bytes is planned as such
-        source_gib,
-        itype.hourly_usd if itype is not None else None,
-    )
+    plan = planned_preparation(spec, source_gib)
     policy.check_prepare_plan(plan)
     return record_once(
         ddb, settings, source, job_id, {"kind": PREPARE, "spec": spec.model_dump(mode="json"), "plan": plan}

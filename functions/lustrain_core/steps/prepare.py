@@ -14,17 +14,27 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import aws_requests
 from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
-from lustrain_core.errors import PrepareFailed
-from lustrain_core.prepare_plan import PrepareRun, next_stage
+from lustrain_core.document import Code, Network, Sections
+from lustrain_core.errors import MISSING, PrepareFailed, SpecInvalid
+from lustrain_core.images import prepare_image
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
+from lustrain_core.prepare_plan import STAGES, PrepareRun, next_stage
+from lustrain_core.spec import PrepareSpec, is_prepare, validate_prepare_spec
 from lustrain_core.steps import records
 
 #: the resource type a stage's job is recorded under in the run's ledger (teardown stops what is still running)
 RESOURCE_TYPE = registry.PROCESSING_JOB.name
 EVENT_DETAIL_TYPE = "SageMaker Processing Job State Change"
 RUNNING = frozenset({"InProgress", "Stopping"})
+#: The stack setting naming the processing jobs' execution role (template.yaml's PrepareProcessingRole)
+ROLE_SETTING = "LUSTRAIN_PREPARE_ROLE_ARN"
+#: The state machine's wait between two looks at a running stage; SageMaker bills a processing job by the second,
+#: and a stage takes minutes to start (prepare_plan.STAGE_OVERHEAD_SECONDS): a minute's wait loses little
+LOOK_EVERY_SECONDS = 60
 
 
 def describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
@@ -90,3 +100,64 @@ def advance(
             return {"done": done, "stage": stage, "status": status}
         done.append(stage)
     return {"done": done, "stage": None, "status": "Completed"}
+
+
+def run_of(job_id: str, spec: PrepareSpec) -> PrepareRun:
+    """The preparation run a kind: prepare spec describes."""
+    return PrepareRun(
+        job_id=job_id,
+        source=spec.source,
+        output=spec.output,
+        tokenizer=spec.tokenizer,
+        instances=spec.instances,
+        instance_type=spec.instance_type,
+    )
+
+
+def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+    """$.prepare, one look of the state machine's loop at a data preparation run: the state document's job (a
+    kind: prepare run register_job recorded), $.network (its subnet and group), $.code (upload_code's bundle of the
+    trainer package) and the stages already done ($.prepare.done, from the previous look). Returns advance's
+    answer and wait_seconds, the state machine's wait before the next look; PrepareFailed for a failed stage."""
+    if not isinstance(document, dict):
+        raise SpecInvalid.one("", document, "the state document must be a JSON object")
+    job = document.get("job")
+    if not isinstance(job, dict) or not isinstance(job.get("job_id"), str) or not job["job_id"]:
+        raise SpecInvalid.one("job", MISSING, "the state document has no registered job ($.job.job_id)")
+    if not is_prepare(job.get("spec")):
+        raise SpecInvalid.one("job.spec.kind", MISSING, "a data preparation run's spec (kind: prepare)")
+    spec = validate_prepare_spec(job["spec"])
+    sections = Sections.of(document, "network", "code")
+    network, code = sections.network, sections.code
+    assert isinstance(network, Network) and isinstance(code, Code)
+    if not network.subnet_id or not network.security_group_ids:
+        raise SpecInvalid.one("network.subnet_id", network.subnet_id, "the run's subnet and security group")
+    previous = document.get("prepare")
+    done = previous.get("done") if isinstance(previous, dict) else []
+    if not isinstance(done, list) or not all(isinstance(d, str) and d in STAGES for d in done):
+        raise SpecInvalid.one("prepare.done", done, f"the stages already done, of {', '.join(STAGES)}")
+    role = settings.extra.get(ROLE_SETTING, "").strip()
+    if not role:
+        raise ValueError(f"stack setting {ROLE_SETTING} is not set: the processing jobs' execution role")
+    run = run_of(job["job_id"], spec)
+    tags = [
+        *({"Key": k, "Value": v} for k, v in sorted(spec.tags.items())),
+        {"Key": TAG_JOB_ID, "Value": run.job_id},
+        {"Key": TAG_CREATED_BY, "Value": settings.stack_name},
+    ]
+
+    def request_of(stage: str) -> dict[str, Any]:
+        return aws_requests.prepare_job(
+            run,
+            stage,
+            role_arn=role,
+            image_uri=prepare_image(settings.region),
+            code_s3_uri=code.submit_directory,
+            subnet_id=network.subnet_id,
+            security_group_ids=list(network.security_group_ids),
+            tags=tags,
+            settings=settings,
+        )
+
+    found = advance(run, list(done), sagemaker=sagemaker, ddb=ddb, settings=settings, request_of=request_of)
+    return {**found, "wait_seconds": 0 if found["stage"] is None else LOOK_EVERY_SECONDS}
