@@ -439,7 +439,9 @@ def planned_preparation(spec: PrepareSpec, source_gib: float) -> dict[str, Any]:
     """A preparation's plan (prepare_plan.plan_of) at the stack's list prices, as its job record holds it."""
     itype = PriceTable().instance_types.get(spec.instance_type)
     hourly = itype.hourly_usd if itype is not None else None
-    return prepare_plan.plan_of(spec.name, spec.tokenizer, spec.instances, spec.instance_type, source_gib, hourly)
+    return prepare_plan.plan_of(
+        spec.name, spec.tokenizer, spec.instances, spec.instance_type, source_gib, hourly
+    )
 
 
 def register_prepare(
