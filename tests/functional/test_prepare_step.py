@@ -1,7 +1,8 @@
-"""The prepare handler (steps/prepare.look) on the twin: a registered kind: prepare run, in its network and with
-the trainer package's bundle as its code, is looked at until every stage's processing job Completed, and writes
-its shards and index under OUT; a document that is not a preparation's, or a stack without the processing role,
-is refused before anything is created."""
+"""The prepare handler (steps/prepare.look) on the twin: a registered kind: prepare run, in the network
+create_network built for it and with the trainer package's bundle upload_code made of its spec's `code`, is looked at
+until every stage's processing job Completed, and writes its shards and index under OUT; a document that is not a
+preparation's, a spec without the trainer package, or a stack without the processing role, is refused before
+anything is created."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ SPEC = {
     "output": f"s3://{BUCKET}/shards/",
     "instances": 2,
     "tags": {"team": "data"},
+    "code": f"s3://{BUCKET}/trainer/",
 }
 
 
@@ -51,36 +53,47 @@ def twin(aws: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         simulator.configure(**{f: getattr(previous, f) for f in previous.__dataclass_fields__})
 
 
-def network() -> dict[str, Any]:
-    """A private subnet that reaches S3 through a gateway endpoint, as create_network makes."""
-    ec2 = boto3.client("ec2", region_name=REGION)
-    vpc = ec2.create_vpc(CidrBlock="10.82.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.82.1.0/24")["Subnet"]["SubnetId"]
-    group = ec2.create_security_group(GroupName="prep", Description="prepare", VpcId=vpc)["GroupId"]
-    table = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"][0]
-    ec2.create_vpc_endpoint(
-        VpcId=vpc,
-        ServiceName=f"com.amazonaws.{REGION}.s3",
-        VpcEndpointType="Gateway",
-        RouteTableIds=[table["RouteTableId"]],
-    )
-    return {"vpc_id": vpc, "subnet_id": subnet, "security_group_ids": [group], "created": True}
-
-
-def registered(settings: Settings) -> dict[str, Any]:
+def registered(spec: dict[str, Any] = SPEC) -> dict[str, Any]:
+    """A registered run, as the state machine's prepare path has it when it first looks: its network
+    (create_network) and the trainer package's bundle (upload_code) made by their own handlers."""
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket=BUCKET)
     for key, body in CORPUS.items():
         s3.put_object(Bucket=BUCKET, Key=key, Body=body)
-    job = invoke("register_job", {"execution": "prep-1", "input": {"spec": SPEC}})
-    key = f"code/{job['job_id']}/0123/sourcedir.tar.gz"
-    s3.put_object(Bucket=settings.artifacts_bucket, Key=key, Body=build_bundle(trainer_files()))
-    code = {"submit_directory": f"s3://{settings.artifacts_bucket}/{key}"}
-    return {"job": job, "network": network(), "code": code}
+    for name, body in trainer_files():
+        s3.put_object(Bucket=BUCKET, Key=f"trainer/{name}", Body=body)
+    document = {"job": invoke("register_job", {"execution": "prep-1", "input": {"spec": spec}})}
+    document["network"] = invoke("create_network", document)
+    return {**document, "code": invoke("upload_code", document)}
+
+
+def test_a_preparation_gets_its_own_network_and_the_trainer_package_as_its_code(twin):
+    document = registered()
+    job_id = document["job"]["job_id"]
+    ec2 = boto3.client("ec2", region_name=REGION)
+    subnet = ec2.describe_subnets(SubnetIds=[document["network"]["subnet_id"]])["Subnets"][0]
+    # two instances and five addresses of headroom: a /28 (11 usable) of the run's own VPC
+    assert subnet["CidrBlock"] == "10.80.0.0/28"
+    tags = {t["Key"]: t["Value"] for t in subnet["Tags"]}
+    assert tags["lustrain:job-id"] == job_id and tags["team"] == "data"
+    kinds = sorted(r["type"] for r in document["network"]["resources"])
+    assert kinds == ["route_table", "security_group", "subnet", "vpc", "vpc_endpoint"]
+    s3 = boto3.client("s3", region_name=REGION)
+    code = document["code"]
+    assert code["key"].startswith(f"code/{job_id}/") and code["files"] == len(trainer_files())
+    bundle = s3.get_object(Bucket=code["bucket"], Key=code["key"])["Body"].read()
+    assert bundle == build_bundle(trainer_files())
+
+
+def test_a_preparation_without_the_trainer_package_is_refused_by_upload_code(twin):
+    with pytest.raises(SpecInvalid) as exc:
+        registered({**SPEC, "code": f"s3://{BUCKET}/text/"})
+    assert [e.path for e in exc.value.errors] == ["code"]
+    assert "lustrain_trainer/prepare.py" in str(exc.value)
 
 
 def test_a_registered_preparation_is_looked_at_until_every_stage_completed(twin):
-    document = registered(twin)
+    document = registered()
     job_id = document["job"]["job_id"]
     sm = boto3.client("sagemaker", region_name=REGION)
 
@@ -114,7 +127,7 @@ def test_a_registered_preparation_is_looked_at_until_every_stage_completed(twin)
 def test_a_training_document_or_a_stack_without_the_processing_role_is_refused_before_anything_starts(
     twin, monkeypatch
 ):
-    document = registered(twin)
+    document = registered()
     training = {**document, "job": {**document["job"], "spec": {"name": "corpus"}}}
     with pytest.raises(SpecInvalid) as exc:
         invoke("prepare", training)

@@ -230,6 +230,7 @@ def prepare_spec(**changed: object) -> dict:
         "source": CORPUS,
         "output": SHARDS,
         "instances": 2,
+        "code": "s3://lustrain-test-artifacts/uploads/lustrain-trainer/0123456789abcdef/",
         **changed,
     }
 
@@ -301,6 +302,7 @@ def test_a_prepare_spec_over_the_stacks_budget_is_forbidden(aws, monkeypatch):
         ({"tokenizer": "s3://lustrain-test-data/tok/tokenizer.json"}, "tokenizer"),
         ({"instances": 0}, "instances"),
         ({"output": CORPUS + "shards/"}, ""),
+        ({"code": None}, "code"),
     ],
 )
 def test_a_prepare_spec_that_cannot_run_is_refused_naming_the_field(aws, changed, field):

@@ -454,6 +454,13 @@ def register_prepare(
     job_id = job_id_for(spec.name, source.identity)
     policy = Policy.for_stack(settings)
     policy.check_prepare(spec)
+    if spec.code is None:
+        raise SpecInvalid.one(
+            "code",
+            MISSING,
+            "the trainer package's s3:// prefix the processing jobs run: start the run with `lustrain data prepare "
+            "s3://SRC s3://OUT --stack STACK` or `lustrain submit SPEC --stack STACK`, which upload it and set code",
+        )
     if spec.tokenizer.startswith("s3://"):
         key = split_s3_uri(spec.tokenizer, "tokenizer")[1]
         if not any(o["Key"] == key for o in _listing(s3, spec.tokenizer, "tokenizer", "the tokenizer")):

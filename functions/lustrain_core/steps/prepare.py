@@ -114,11 +114,16 @@ def run_of(job_id: str, spec: PrepareSpec) -> PrepareRun:
     )
 
 
-def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
-    """$.prepare, one look of the state machine's loop at a data preparation run: the state document's job (a
-    kind: prepare run register_job recorded), $.network (its subnet and group), $.code (upload_code's bundle of the
-    trainer package) and the stages already done ($.prepare.done, from the previous look). Returns advance's
-    answer and wait_seconds, the state machine's wait before the next look; PrepareFailed for a failed stage."""
+def is_prepare_run(document: Any) -> bool:
+    """Whether a state document carries a data preparation run (register_job's $.job of a kind: prepare spec):
+    create_network and upload_code build its network and its code their own way."""
+    job = document.get("job") if isinstance(document, dict) else None
+    return isinstance(job, dict) and is_prepare(job.get("spec"))
+
+
+def job_of(document: Any) -> tuple[str, PrepareSpec]:
+    """The run a state document carries: its job id and its checked spec; SpecInvalid names the field that is
+    missing or wrong (a training run's document included)."""
     if not isinstance(document, dict):
         raise SpecInvalid.one("", document, "the state document must be a JSON object")
     job = document.get("job")
@@ -126,7 +131,25 @@ def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict
         raise SpecInvalid.one("job", MISSING, "the state document has no registered job ($.job.job_id)")
     if not is_prepare(job.get("spec")):
         raise SpecInvalid.one("job.spec.kind", MISSING, "a data preparation run's spec (kind: prepare)")
-    spec = validate_prepare_spec(job["spec"])
+    return job["job_id"], validate_prepare_spec(job["spec"])
+
+
+def run_tags(job_id: str, spec: PrepareSpec, stack_name: str) -> list[dict[str, str]]:
+    """The tags of everything a preparation run creates (its network, its processing jobs): the spec's, then the
+    run's id and the stack that made it (teardown and the sweeper find them by these)."""
+    return [
+        *({"Key": k, "Value": v} for k, v in sorted(spec.tags.items())),
+        {"Key": TAG_JOB_ID, "Value": job_id},
+        {"Key": TAG_CREATED_BY, "Value": stack_name},
+    ]
+
+
+def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+    """$.prepare, one look of the state machine's loop at a data preparation run: the state document's job (a
+    kind: prepare run register_job recorded), $.network (its subnet and group), $.code (upload_code's bundle of the
+    trainer package) and the stages already done ($.prepare.done, from the previous look). Returns advance's
+    answer and wait_seconds, the state machine's wait before the next look; PrepareFailed for a failed stage."""
+    job_id, spec = job_of(document)
     sections = Sections.of(document, "network", "code")
     network, code = sections.network, sections.code
     assert isinstance(network, Network) and isinstance(code, Code)
@@ -139,12 +162,8 @@ def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict
     role = settings.extra.get(ROLE_SETTING, "").strip()
     if not role:
         raise ValueError(f"stack setting {ROLE_SETTING} is not set: the processing jobs' execution role")
-    run = run_of(job["job_id"], spec)
-    tags = [
-        *({"Key": k, "Value": v} for k, v in sorted(spec.tags.items())),
-        {"Key": TAG_JOB_ID, "Value": run.job_id},
-        {"Key": TAG_CREATED_BY, "Value": settings.stack_name},
-    ]
+    run = run_of(job_id, spec)
+    tags = run_tags(job_id, spec, settings.stack_name)
 
     def request_of(stage: str) -> dict[str, Any]:
         return aws_requests.prepare_job(
