@@ -110,8 +110,12 @@ def test_a_registered_preparation_is_looked_at_until_every_stage_completed(twin)
         "done": ["plan", "work", "merge"],
         "stage": None,
         "status": "Completed",
+        "looks": len(looks),
+        "stage_looks": 1,
         "wait_seconds": 0,
     }
+    # each look counts the looks at its stage: the waits grow after a stage's first quarter hour
+    assert [look["looks"] for look in looks] == list(range(1, len(looks) + 1))
     work = sm.describe_processing_job(ProcessingJobName=f"{job_id}-prep-work")
     assert work["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
     assert work["NetworkConfig"]["VpcConfig"]["Subnets"] == [document["network"]["subnet_id"]]

@@ -35,6 +35,13 @@ ROLE_SETTING = "LUSTRAIN_PREPARE_ROLE_ARN"
 #: The state machine's wait between two looks at a running stage; SageMaker bills a processing job by the second,
 #: and a stage takes minutes to start (prepare_plan.STAGE_OVERHEAD_SECONDS): a minute's wait loses little
 LOOK_EVERY_SECONDS = 60
+#: After this many looks at one stage (a quarter of an hour at a minute each) the waits are longer: a stage may run
+#: for a day (prepare_plan.MAX_RUNTIME_SECONDS), and every look costs the execution history 9 events of its 25,000
+QUICK_LOOKS = 15
+LOOK_LATER_SECONDS = 600
+#: The state machine's bound on the looks at one run (its Choice "Is the data preparation done?" says the same):
+#: enough for every stage to run its MaxRuntimeInSeconds at these waits (tests/unit/test_history_budget.py)
+MAX_LOOKS = 600
 
 
 def describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
@@ -144,11 +151,17 @@ def run_tags(job_id: str, spec: PrepareSpec, stack_name: str) -> list[dict[str, 
     ]
 
 
+def wait_after(stage_looks: int) -> int:
+    """The state machine's wait after the given number of looks at the running stage."""
+    return LOOK_EVERY_SECONDS if stage_looks < QUICK_LOOKS else LOOK_LATER_SECONDS
+
+
 def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
     """$.prepare, one look of the state machine's loop at a data preparation run: the state document's job (a
     kind: prepare run register_job recorded), $.network (its subnet and group), $.code (upload_code's bundle of the
-    trainer package) and the stages already done ($.prepare.done, from the previous look). Returns advance's
-    answer and wait_seconds, the state machine's wait before the next look; PrepareFailed for a failed stage."""
+    trainer package) and the previous look ($.prepare: the stages already done, the looks so far). Returns
+    advance's answer, looks (in all: the state machine stops at MAX_LOOKS), stage_looks (at the running
+    stage) and wait_seconds, the state machine's wait before the next look; PrepareFailed for a failed stage."""
     job_id, spec = job_of(document)
     sections = Sections.of(document, "network", "code")
     network, code = sections.network, sections.code
@@ -156,9 +169,14 @@ def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict
     if not network.subnet_id or not network.security_group_ids:
         raise SpecInvalid.one("network.subnet_id", network.subnet_id, "the run's subnet and security group")
     previous = document.get("prepare")
-    done = previous.get("done") if isinstance(previous, dict) else []
+    previous = previous if isinstance(previous, dict) else {}
+    done = previous.get("done", [])
     if not isinstance(done, list) or not all(isinstance(d, str) and d in STAGES for d in done):
         raise SpecInvalid.one("prepare.done", done, f"the stages already done, of {', '.join(STAGES)}")
+    counts = {key: previous.get(key, 0) for key in ("looks", "stage_looks")}
+    for key, count in counts.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise SpecInvalid.one(f"prepare.{key}", count, "a count of looks, a whole number of at least 0")
     role = settings.extra.get(ROLE_SETTING, "").strip()
     if not role:
         raise ValueError(f"stack setting {ROLE_SETTING} is not set: the processing jobs' execution role")
@@ -179,4 +197,10 @@ def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict
         )
 
     found = advance(run, list(done), sagemaker=sagemaker, ddb=ddb, settings=settings, request_of=request_of)
-    return {**found, "wait_seconds": 0 if found["stage"] is None else LOOK_EVERY_SECONDS}
+    stage_looks = counts["stage_looks"] + 1 if found["stage"] == previous.get("stage") else 1
+    return {
+        **found,
+        "looks": counts["looks"] + 1,
+        "stage_looks": stage_looks,
+        "wait_seconds": 0 if found["stage"] is None else wait_after(stage_looks),
+    }
