@@ -29,6 +29,8 @@ from lustrain_core.steps import records
 #: the resource type a stage's job is recorded under in the run's ledger (teardown stops what is still running)
 RESOURCE_TYPE = registry.PROCESSING_JOB.name
 EVENT_DETAIL_TYPE = "SageMaker Processing Job State Change"
+#: the CloudWatch Logs group SageMaker writes every processing job's container output to
+LOG_GROUP = "/aws/sagemaker/ProcessingJobs"
 RUNNING = frozenset({"InProgress", "Stopping"})
 #: The stack setting naming the processing jobs' execution role (template.yaml's PrepareProcessingRole)
 ROLE_SETTING = "LUSTRAIN_PREPARE_ROLE_ARN"
@@ -38,7 +40,9 @@ LOOK_EVERY_SECONDS = 60
 #: After this many looks at one stage (a quarter of an hour at a minute each) the waits are longer: a stage may run
 #: for a day (prepare_plan.MAX_RUNTIME_SECONDS), and every look costs the execution history 9 events of its 25,000
 QUICK_LOOKS = 15
-LOOK_LATER_SECONDS = 600
+LATER_FACTOR = 10
+#: The stack setting that shortens the first waits (the twin sets it to a second; the later ones are 10 times it)
+LOOK_SETTING = "LUSTRAIN_PREPARE_LOOK_SECONDS"
 #: The state machine's bound on the looks at one run (its Choice "Is the data preparation done?" says the same):
 #: enough for every stage to run its MaxRuntimeInSeconds at these waits (tests/unit/test_history_budget.py)
 MAX_LOOKS = 600
@@ -121,6 +125,21 @@ def run_of(job_id: str, spec: PrepareSpec) -> PrepareRun:
     )
 
 
+def of_record(record: dict[str, Any]) -> PrepareRun | None:
+    """The preparation run a job record holds (kind: prepare), or None for a training run's: what `lustrain status`
+    and `lustrain logs` read of it (its stages' processing jobs, their logs)."""
+    spec = record.get("spec")
+    if not isinstance(spec, dict) or not is_prepare(spec):
+        return None
+    return run_of(str(record["job_id"]), validate_prepare_spec(spec))
+
+
+def log_streams(run: PrepareRun) -> list[tuple[str, str]]:
+    """Where its stages' processing jobs write their logs: (log group, stream name prefix) of each stage, in order
+    (SageMaker names a processing instance's stream <job name>/algo-<n>-<epoch seconds>)."""
+    return [(LOG_GROUP, f"{run.job_name(stage)}/") for stage in run.stages]
+
+
 def is_prepare_run(document: Any) -> bool:
     """Whether a state document carries a data preparation run (register_job's $.job of a kind: prepare spec):
     create_network and upload_code build its network and its code their own way."""
@@ -151,9 +170,10 @@ def run_tags(job_id: str, spec: PrepareSpec, stack_name: str) -> list[dict[str, 
     ]
 
 
-def wait_after(stage_looks: int) -> int:
-    """The state machine's wait after the given number of looks at the running stage."""
-    return LOOK_EVERY_SECONDS if stage_looks < QUICK_LOOKS else LOOK_LATER_SECONDS
+def wait_after(stage_looks: int, every: int = LOOK_EVERY_SECONDS) -> int:
+    """The state machine's wait after the given number of looks at the running stage: `every` seconds during its
+    first QUICK_LOOKS looks, 10 times that after."""
+    return every if stage_looks < QUICK_LOOKS else every * LATER_FACTOR
 
 
 def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
@@ -177,6 +197,7 @@ def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict
     for key, count in counts.items():
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise SpecInvalid.one(f"prepare.{key}", count, "a count of looks, a whole number of at least 0")
+    every = settings.whole_seconds(LOOK_SETTING, least=1) or LOOK_EVERY_SECONDS
     role = settings.extra.get(ROLE_SETTING, "").strip()
     if not role:
         raise ValueError(f"stack setting {ROLE_SETTING} is not set: the processing jobs' execution role")
@@ -202,5 +223,5 @@ def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict
         **found,
         "looks": counts["looks"] + 1,
         "stage_looks": stage_looks,
-        "wait_seconds": 0 if found["stage"] is None else wait_after(stage_looks),
+        "wait_seconds": 0 if found["stage"] is None else wait_after(stage_looks, every),
     }
