@@ -3,7 +3,9 @@ s3://OUT --instances 2 --stack lustrain-twin` uploads the trainer package and dr
 state machine builds the run's network, bundles the package, runs the plan, work (two processing instances) and
 merge stages, and tears the run down. Judged as a user would: the execution SUCCEEDED, `lustrain status` shows the
 stages, `lustrain logs` has both work instances' lines, the shards are byte for byte a local one-process run's,
-and nothing the run created is left."""
+and nothing the run created is left. And least privilege, as tests/e2e/test_least_privilege.py proves it for a
+training run: each statement of the prepare function's and the processing role's that alone allowed a request of
+the run, removed, refuses that request naming its action."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from lustrain import cli, operate
+from lustrain.twin.iam import enforce, usage
 from lustrain.twin.rehearse import STACK_NAME, ensure_bucket, operator_session, twin, until
 
 pytestmark = pytest.mark.slow
@@ -46,6 +49,7 @@ def test_a_preparation_on_two_instances_of_the_stack_writes_a_local_runs_shards_
     monkeypatch.setenv("LUSTRAIN_PREPARE_LOOK_SECONDS", "1")
     local = local_run(tmp_path)
     capsys.readouterr()
+    enforce.clear_log()
     with twin() as stack:
         session = operator_session()
         s3, sfn = session.client("s3"), session.client("stepfunctions")
@@ -120,3 +124,16 @@ def test_a_preparation_on_two_instances_of_the_stack_writes_a_local_runs_shards_
         assert ec2.describe_security_groups(Filters=tagged)["SecurityGroups"] == []
         jobs = session.client("sagemaker").list_processing_jobs()["ProcessingJobSummaries"]
         assert {j["ProcessingJobStatus"] for j in jobs} == {"Completed"} and len(jobs) == 3
+
+        # least privilege: the roles only a preparation uses, each needed statement removed in turn
+        uses = usage.collect(stack)
+        checked = []
+        for role in ("PrepareFunctionRole", "PrepareProcessingRole"):
+            needed = usage.needed(uses[role])
+            assert needed, f"{role} made no call its own statements alone allowed"
+            for ref, made in needed.items():
+                decision = usage.replay(made[0], usage.without(uses[role].policies, ref))
+                assert not decision.allowed, f"{role} {ref}: {made[0].action} still allowed without it"
+                assert f"not authorized to perform: {made[0].action}" in usage.denial(made[0], decision)
+                checked.append(made[0].action)
+        assert {"sagemaker:CreateProcessingJob", "iam:PassRole", "s3:GetObject"} <= set(checked), checked
