@@ -272,6 +272,7 @@ def test_a_stopped_data_preparation_run_is_torn_down_and_announced(aws, machine,
         "name": "corpus",
         "source": "s3://lustrain-test-corpus/text/",
         "output": "s3://lustrain-test-corpus/out/",
+        "code": "s3://lustrain-test-corpus/trainer/",
     }
     sfn().start_execution(stateMachineArn=machine, name="prep-stopped", input="{}")
     job = invoke("register_job", {"execution": "prep-stopped", "input": {"spec": spec}})

@@ -391,7 +391,12 @@ def test_a_data_preparation_run_is_torn_down_from_its_record_its_processing_job_
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket="lustrain-test-corpus")
     s3.put_object(Bucket="lustrain-test-corpus", Key="text/a.txt", Body=b"some text\n")
-    prep = {"kind": "prepare", "name": "corpus", "source": "s3://lustrain-test-corpus/text/"}
+    prep = {
+        "kind": "prepare",
+        "name": "corpus",
+        "source": "s3://lustrain-test-corpus/text/",
+        "code": "s3://lustrain-test-corpus/trainer/",
+    }
     job = invoke(
         "register_job",
         {"execution": "p", "input": {"spec": {**prep, "output": "s3://lustrain-test-corpus/out/"}}},
