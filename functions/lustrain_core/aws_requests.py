@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from lustrain_core import prepare_plan, recovery
 from lustrain_core.config import Settings
@@ -338,21 +338,33 @@ def data_repository_association(
 # --------------------------------------------------------------------------- EC2
 
 
-def tag_spec(job: Job, resource: str, resource_type: str) -> list[dict[str, Any]]:
+class Tagged(Protocol):
+    """What the network's requests read of a run (a Job, or steps/network.NetworkFor): its id, and each of its
+    resources' name and tags (Name included)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    def tags(self, resource: str) -> list[dict[str, str]]: ...
+
+    def name_of(self, resource: str) -> str: ...
+
+
+def tag_spec(job: Tagged, resource: str, resource_type: str) -> list[dict[str, Any]]:
     return [{"ResourceType": resource_type, "Tags": job.tags(resource)}]
 
 
-def security_group(job: Job, vpc_id: str) -> dict[str, Any]:
+def security_group(job: Tagged, vpc_id: str) -> dict[str, Any]:
     """CreateSecurityGroup of the run's group (its name from the launch plan)."""
     return {
-        "GroupName": job.launch.names.security_group,
+        "GroupName": job.name_of("security_group"),
         "Description": f"lustrain {job.job_id}: EFA and Lustre between the training instances and the file system",
         "VpcId": vpc_id,
         "TagSpecifications": tag_spec(job, "security_group", "security-group"),
     }
 
 
-def vpc(job: Job, cidr: str) -> dict[str, Any]:
+def vpc(job: Tagged, cidr: str) -> dict[str, Any]:
     """CreateVpc of the run's network (its CIDR block from the plan)."""
     return {"CidrBlock": cidr, "TagSpecifications": tag_spec(job, "vpc", "vpc")}
 

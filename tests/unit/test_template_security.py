@@ -164,11 +164,13 @@ def test_no_statement_names_every_action_and_only_the_key_policy_a_whole_service
 
 def test_pass_role_is_only_for_the_training_role_and_only_to_sagemaker():
     passing = allowing(r"iam:(PassRole|Pass\*|\*)")
-    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining)
-    assert [lid for lid, _ in passing] == ["LauncherRole"]
-    (_, statement) = passing[0]
-    assert statement["Resource"] == {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}
-    assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining); the
+    # prepare function hands the processing role to a data preparation's processing jobs
+    passed = {"LauncherRole": "SageMakerExecutionRole", "PrepareFunction": "PrepareProcessingRole"}
+    assert [lid for lid, _ in passing] == list(passed)
+    for lid, statement in passing:
+        assert statement["Resource"] == {"Fn::GetAtt": [passed[lid], "Arn"]}
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
 
 
 def test_the_training_role_trusts_only_sagemaker_for_this_account():
@@ -238,6 +240,9 @@ def test_the_run_key_is_granted_only_for_aws_resources_and_rotates_when_the_stac
         "CheckFilesystemFunction",
         "StartTrainingFunction",
         "OnTrainingEventFunction",
+        # a data preparation's processing jobs (their volumes) and the function that starts them
+        "PrepareProcessingRole",
+        "PrepareFunction",
     }
     attached = {
         lid

@@ -221,6 +221,7 @@ def on_execution_end(
         "execution": change.name,
         "job": {
             "job_id": job_id,
+            "kind": record.get("kind"),
             "spec": record.get("spec"),
             "plan": record.get("plan"),
             "source": record.get("source"),

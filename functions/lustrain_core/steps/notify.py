@@ -81,7 +81,8 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
     error = _object(document.get("error")) or None
     training = _object(document.get("training"))
     teardown = _object(document.get("teardown"))
-    cost = _object(_object(job.get("plan")).get("cost"))
+    plan = _object(job.get("plan"))
+    cost = _object(plan.get("cost"))
     source = _object(job.get("source"))
     dropped = source.get("uri") or _started_from(document)
     refused = not job.get("job_id") and error is not None and error.get("Error") in REFUSALS
@@ -109,7 +110,8 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "teardown_error": (
             f"{teardown['Error']}: {cause_text(teardown.get('Cause'))}" if teardown.get("Error") else None
         ),
-        "estimated_cost_usd": _number(cost.get("total_usd")),
+        # a training run's plan prices it under cost; a data preparation's (prepare_plan.plan_of) as cost_usd
+        "estimated_cost_usd": _number(cost.get("total_usd")) if cost else _number(plan.get("cost_usd")),
         "billed_compute_usd": _billed_compute_usd(spec, training.get("billable_seconds")),
         # what the failed attempts before the last one cost (next_attempt's count), and the budget they count against
         "earlier_attempts_usd": _number(_object(document.get("recovery")).get("spent_usd")),

@@ -39,13 +39,13 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from lustrain_core import recovery
+from lustrain_core import prepare_plan, recovery
 from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
 from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
-from lustrain_core.spec import Compute
+from lustrain_core.spec import Compute, is_prepare
 from lustrain_core.steps import queue, records
 from lustrain_core.steps.teardown import TRAINING_JOB, Clock, teardown_job
 
@@ -154,6 +154,11 @@ def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
     started = _moment(record, "created_at")
     if started is None:
         return None
+    if is_prepare(record.get("spec")):
+        # a data preparation run: its stages one after the other, each for at most its MaxRuntimeInSeconds
+        stages = len(prepare_plan.STAGES)
+        longest_prepare = stages * (prepare_plan.MAX_RUNTIME_SECONDS + prepare_plan.STAGE_OVERHEAD_SECONDS)
+        return started + longest_prepare + grace_hours * 3600
     raw = (record.get("spec") or {}).get("compute") or {}
     try:
         compute = Compute.model_validate(raw)
