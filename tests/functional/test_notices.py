@@ -238,3 +238,16 @@ def test_no_webhook_no_post_and_events_of_others_are_ignored(aws, monkeypatch):
     assert other == {"posted": False, "reason": "the training job is no run's of this stack"}
     assert running["posted"] is False and hook.posts == []
     assert notify.QUEUE_CHANGE == "lustrain Run Queue Change"
+
+
+def test_the_queue_announces_the_first_look_of_a_wait_and_the_admission_after_one_only():
+    from lustrain_core.document import Admission
+    from lustrain_core.steps.queue import change_of
+
+    waiting, admitted = Admission(admitted=False, position=1), Admission(admitted=True)
+    assert change_of(None, waiting) == "queued"
+    assert change_of({"admitted": False}, waiting) is None  # still waiting: said already
+    assert change_of({"admitted": False}, admitted) == "admitted"
+    assert change_of(None, admitted) is None  # admitted at once: no queue to tell of
+    # back in line before a later attempt (the last answer was an admission)
+    assert change_of({"admitted": True}, waiting) == "queued"
