@@ -147,3 +147,7 @@ def test_runs_wait_for_the_quota_with_nothing_created_and_a_run_out_of_queue_tim
         for p in posts:
             assert p["cost_so_far_usd"] is not None and f"lustrain status {p['job_id']} --stack" in p["command"]
         assert by[(ids["holder"], "cancelled")]["model_s3_uri"].endswith(f"/archive/{ids['holder']}/")
+    # once every event was delivered (the twin drained them): the refusal told once, though its execution's FAILED
+    # reached the notify function too (the state machine's notify had announced it)
+    refused = [p for p in hook.posts if (p["job_id"], p["kind"]) == (ids["hasty"], "failed")]
+    assert len(refused) == 1, refused

@@ -251,3 +251,28 @@ def test_the_queue_announces_the_first_look_of_a_wait_and_the_admission_after_on
     assert change_of(None, admitted) is None  # admitted at once: no queue to tell of
     # back in line before a later attempt (the last answer was an admission)
     assert change_of({"admitted": True}, waiting) == "queued"
+
+
+def test_an_execution_that_died_without_its_catch_is_told_and_a_failure_notify_announced_is_not_told_twice(
+    aws, monkeypatch
+):
+    from lustrain_core.steps import records
+
+    job_id = register()["job"]["job_id"]
+    died = execution_change(
+        "FAILED", "run-1", error="States.Runtime", cause="An error occurred while executing"
+    )
+    with receiver() as hook:
+        use_webhook(monkeypatch, json.dumps({"url": hook.url, "format": "json"}))
+        told = invoke("notify", died)
+        # the state machine's notify announced this one (its record notes the message) before the execution ended
+        ddb = boto3.client("dynamodb", region_name=REGION)
+        records.set_fields(ddb, aws.jobs_table, job_id, {"notified": {"message_id": "m-1"}})
+        again = invoke("notify", died)
+    assert told["posted"] is True and again == {
+        "posted": False,
+        "reason": "the state machine's notify announced the failure",
+    }
+    (post,) = hook.posts
+    assert (post["kind"], post["job_id"]) == ("failed", job_id)
+    assert "Error: States.Runtime: An error occurred while executing" in post["text"]

@@ -3,10 +3,10 @@ and each moment of it in the team's chat (steps/notices.py: the stack's NoticeWe
 posted).
 
 The notify function runs from the state machine's end (`notify`: the run's document) and, where the stack names
-a webhook, from EventBridge (`on_event`): the execution's start, stop (cancelled) and time-out ("Step Functions
-Execution Status Change"), each training job's end ("SageMaker Training Job State Change"), and the capacity
-queue's moments ("lustrain Run Queue Change", put by check_quota). A notice's failure to arrive is answered, never
-raised: the run goes on.
+a webhook, from EventBridge (`on_event`): the execution's start, stop (cancelled), time-out and death of an
+error no Catch sees ("Step Functions Execution Status Change"), each training job's end ("SageMaker Training Job
+State Change"), and the capacity queue's moments ("lustrain Run Queue Change", put by check_quota). A notice's
+failure to arrive is answered, never raised: the run goes on.
 
 The message reads as a short report (email subscribers see it as is) followed by the same facts as JSON for
 programs; the message attributes `outcome` and `job_id` let subscriptions filter without parsing the body.
@@ -330,12 +330,26 @@ def _execution_notice(
         except (TypeError, json.JSONDecodeError):
             started_with = None
         return notices.started(name, _started_from(_object(started_with)), settings)
-    if status not in ("ABORTED", "TIMED_OUT"):
+    if status not in ("ABORTED", "TIMED_OUT", "FAILED"):
         return f"a {status} execution is announced by the state machine's own notify"
     record = records.find_by_execution(ddb, settings.jobs_table, name)
     if record is None:
         return "the execution recorded no run"
     cause = cause_text(detail.get("cause")) or None
+    if status == "FAILED":
+        # a run that failed through its Catch was announced by the state machine's notify (its record notes the
+        # message) before the execution ended; one that died of an error no Catch sees (States.Runtime) was not
+        if _object(record.get("notified")).get("message_id"):
+            return "the state machine's notify announced the failure"
+        facts = {
+            "job_id": str(record["job_id"]),
+            "outcome": "failed",
+            "error": detail.get("error") or "States.Runtime",
+            "cause": cause,
+            "spec_name": _object(record.get("spec")).get("name"),
+            "execution": name,
+        }
+        return notices.ended(facts, run_cost(record, sagemaker=sagemaker), settings)
     if status == "ABORTED" and detail.get("error") and cause:
         cause = f"{cause} ({detail['error']})" if detail["error"] not in CANCELLED else cause
     kind = "cancelled" if status == "ABORTED" else "timed-out"
