@@ -142,6 +142,8 @@ def test_every_notice_of_a_run_arrives_formatted_for_its_chat(aws, monkeypatch, 
     assert "lustrain status run-1 --stack lustrain-test" in shown[0]
     assert all(f"lustrain status {job_id} --stack lustrain-test" in s for s in shown[1:])
     assert "waits in the capacity queue" in shown[1] and "place 2" in shown[1]
+    # where the model will be archived, from the queue on
+    assert all(f"s3://lustrain-test-artifacts/archive/{job_id}/" in s for s in shown[1:3])
     assert "admitted" in shown[2] and "after 90 s" in shown[2]
     assert "attempt 1 failed" in shown[3] and "CapacityError: Unable to provision" in shown[3]
     assert "attempt 2 completed" in shown[4]

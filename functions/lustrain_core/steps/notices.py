@@ -385,7 +385,13 @@ def attempt_ended(
 
 
 def queue_moment(
-    record: dict[str, Any], *, admitted: bool, detail: dict[str, Any], cost: float | None, settings: Settings
+    record: dict[str, Any],
+    *,
+    admitted: bool,
+    detail: dict[str, Any],
+    cost: float | None,
+    model: str | None,
+    settings: Settings,
 ) -> Notice:
     """The run waits in its pool's capacity queue, or was admitted after waiting."""
     job_id = str(record["job_id"])
@@ -406,7 +412,7 @@ def queue_moment(
         title=title,
         lines=lines,
         cost_so_far_usd=cost,
-        model_s3_uri=None,
+        model_s3_uri=model,
         command=command(settings, job_id),
         facts={k: detail.get(k) for k in ("pool", "position", "queued_s")},
     )

@@ -314,7 +314,14 @@ def notice_of(event: dict[str, Any], *, ddb: Any, sagemaker: Any, settings: Sett
             return "the queue change names no run of this stack"
         admitted = detail.get("state") == "admitted"
         cost = run_cost(record, sagemaker=sagemaker)
-        return notices.queue_moment(record, admitted=admitted, detail=detail, cost=cost, settings=settings)
+        return notices.queue_moment(
+            record,
+            admitted=admitted,
+            detail=detail,
+            cost=cost,
+            model=_model(record, settings),
+            settings=settings,
+        )
     return f"not an event the notices tell of: {event.get('source')!r} {kind!r}"
 
 
