@@ -343,6 +343,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report of {done.job_id}: {done.html_path}")
         for name, path in done.pngs.items():
             print(f"  {name:<10} {path}")
+        if done.tensorboard_logdir:
+            print(f"TensorBoard: tensorboard --logdir {done.tensorboard_logdir}")
     return EXIT_OK
 
 

@@ -30,6 +30,11 @@ TRAINING_CHANNEL = "training"
 #: with output.to_filesystem the job writes under this channel (SM_CHANNEL_OUTPUT), exported to S3 at teardown
 OUTPUT_CHANNEL = "output"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+#: TensorBoardOutputConfig: the trainer's rank 0 writes TensorBoard's event files here (told by the variable below)
+#: and SageMaker uploads them to <S3OutputPath><training job>/tensorboard-output/ while the job runs; LocalPath's
+#: default, named so that the trainer and the request cannot disagree
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
+TENSORBOARD_DIR_VARIABLE = "LUSTRAIN_TENSORBOARD_DIR"
 #: with checkpoints.to_filesystem the trainer writes its checkpoints under this read-write channel
 #: (SM_CHANNEL_CHECKPOINTS) on the run's file system, and the job has no CheckpointConfig
 CHECKPOINT_CHANNEL = "checkpoints"
@@ -196,7 +201,7 @@ def training_job(
     }
     if key:
         output["KmsKeyId"] = key
-    environment = {**launch.environment, RUN_ID_VARIABLE: job.job_id}
+    environment = {**launch.environment, RUN_ID_VARIABLE: job.job_id, TENSORBOARD_DIR_VARIABLE: TENSORBOARD_LOCAL_PATH}
     if launch.resume is not None and launch.resume.run:
         environment[RESUME_FROM_VARIABLE] = launch.resume.run
     request: dict[str, Any] = {
@@ -218,6 +223,9 @@ def training_job(
         "EnableInterContainerTrafficEncryption": inter_container_encryption(settings),
         "EnableManagedSpotTraining": launch.instances.spot,
         "Environment": environment,
+        # beside the model, under the run's own jobs/ (the only part of the archive the job's role may write):
+        # `tensorboard --logdir` that prefix shows every attempt of the run
+        "TensorBoardOutputConfig": {"S3OutputPath": launch.model_output_s3_uri, "LocalPath": TENSORBOARD_LOCAL_PATH},
         "Tags": job.tags("training_job"),
         # SageMaker assumes the execution role with the session tags of the session that creates the job (the
         # launcher's, run_session_tags): the role's S3 grants name them, so the job reaches only its own run's
