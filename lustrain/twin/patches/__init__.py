@@ -14,6 +14,7 @@ import threading
 import moto
 
 from lustrain.twin.patches import (
+    asl_parse,
     dynamodb_wire,
     ec2,
     eventbridge,
@@ -57,6 +58,7 @@ def install() -> None:
         check_moto_version()
         loaders.install()
         dynamodb_wire.install()
+        asl_parse.install()
         lambda_invoke.install()
         throttling.install()
         iam.install()

@@ -1,4 +1,5 @@
-"""A task failed by callback keeps the cause sent with SendTaskFailure, as on AWS."""
+"""Step Functions on the twin as on AWS: a callback failure keeps its cause, unnamed starts, stops, status events,
+history pages, and each execution of a definition runs on its own."""
 
 from __future__ import annotations
 
@@ -163,3 +164,34 @@ def test_execution_history_pages_as_aws_does_newest_first_when_asked() -> None:
     assert "nextToken" not in last
     with pytest.raises(sfn.exceptions.InvalidToken):
         sfn.get_execution_history(executionArn=arn, maxResults=4, reverseOrder=True, nextToken=first["nextToken"])
+
+
+def test_executions_of_one_definition_each_retry_on_their_own_and_parse_it_once(monkeypatch) -> None:
+    """The twin keeps a definition's parse tree, never an execution's state: each execution retries its failing
+    state as many times as the definition says, as if it were the first."""
+    from moto.stepfunctions.parser.asl.antlr.runtime.ASLParser import ASLParser
+
+    parses = []
+    parse_tree = ASLParser.state_machine
+    monkeypatch.setattr(ASLParser, "state_machine", lambda self: parses.append(1) or parse_tree(self))
+    machine = make_state_machine(
+        "retries",
+        {
+            "StartAt": "Try",
+            "States": {
+                "Try": {
+                    "Type": "Parallel",
+                    "Branches": [{"StartAt": "Fail", "States": {"Fail": {"Type": "Fail", "Error": "Flaky"}}}],
+                    "Retry": [{"ErrorEquals": ["Flaky"], "MaxAttempts": 2, "IntervalSeconds": 1, "BackoffRate": 1}],
+                    "End": True,
+                }
+            },
+        },
+    )
+    sfn = client("stepfunctions")
+    for _ in range(2):
+        arn = sfn.start_execution(stateMachineArn=machine)["executionArn"]
+        assert wait_execution(arn)["status"] == "FAILED"
+        events = sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+        assert sum(event["type"] == "ParallelStateStarted" for event in events) == 3
+    assert len(parses) == 1
