@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from lustrain_core.config import Settings
 from lustrain_core.document import Run
 from lustrain_core.prices import PriceTable
 from lustrain_core.steps.policy import MAX_BUDGET, Policy
+from lustrain_core.steps.records import JobRecord
 
 #: An attempt the budget leaves less training time than this is not started: it would pay for the start of a
 #: fleet that cannot train.
@@ -109,3 +111,28 @@ def attempt_budget(run: Run, spent_usd: float, settings: Settings) -> AttemptBud
         runtime_seconds=runtime,
         binds=runtime < run.job.launch.max_runtime_seconds,
     )
+
+
+def cost_so_far_usd(record: JobRecord, jobs: list[dict[str, Any]], now: float) -> float:
+    """What the run has cost until now, at list prices: each training attempt's billable time (or, while it
+    trains, the time since it started) x its instances, plus the file system's hours at the plan's hourly rate.
+    `jobs` are the attempts' DescribeTrainingJob answers (times as datetimes)."""
+    prices = PriceTable()
+    total = 0.0
+    for job in jobs:
+        seconds = job.get("BillableTimeInSeconds")
+        if seconds is None and job.get("TrainingStartTime") is not None:
+            end = job.get("TrainingEndTime") or datetime.fromtimestamp(now, UTC)
+            seconds = max(0.0, (end - job["TrainingStartTime"]).total_seconds())
+        billed = prices.billed_compute_usd(
+            record.instance_type, float(record.instance_count or 1), float(seconds or 0)
+        )
+        total += billed or 0.0
+    # the file system bills from its creation until its teardown (the record's end): only a run that created one
+    # pays for it, from its admission out of the capacity queue (nothing is created before it; a run cancelled
+    # while queued created nothing and pays nothing)
+    fs_hourly = filesystem_hourly_usd(record.plan, float(record.compute.get("max_runtime_hours") or 0))
+    started = record.admitted_at or record.started_at
+    if record.created_file_system and started is not None:
+        total += fs_hourly * max(0.0, (record.ended_at or now) - started) / 3600
+    return round(total, 2)
