@@ -202,7 +202,8 @@ def notify(document: dict[str, Any], *, sns: Any, settings: Settings, ddb: Any =
         return {"message_id": None, "outcome": facts["outcome"], "skipped": "no NOTIFY_TOPIC_ARN"}
     job_id = _registered_job_id(document) if ddb is not None else None
     if job_id is not None:
-        sent = _object((records.get(ddb, settings.jobs_table, job_id) or {}).get("notified"))
+        found = records.get(ddb, settings.jobs_table, job_id)
+        sent = _object(found.notified if found is not None else None)
         if sent.get("message_id"):
             return {"message_id": sent["message_id"], "outcome": facts["outcome"], "already_sent": True}
     answer = sns.publish(
@@ -217,7 +218,7 @@ def notify(document: dict[str, Any], *, sns: Any, settings: Settings, ddb: Any =
     if job_id is not None:
         note = {"message_id": answer["MessageId"], "outcome": facts["outcome"], "at": records.now_iso()}
         try:
-            records.set_fields(ddb, settings.jobs_table, job_id, {"notified": note})
+            records.set_fields(ddb, settings.jobs_table, job_id, notified=note)
         except ClientError as exc:
             # no record to note it on (a document not from register_job): the message is out all the same
             if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
