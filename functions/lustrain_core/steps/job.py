@@ -285,11 +285,11 @@ def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch_
         prefix = ref if ref.endswith("/") else ref + "/"
     else:
         earlier = records.get(ddb, settings.jobs_table, ref)
-        if earlier is None or "launch" not in earlier:
+        if earlier is None or earlier.checkpoint_s3_uri is None:
             raise SpecInvalid.one(
                 field, ref, "no run with this job id in this stack (give the s3:// prefix instead)"
             )
-        prefix = str(earlier["launch"]["checkpoint_s3_uri"])
+        prefix = earlier.checkpoint_s3_uri
     steps = []
     bucket, key_prefix = split_s3_uri(prefix, field)
     try:
@@ -376,30 +376,30 @@ def register_job(
         )
 
     started_at = records.now_iso()
-    record = {
-        "job_id": job_id,
-        "source": source.to_dict(),
-        "spec": normalised,
-        "plan": plan,
-        "launch": compiled,
-        "status": "RUNNING",
-        "created_at": started_at,
-        "resources": [],
-    }
-    if source.execution:
-        record["execution"] = source.execution
+    record = records.JobRecord.new(
+        job_id=job_id,
+        source=source.to_dict(),
+        # absent for a direct invoke: DynamoDB refuses an empty string as an index key
+        execution=source.execution or None,
+        spec=normalised,
+        plan=plan,
+        launch=compiled,
+        created_at=started_at,
+    )
     if not records.put_new(ddb, settings.jobs_table, record):
-        existing = records.get(ddb, settings.jobs_table, job_id) or {}
-        same_execution = bool(source.execution) and existing.get("execution") == source.execution
-        if not same_execution:
+        existing = records.get(ddb, settings.jobs_table, job_id)
+        same_execution = (
+            existing is not None and bool(source.execution) and existing.execution == source.execution
+        )
+        if existing is None or not same_execution:
             return {
                 "job_id": job_id,
                 "duplicate": True,
-                "source": existing.get("source", source.to_dict()),
-                "started_at": existing.get("created_at"),
-                "duplicate_of": existing.get("execution") or None,
+                "source": existing.source if existing is not None else source.to_dict(),
+                "started_at": existing.created_at if existing is not None else None,
+                "duplicate_of": existing.execution if existing is not None else None,
             }
-        started_at = existing.get("created_at", started_at)
+        started_at = existing.created_at or started_at
     return {
         "job_id": job_id,
         "duplicate": False,
