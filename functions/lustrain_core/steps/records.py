@@ -356,18 +356,6 @@ class JobRecord:
         given = _mapping(self.spec.get("filesystem")).get("file_system_id")
         return not given and any(isinstance(r, Mapping) and r.get("type") == FILE_SYSTEM for r in ledger)
 
-    # ------------------------------------------------------------------ transitional: the dict it was
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The stored attribute `key` (the record was a dict: callers move to the fields one module at a time)."""
-        return self.stored().get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.stored()[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.stored()
-
 
 #: the fields that hold a mapping (a stored value of another type reads as the empty one)
 _MAPPINGS = frozenset({"source", "spec", "plan", "launch", "queue", "export_on_teardown", "torn_down"})
