@@ -165,16 +165,13 @@ class JobRecord:
         """The record from its attributes as plain values (from_item); a missing or null attribute reads as its
         field's default."""
         names = set(cls.stored_names())
-        values: dict[str, Any] = {}
-        for name in names & set(stored):
-            value = stored[name]
-            if value is None:
-                continue
-            values[name] = _typed(name, value)
+        values = {
+            name: _typed(name, stored[name]) for name in names & set(stored) if stored[name] is not None
+        }
         return cls(
             **values,
             other={k: v for k, v in stored.items() if k not in names},
-            present=frozenset(k for k in stored if k in names),
+            present=frozenset(values),
         )
 
     def stored(self) -> dict[str, Any]:
