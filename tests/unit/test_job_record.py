@@ -172,3 +172,14 @@ def test_an_old_record_reads_with_each_newer_fields_default_and_keeps_what_the_m
 def test_writing_an_attribute_the_model_does_not_name_is_refused() -> None:
     with pytest.raises(ValueError, match="judged_atempt"):
         records.set_fields(None, "jobs", "old-1", {"judged_atempt": 2})
+
+
+def test_a_record_shows_a_notebook_its_stored_attributes_and_whether_it_was_recorded() -> None:
+    assert JobRecord.from_stored(stored()).to_dict() == stored()
+    refused = JobRecord(job_id="exec-1", execution="exec-1", status="FAILED", unrecorded=True)
+    assert refused.to_dict() == {
+        "job_id": "exec-1",
+        "execution": "exec-1",
+        "status": "FAILED",
+        "unrecorded": True,
+    }

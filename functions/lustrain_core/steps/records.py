@@ -188,6 +188,11 @@ class JobRecord:
             shown[f.name] = list(value) if isinstance(value, tuple) else value
         return shown
 
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-like values (what `lustrain.find_run` shows a notebook): its stored attributes,
+        and `unrecorded` for the run of an execution register_job never recorded."""
+        return {**self.stored(), **({"unrecorded": True} if self.unrecorded else {})}
+
     # ------------------------------------------------------------------ what the run is
 
     @property
