@@ -229,7 +229,7 @@ def test_the_sweeper_takes_ended_and_unknown_runs_out_of_the_line(line):
     dead = run("dead", 1)
     look(dead)  # its execution is gone (no teardown ever ran), its record still RUNNING
 
-    released = queue.prune(line["ddb"], line["settings"], running=lambda record: record["job_id"] != dead["job"]["job_id"])
+    released = queue.prune(line["ddb"], line["settings"], running=lambda record: record.job_id != dead["job"]["job_id"])
 
     assert sorted((r["job_id"], r["reason"]) for r in released) == sorted(
         [
