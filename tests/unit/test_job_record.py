@@ -183,3 +183,32 @@ def test_a_record_shows_a_notebook_its_stored_attributes_and_whether_it_was_reco
         "status": "FAILED",
         "unrecorded": True,
     }
+
+
+def test_the_plan_answers_the_estimate_and_the_file_systems_throughput() -> None:
+    planned = stored(
+        plan={"cost": {"total_usd": 81.5}, "filesystem": {"throughput_mb_s": 1200, "demand_mb_s": 300.5}}
+    )
+    record = JobRecord.from_stored(planned)
+    assert (record.estimated_usd, record.planned_throughput_mb_s) == (81.5, (1200.0, 300.5))
+    assert (JobRecord(job_id="bare").estimated_usd, JobRecord(job_id="bare").planned_throughput_mb_s) == (
+        0.0,
+        (0.0, 0.0),
+    )
+
+
+def test_a_queued_runs_wait_ends_when_the_time_it_may_still_wait_runs_out() -> None:
+    queued = JobRecord.from_stored(
+        stored(queue={"state": "queued", "since": "2026-12-01T10:00:00Z", "left_s": 1800})
+    )
+    assert queued.queue_wait_ends_at == at("2026-12-01T10:30:00Z")
+    admitted = JobRecord.from_stored(
+        stored(queue={"state": "admitted", "admitted_at": "2026-12-01T10:10:00Z"})
+    )
+    assert admitted.queue_wait_ends_at is None
+
+
+def test_the_warm_ups_runtime_is_the_launch_plans() -> None:
+    warming = JobRecord.from_stored(stored(launch={"preload": {"max_runtime_seconds": 36000}}))
+    assert warming.preload_max_runtime_s == 36000.0
+    assert JobRecord.from_stored(stored()).preload_max_runtime_s == 0.0
