@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lustrain_trainer import prepare as prep
 from lustrain_trainer import tokenizer as tok
-from lustrain_trainer.shards import PLAN_NAME
+from lustrain_trainer.shards import PLAN_LISTS_DIR, PLAN_NAME
 
 
 def label(spec: str) -> str:
@@ -59,6 +59,7 @@ def main() -> int:
                 for file in (PLAN_NAME, tok.TOKENIZER_FILE):
                     if (Path(tmp) / "plan" / file).exists():
                         shutil.copy(Path(tmp) / "plan" / file, out / file)
+                shutil.copytree(Path(tmp) / "plan" / PLAN_LISTS_DIR, out / PLAN_LISTS_DIR)  # the parts' lists
                 target = prep.store_of(out)
                 started = time.perf_counter()
                 codes = prep.run_workers(src, target, workers)

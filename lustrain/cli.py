@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         ("runs", "every run of a stack: state, attempt, instances, elapsed time, cost so far", cmd_runs),
         ("status", "one run: its states on a time line, quota, file system, training job, last metrics", cmd_status),
         ("cancel", "stop a run; its teardown stops the training job and deletes what the run created", cmd_cancel),
-        ("logs", "the run's training logs (/aws/sagemaker/TrainingJobs), every host merged in time order", cmd_logs),
+        ("logs", "the run's logs (its training or processing jobs'), every host merged in time order", cmd_logs),
         ("watch", "follow a run live, state by state with its training progress, until it ends", cmd_watch),
         ("report", "an HTML report with PNG plots: loss and validation bits per byte by step, states on a time line, cost, throughput", cmd_report),
     ):
@@ -199,7 +199,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     if found.cause:
         print(f"  cause:       {found.cause}")
     print(f"  execution:   {r.execution or '(none: a direct invoke)'} {found.execution_status or ''}".rstrip())
-    print(f"  attempt:     {r.attempt} on {r.instances} x {r.instance_type}")
+    if r.kind == "prepare":
+        print(f"  prepare:     data preparation on {r.instances} x {r.instance_type}")
+        for stage in found.stages:
+            failed = f": {stage['failure_reason']}" if stage["failure_reason"] else ""
+            print(f"    {stage['stage']:<6} {stage['name']} {stage['status']} ({stage['instances']} x){failed}")
+    else:
+        print(f"  attempt:     {r.attempt} on {r.instances} x {r.instance_type}")
     quota = found.quota
     if quota:
         print(f"  quota:       {quota.get('instances_requested')} x {quota.get('instance_type')} ('{quota.get('quota_name')}')")
@@ -337,6 +343,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report of {done.job_id}: {done.html_path}")
         for name, path in done.pngs.items():
             print(f"  {name:<10} {path}")
+        if done.tensorboard_logdir:
+            print(f"TensorBoard: tensorboard --logdir {done.tensorboard_logdir}")
     return EXIT_OK
 
 
@@ -352,7 +360,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if prepare is not None:
         print(
             f"{args.spec}: valid data preparation spec {prepare.name!r} (kind: prepare); `lustrain plan` estimates "
-            "its time and cost; a stack does not run this kind yet"
+            "its time and cost; `lustrain submit` runs it on a stack's SageMaker Processing jobs"
         )
         return EXIT_OK
     spec = load_spec_file(args.spec)
@@ -422,15 +430,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     import boto3
 
-    from lustrain.submit import stack_buckets, submit
+    from lustrain.submit import stack_buckets, submit, submit_prepare
 
-    if _prepare_spec(args.spec) is not None:
-        raise SpecInvalid.one(
-            "kind",
-            "prepare",
-            "a stack does not run data preparation yet: `lustrain data prepare SRC OUT --instances N` runs it on "
-            "this machine (SRC and OUT may be s3:// prefixes)",
-        )
     session = boto3.Session(region_name=args.region) if args.region else boto3.Session()
     if args.stack:
         jobs, artifacts = stack_buckets(args.stack, session)
@@ -438,10 +439,30 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise SpecInvalid.one("--artifacts-bucket", None, "is required with --jobs-bucket")
     else:
         jobs, artifacts = args.jobs_bucket, args.artifacts_bucket
-    done = submit(args.spec, jobs_bucket=jobs, artifacts_bucket=artifacts, session=session)
+    preparation = _prepare_spec(args.spec)
+    if preparation is not None:
+        # a data preparation (kind: prepare): the trainer package is its code
+        done = submit_prepare(
+            preparation.model_dump(mode="json", exclude_none=True),
+            jobs_bucket=jobs,
+            artifacts_bucket=artifacts,
+            session=session,
+        )
+    else:
+        done = submit(args.spec, jobs_bucket=jobs, artifacts_bucket=artifacts, session=session)
+    return _started(args, session, done)
+
+
+def _started(args: argparse.Namespace, session: Any, done: Any) -> int:
+    """After a spec was dropped: wait for its run to start on --stack, and say how to follow it."""
     if done.code_s3_uri:
         print(f"code uploaded to {done.code_s3_uri}")
-    print(f"spec dropped at {done.spec_s3_uri} (estimated at most ${done.estimated_cost_usd:,.2f})")
+    estimate = (
+        f"estimated at most ${done.estimated_cost_usd:,.2f}"
+        if done.estimated_cost_usd is not None
+        else "the stack estimates it from the source's size"
+    )
+    print(f"spec dropped at {done.spec_s3_uri} ({estimate})")
     if not args.stack:
         print("the jobs rule starts the state machine; follow it with lustrain runs --stack NAME")
         return EXIT_OK
@@ -487,18 +508,47 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from lustrain_trainer import prepare
 
-    for at, given in enumerate(args.rest):
-        option, _, value = given.partition("=")
-        if option in ("--stack", "--instance-type"):
-            # the Processing jobs' pieces exist (lustrain_core.prepare_plan, steps/prepare.py, the twin's), but no
-            # state machine of a stack starts them yet: say so rather than let the option pass as a path
-            raise SpecInvalid.one(
-                option,
-                value or (args.rest[at + 1] if at + 1 < len(args.rest) else None),
-                "running data preparation on a stack's SageMaker Processing jobs is not available yet; without it, "
-                "SRC and OUT may be s3:// prefixes and --instances N runs N workers on this machine",
-            )
+    if any(given.partition("=")[0] in ("--stack", "--instance-type") for given in args.rest):
+        return _prepare_on_stack(args.rest)
     return int(prepare.main(args.rest))
+
+
+def _prepare_on_stack(rest: list[str]) -> int:
+    """`lustrain data prepare s3://SRC s3://OUT --instances N --stack S`: the preparation as SageMaker Processing
+    jobs of the stack (a kind: prepare run, submitted as `lustrain submit` submits a spec)."""
+    import boto3
+
+    from lustrain.submit import prepare_spec_of, stack_buckets, submit_prepare
+
+    p = argparse.ArgumentParser(
+        prog="lustrain data prepare",
+        description="With --stack: tokenize s3://SRC into shards under s3://OUT on the stack's SageMaker Processing "
+        "jobs (a plan stage, then --instances workers, then a merge).",
+    )
+    p.add_argument("src", metavar="SRC", help="the text's s3:// prefix")
+    p.add_argument("out", metavar="OUT", help="where the shards and index.json go (an s3:// prefix)")
+    p.add_argument("--stack", required=True, help="the deployed stack's name (its outputs name the buckets)")
+    p.add_argument("--instances", type=int, default=1, help="processing instances of the work stage (default 1)")
+    p.add_argument("--instance-type", default=None, help="the processing instances' type (default ml.c5.xlarge)")
+    p.add_argument("--tokenizer", default="bytes", help="bytes | bpe:VOCAB | a tokenizer.json's s3:// URI")
+    p.add_argument("--name", help="the run's name ([a-z0-9-], default: OUT's last folder)")
+    p.add_argument("--size-gib", type=float, help="the source's size, when the stack should not measure it")
+    p.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the run to start (default 60)")
+    args = p.parse_args(rest)
+    doc = prepare_spec_of(
+        args.src,
+        args.out,
+        instances=args.instances,
+        instance_type=args.instance_type,
+        tokenizer=args.tokenizer,
+        name=args.name,
+        size_gib=args.size_gib,
+    )
+    session = boto3.Session(region_name=args.region) if args.region else boto3.Session()
+    jobs, artifacts = stack_buckets(args.stack, session)
+    done = submit_prepare(doc, jobs_bucket=jobs, artifacts_bucket=artifacts, session=session)
+    return _started(args, session, done)
 
 
 def _preload_rows(preload: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -27,7 +27,7 @@ import boto3
 from botocore.exceptions import ClientError
 from lustrain_core.aws_errors import training_job_missing
 from lustrain_core.errors import LustrainError, UsageInvalid
-from lustrain_core.steps import records
+from lustrain_core.steps import prepare, records
 from lustrain_core.steps.budget import cost_so_far_usd
 from lustrain_core.steps.execution_end import CANCEL_ERROR
 from lustrain_core.steps.notify import cause_text
@@ -106,6 +106,8 @@ class RunSummary:
     cost_so_far_usd: float
     budget_usd: float | None
     error: str | None
+    #: train, or prepare for a data preparation run (kind: prepare: its stages are processing jobs)
+    kind: str = records.TRAIN
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -197,19 +199,22 @@ def _summary(stack: Stack, record: JobRecord, now: float) -> RunSummary:
         state = state if record.finished else str(execution["status"])
     started = record.started_at or now
     ended = record.ended_at if state != "RUNNING" else None
+    # a data preparation run's instances are its processing jobs' (its spec has no compute section)
+    preparation = prepare.of_record(record)
     return RunSummary(
         job_id=record.job_id,
         name=record.name,
         execution=record.execution or None,
         state=state,
         attempt=record.attempt,
-        instances=record.instance_count,
-        instance_type=record.instance_type,
+        instances=preparation.instances if preparation is not None else record.instance_count,
+        instance_type=preparation.instance_type if preparation is not None else record.instance_type,
         created_at=record.created_at,
         elapsed_s=round((ended or now) - started, 1),
         cost_so_far_usd=cost_so_far_usd(record, training_jobs(stack, record), now),
         budget_usd=record.budget_usd,
         error=record.error_name,
+        kind=records.TRAIN if preparation is None else records.PREPARE,
     )
 
 
@@ -292,6 +297,9 @@ class RunStatus:
     training_plan: dict[str, Any] | None = None
     #: the model's evaluation as the training jobs report it (evaluation()); None before any figure
     evaluation: dict[str, Any] | None = None
+    #: a data preparation run's stages that started: each processing job's stage, name, status, instances and
+    #: failure reason (processing_jobs())
+    stages: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -406,6 +414,28 @@ def evaluation_text(shown: dict[str, Any]) -> str:
     return f"{'final' if shown.get('final') else 'latest'}{where}: {text}"
 
 
+def processing_jobs(stack: Stack, record: JobRecord) -> list[dict[str, Any]]:
+    """The stages of a data preparation run that have a processing job, in order; [] for a training run."""
+    preparation = prepare.of_record(record)
+    if preparation is None:
+        return []
+    found = []
+    for stage in preparation.stages:
+        job = prepare.describe(stack.client("sagemaker"), preparation.job_name(stage))
+        if job is None:
+            break
+        found.append(
+            {
+                "stage": stage,
+                "name": job["ProcessingJobName"],
+                "status": job["ProcessingJobStatus"],
+                "instances": job["ProcessingResources"]["ClusterConfig"]["InstanceCount"],
+                "failure_reason": job.get("FailureReason"),
+            }
+        )
+    return found
+
+
 def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
     """One run: its summary, the state-by-state timeline, its quota, file system, training job and last metrics."""
     moment = time.time() if now is None else now
@@ -461,6 +491,7 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         cause=cause_text(cause) or None,
         # the ledger: what the run created and its teardown has not deleted (all it holds while it runs)
         resources_left=[dict(r) for r in record.resources],
+        stages=processing_jobs(stack, record),
     )
 
 
@@ -547,15 +578,23 @@ class LogLine:
         return {**asdict(self), "host": self.host}
 
 
+def log_streams(record: JobRecord) -> list[tuple[str, str]]:
+    """Where a run's jobs log: (log group, stream prefix) of each training attempt, or of each stage of a data
+    preparation run (its processing jobs, /aws/sagemaker/ProcessingJobs)."""
+    preparation = prepare.of_record(record)
+    if preparation is not None:
+        return prepare.log_streams(preparation)
+    return [(TRAINING_LOG_GROUP, name + "/") for name in record.training_job_names()]
+
+
 def logs(stack: Stack, run: str, since_ms: int | None = None) -> list[LogLine]:
-    """The run's training log lines (every attempt, every host), merged in time order; only those after
-    `since_ms` when given (what --follow asks for next)."""
+    """The run's log lines (every training attempt or preparation stage, every host), merged in time order; only
+    those after `since_ms` when given (what --follow asks for next)."""
     record = find_run(stack, run)
     client = stack.client("logs")
     lines: list[LogLine] = []
-    for job_name in record.training_job_names():
-        prefix = job_name + "/"
-        params: dict[str, Any] = {"logGroupName": TRAINING_LOG_GROUP, "logStreamNamePrefix": prefix}
+    for group, prefix in log_streams(record):
+        params: dict[str, Any] = {"logGroupName": group, "logStreamNamePrefix": prefix}
         try:
             streams = [
                 stream["logStreamName"]
@@ -564,10 +603,10 @@ def logs(stack: Stack, run: str, since_ms: int | None = None) -> list[LogLine]:
             ]
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-                return []  # no training job has written a line in this account yet
+                continue  # no job has written a line to this group in this account yet
             raise
         for stream in streams:
-            request: dict[str, Any] = {"logGroupName": TRAINING_LOG_GROUP, "logStreamName": stream, "startFromHead": True}
+            request: dict[str, Any] = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
             if since_ms is not None:
                 request["startTime"] = since_ms + 1
             while True:

@@ -9,6 +9,9 @@
 - cost: the plan's estimate before launch against what the run has cost so far (lustrain.operate);
 - file-system throughput: what the plan provisioned against what the GPUs demand (data.ingest_mb_s_per_gpu).
 
+The page and `Report.tensorboard_logdir` also say where the run's TensorBoard files are: its training jobs'
+TensorBoardOutputConfig.S3OutputPath, under which SageMaker puts each job's `<job>/tensorboard-output/`.
+
 `build` returns the figures' own data (`Report.series`) beside the files, so that a caller (a notebook, a test)
 sees exactly what was drawn.
 """
@@ -39,6 +42,8 @@ class Report:
     #: each figure's data: name -> {series name -> [(x, y), ...]}
     series: dict[str, dict[str, list[tuple[float, float]]]]
     figures: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: `tensorboard --logdir` this: every attempt's TensorBoard files (None for a run with no such job)
+    tensorboard_logdir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +51,7 @@ class Report:
             "html_path": str(self.html_path),
             "pngs": {k: str(v) for k, v in self.pngs.items()},
             "series": self.series,
+            "tensorboard_logdir": self.tensorboard_logdir,
         }
 
 
@@ -73,6 +79,15 @@ def _definitions(stack: operate.Stack, record: JobRecord) -> list[dict[str, str]
     if not jobs:
         return []
     return list((jobs[-1].get("AlgorithmSpecification") or {}).get("MetricDefinitions") or [])
+
+
+def tensorboard_logdir(jobs: list[dict[str, Any]]) -> str | None:
+    """Where the run's training jobs upload their TensorBoard files (the latest job's; a run's jobs share it)."""
+    for job in reversed(jobs):
+        path = (job.get("TensorBoardOutputConfig") or {}).get("S3OutputPath")
+        if path:
+            return str(path)
+    return None
 
 
 def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None = None) -> Report:
@@ -185,8 +200,9 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
         plt.close(fig)
 
     page = target / "report.html"
-    page.write_text(_html(shown, pngs))
-    return Report(job_id, page, pngs, series, figures)
+    logdir = tensorboard_logdir(operate.training_jobs(stack, record))
+    page.write_text(_html(shown, pngs, logdir))
+    return Report(job_id, page, pngs, series, figures, logdir)
 
 
 def _nothing_yet(ax: Any, text: str) -> None:
@@ -215,7 +231,7 @@ def _epoch(iso: str) -> float:
     return found
 
 
-def _html(shown: operate.RunStatus, pngs: dict[str, Path]) -> str:
+def _html(shown: operate.RunStatus, pngs: dict[str, Path], logdir: str | None = None) -> str:
     r = shown.run
     rows = "".join(
         f"<tr><td>{html.escape(s.entered_at)}</td><td>{'' if s.seconds is None else f'{s.seconds:.1f} s'}</td>"
@@ -226,6 +242,8 @@ def _html(shown: operate.RunStatus, pngs: dict[str, Path]) -> str:
     cause = f"<p>{html.escape(shown.cause)}</p>" if shown.cause else ""
     if shown.evaluation:
         cause += f"<p>evaluation, {html.escape(operate.evaluation_text(shown.evaluation))}</p>"
+    if logdir:
+        cause += f"<p>TensorBoard: <code>tensorboard --logdir {html.escape(logdir)}</code></p>"
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>lustrain run {html.escape(r.job_id)}</title></head><body>"

@@ -16,7 +16,9 @@ from pathlib import Path
 from lustrain_core.config import Settings
 from lustrain_core.document import SECTIONS
 from lustrain_core.launch import registered
-from lustrain_core.spec import validate_spec
+from lustrain_core.spec import is_prepare, validate_prepare_spec, validate_spec
+from lustrain_core.steps.job import planned_preparation
+from lustrain_core.steps.records import PREPARE, TRAIN
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 #: the samples' stack: `sam local invoke` runs them under the template's defaults
@@ -30,7 +32,14 @@ def refreshed(document: dict) -> dict:
     job = document.get("job")
     if not isinstance(job, dict) or "spec" not in job:
         return document
+    if is_prepare(job["spec"]):
+        # a data preparation run: its plan, from the source's size it was planned for
+        prepared = validate_prepare_spec(job["spec"])
+        job.update(kind=PREPARE, spec=prepared.model_dump(mode="json"))
+        job["plan"] = planned_preparation(prepared, float(job.get("plan", {}).get("source_gib") or prepared.size_gib or 1))
+        return document
     spec = validate_spec(job["spec"])
+    job["kind"] = TRAIN
     job.update(registered(spec, job["job_id"], SETTINGS, data_gib=job.get("plan", {}).get("filesystem", {}).get("data_gib")))
     return document
 

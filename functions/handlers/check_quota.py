@@ -26,4 +26,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     )
     result = dumped(admission)
     logger.info("admitted" if admission.admitted else "queued", extra={"quota": result})
+    change = queue.change_of(event.get("quota"), admission)
+    if change is not None:
+        failed = queue.announce_change(
+            clients.client("events"), str(event["job"]["job_id"]), change, admission
+        )
+        if failed:
+            logger.warning("queue change not announced", extra={"change": change, "error": failed})
     return result

@@ -1,4 +1,11 @@
-"""notify: publish the run's outcome (error, archive, teardown, cost) to NOTIFY_TOPIC_ARN. Output: $.notify."""
+"""notify: tell people how the run goes (steps/notify.py).
+
+From the state machine (the run's document): publish the outcome (error, archive, teardown, cost) to
+NOTIFY_TOPIC_ARN and post it to the stack's webhook. Output: $.notify.
+From EventBridge (the execution's start and stop, a training job's end, a queue change): post that notice to the
+stack's webhook. A notice that could not be delivered is logged ("notice not delivered", without the URL) and the
+invocation succeeds all the same: a notice never fails nor holds up a run.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +19,25 @@ from lustrain_core.steps import notify
 
 logger = Logger(service="lustrain")
 
+#: the sources of the EventBridge events the function takes; anything else is a state machine's document (whose
+#: run may have started from S3's "Object Created" event: source aws.s3)
+EVENT_SOURCES = frozenset({"aws.states", "aws.sagemaker", notify.SOURCE})
+
 
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    result = notify.notify(
-        event, sns=clients.client("sns"), settings=Settings.from_env(), ddb=clients.client("dynamodb")
-    )
-    logger.info("outcome published", extra=result)
+    settings = Settings.from_env()
+    ddb, sagemaker, secrets = (clients.client(s) for s in ("dynamodb", "sagemaker", "secretsmanager"))
+    if isinstance(event, dict) and event.get("source") in EVENT_SOURCES and "detail-type" in event:
+        result = notify.on_event(event, ddb=ddb, sagemaker=sagemaker, secrets=secrets, settings=settings)
+        logger.info("notice", extra={"notice": result})
+    else:
+        result = notify.notify(
+            event, sns=clients.client("sns"), settings=settings, ddb=ddb, secrets=secrets, sagemaker=sagemaker
+        )
+        logger.info("outcome published", extra=result)
+    chat = result.get("chat") or {}
+    if chat and not chat.get("delivered") and not chat.get("skipped"):
+        # a metric filter on this line counts the notices lost ({ $.notice_not_delivered = 1 })
+        logger.warning("notice not delivered", extra={"notice_not_delivered": 1, **chat})
     return result

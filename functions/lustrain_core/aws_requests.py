@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from lustrain_core import prepare_plan, recovery
 from lustrain_core.config import Settings
@@ -30,6 +30,11 @@ TRAINING_CHANNEL = "training"
 #: with output.to_filesystem the job writes under this channel (SM_CHANNEL_OUTPUT), exported to S3 at teardown
 OUTPUT_CHANNEL = "output"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+#: TensorBoardOutputConfig: the trainer's rank 0 writes TensorBoard's event files here (told by the variable below)
+#: and SageMaker uploads them to <S3OutputPath><training job>/tensorboard-output/ while the job runs; LocalPath's
+#: default, named so that the trainer and the request cannot disagree
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
+TENSORBOARD_DIR_VARIABLE = "LUSTRAIN_TENSORBOARD_DIR"
 #: with checkpoints.to_filesystem the trainer writes its checkpoints under this read-write channel
 #: (SM_CHANNEL_CHECKPOINTS) on the run's file system, and the job has no CheckpointConfig
 CHECKPOINT_CHANNEL = "checkpoints"
@@ -196,7 +201,7 @@ def training_job(
     }
     if key:
         output["KmsKeyId"] = key
-    environment = {**launch.environment, RUN_ID_VARIABLE: job.job_id}
+    environment = {**launch.environment, RUN_ID_VARIABLE: job.job_id, TENSORBOARD_DIR_VARIABLE: TENSORBOARD_LOCAL_PATH}
     if launch.resume is not None and launch.resume.run:
         environment[RESUME_FROM_VARIABLE] = launch.resume.run
     request: dict[str, Any] = {
@@ -218,6 +223,9 @@ def training_job(
         "EnableInterContainerTrafficEncryption": inter_container_encryption(settings),
         "EnableManagedSpotTraining": launch.instances.spot,
         "Environment": environment,
+        # beside the model, under the run's own jobs/ (the only part of the archive the job's role may write):
+        # `tensorboard --logdir` that prefix shows every attempt of the run
+        "TensorBoardOutputConfig": {"S3OutputPath": launch.model_output_s3_uri, "LocalPath": TENSORBOARD_LOCAL_PATH},
         "Tags": job.tags("training_job"),
         # SageMaker assumes the execution role with the session tags of the session that creates the job (the
         # launcher's, run_session_tags): the role's S3 grants name them, so the job reaches only its own run's
@@ -338,21 +346,33 @@ def data_repository_association(
 # --------------------------------------------------------------------------- EC2
 
 
-def tag_spec(job: Job, resource: str, resource_type: str) -> list[dict[str, Any]]:
+class Tagged(Protocol):
+    """What the network's requests read of a run (a Job, or steps/network.NetworkFor): its id, and each of its
+    resources' name and tags (Name included)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    def tags(self, resource: str) -> list[dict[str, str]]: ...
+
+    def name_of(self, resource: str) -> str: ...
+
+
+def tag_spec(job: Tagged, resource: str, resource_type: str) -> list[dict[str, Any]]:
     return [{"ResourceType": resource_type, "Tags": job.tags(resource)}]
 
 
-def security_group(job: Job, vpc_id: str) -> dict[str, Any]:
+def security_group(job: Tagged, vpc_id: str) -> dict[str, Any]:
     """CreateSecurityGroup of the run's group (its name from the launch plan)."""
     return {
-        "GroupName": job.launch.names.security_group,
+        "GroupName": job.name_of("security_group"),
         "Description": f"lustrain {job.job_id}: EFA and Lustre between the training instances and the file system",
         "VpcId": vpc_id,
         "TagSpecifications": tag_spec(job, "security_group", "security-group"),
     }
 
 
-def vpc(job: Job, cidr: str) -> dict[str, Any]:
+def vpc(job: Tagged, cidr: str) -> dict[str, Any]:
     """CreateVpc of the run's network (its CIDR block from the plan)."""
     return {"CidrBlock": cidr, "TagSpecifications": tag_spec(job, "vpc", "vpc")}
 

@@ -313,7 +313,11 @@ class Job:
 
     def tags(self, resource: str) -> list[dict[str, str]]:
         """The tags of one resource of the run: the launch plan's, and its Name (launch.names.<resource>)."""
-        return self.launch.tags_named(getattr(self.launch.names, resource))
+        return self.launch.tags_named(self.name_of(resource))
+
+    def name_of(self, resource: str) -> str:
+        """The name of one resource of the run (launch.names.<resource>)."""
+        return str(getattr(self.launch.names, resource))
 
 
 def _checked_launch(job_id: str, spec: JobSpec, launch: Any) -> LaunchPlan:

@@ -4,8 +4,8 @@
 as the job's code as for training) in the stages of its contract, each a SageMaker Processing job in the run's
 private subnet, one after the other:
 
-1. plan (1 instance): lists SRC, trains the BPE once where the tokenizer is bpe:VOCAB, writes OUT/prepare-plan.json
-   and OUT/tokenizer.json. One instance, not the CLI or a Lambda: training a BPE on its sample takes minutes and
+1. plan (1 instance): lists SRC, trains the BPE once where the tokenizer is bpe:VOCAB, writes a file list per part
+   (OUT/plan/files-PPPPP.json), OUT/tokenizer.json and OUT/prepare-plan.json (the parts and totals). One instance, not the CLI or a Lambda: training a BPE on its sample takes minutes and
    needs `tokenizers` (the image has it, a Lambda does not), and the caller's machine may be far from the data.
 2. work (N instances, `--worker auto`): each instance tokenizes the parts p with p % N == its position in the
    sorted hosts of /opt/ml/config/resourceconfig.json, reading its files from S3 itself (a corpus is never copied
@@ -19,9 +19,12 @@ quotas, "ml.<type> for processing job usage"), takes any command as its entry po
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import re
 from dataclasses import dataclass
 
+from lustrain_core.planner import usable_ips
 from lustrain_core.trainer.prepare_estimate import estimate_prepare
 
 #: The stages of a preparation run, in order; plan and merge are small: one instance each, whatever --instances says
@@ -45,6 +48,12 @@ ENTRYPOINT = ["/bin/sh", "-c", ENTRY_SCRIPT, "prepare", CODE_DIR]
 #: A processing job's start (provisioning the instances, pulling the image) and end, per stage: not in the
 #: preparation's own estimate (prepare_estimate), which times the work alone. A round figure, not measured.
 STAGE_OVERHEAD_SECONDS = 300
+#: The run's own network (create_network): a VPC of the training runs' default block, and a private subnet with an
+#: address per instance (a processing job's instance has one network interface in it) and headroom as the planner
+#: leaves for training (at least 5, or a tenth)
+VPC_CIDR = "10.80.0.0/16"
+#: The file the code bundle must hold: the preparation's module, at the package's path (ENTRY_SCRIPT runs it)
+ENTRY_MODULE_FILE = "lustrain_trainer/prepare.py"
 #: vCPUs of an instance of these families: 2 for .large, 4 for .xlarge, 4N for .Nxlarge (the EC2 instance types'
 #: published sizes); the BPE encodes on every core
 _VCPU_FAMILIES = frozenset({"c5", "c6i", "c7i", "m5", "m6i", "m7i", "r5", "r6i", "r7i"})
@@ -96,6 +105,14 @@ class PrepareRun:
         if stage == "merge":
             return [*common, "--stage", "merge"]
         raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
+
+
+def subnet_cidr(instances: int, vpc_cidr: str = VPC_CIDR) -> str:
+    """The run's private subnet: the first block of the VPC large enough for its instances and headroom."""
+    needed = instances + max(5, math.ceil(0.1 * instances))
+    vpc = ipaddress.IPv4Network(vpc_cidr)
+    prefix = next(p for p in range(28, vpc.prefixlen - 1, -1) if usable_ips(p) >= needed)
+    return str(next(vpc.subnets(new_prefix=prefix)))
 
 
 def next_stage(run: PrepareRun, done: list[str]) -> str | None:

@@ -429,6 +429,10 @@ class PrepareSpec(_Section):
     instance_type: str = Field("ml.c5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
     #: the source's size, for `lustrain plan` (which reads nothing in S3)
     size_gib: float | None = Field(None, gt=0, le=MAX_STORAGE_GIB)
+    #: the trainer package the processing jobs run (an s3:// prefix with lustrain_trainer/ at its root): a stack's
+    #: Lambda functions cannot read the user's disk, so `lustrain data prepare --stack` and `lustrain submit`
+    #: upload trainer/ and set it; a stack refuses a run without it (upload_code bundles it)
+    code: S3Uri | None = None
     tags: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=256)]] = (
         Field(default_factory=dict, max_length=40)
     )

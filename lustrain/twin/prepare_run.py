@@ -4,7 +4,8 @@ that reads the code and the source and writes the output only, and the stages dr
 
 Used by the test that holds a two-instance run to a local one (tests/functional/test_prepare_processing.py) and by
 the twin's benchmark (bench/prepare_twin.py). The caller has moto's mock (or server) and the twin's patches in
-place. Not yet the stack's own path: no state machine starts a preparation (the README says what is missing).
+place. The stack's own path (the state machine's, from `lustrain data prepare ... --stack`) is
+tests/e2e/test_prepare_run.py's.
 """
 
 from __future__ import annotations

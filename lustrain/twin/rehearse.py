@@ -112,9 +112,14 @@ def operator_session() -> boto3.Session:
 
 
 @contextlib.contextmanager
-def twin(parameters: dict[str, str] | None = None, template: dict[str, Any] | None = None) -> Iterator[Any]:
+def twin(
+    parameters: dict[str, str] | None = None,
+    template: dict[str, Any] | None = None,
+    before: Callable[[], dict[str, str]] | None = None,
+) -> Iterator[Any]:
     """moto with the twin's patches, executing state machines for real, and the stack materialised (from
-    `template`, a changed copy of template.yaml, when given)."""
+    `template`, a changed copy of template.yaml, when given). `before` runs in the twin before the stack is made
+    and returns parameters to add: what a stack parameter names that must exist first (a secret's ARN)."""
     from moto import mock_aws
 
     from lustrain.twin import faults, patches, simulator
@@ -138,11 +143,12 @@ def twin(parameters: dict[str, str] | None = None, template: dict[str, Any] | No
     clients.reset()
     try:
         with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+            made_first = before() if before is not None else {}
             stack = materialise(
                 TEMPLATE,
                 stack_name=STACK_NAME,
                 region=REGION,
-                parameters={**FAST_PARAMETERS, **(parameters or {})},
+                parameters={**FAST_PARAMETERS, **(parameters or {}), **made_first},
                 template=template,
             )
             yield stack
@@ -365,8 +371,7 @@ def example_shards(max_bytes: str = "3MiB", tokenizer: str = "bytes", cache_root
 
     root = cache_root or CACHE
     cache = (
-        root
-        / f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{max_bytes}-{prepare.LAYOUT}"
+        root / f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{max_bytes}-{prepare.LAYOUT}"
         f"-{_tokenizer_key(tokenizer)}"
     )
     if not (cache / "index.json").exists():

@@ -124,6 +124,9 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         assert all(path.stat().st_size > 1000 for path in made.pngs.values())
         page = made.html_path.read_text()
         assert all(f'src="{path.name}"' in page for path in made.pngs.values()) and "RunCancelled" in page
+        # and where the run's TensorBoard files go: beside its model, under the run's own jobs/ prefix
+        logdir = f"s3://{stack.outputs['ArtifactsBucketName']}/archive/{job_ids['by-cli']}/jobs/"
+        assert made.tensorboard_logdir == logdir and f"tensorboard --logdir {logdir}" in page
 
         # the same from the command line, as the README shows it; the training log holds both hosts' steps
         assert cli.main(["status", "by-cli", "--stack", STACK_NAME]) == 0

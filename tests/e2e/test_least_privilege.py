@@ -25,8 +25,9 @@ pytestmark = pytest.mark.slow
 
 QUICK = Path(__file__).with_name("quick.yaml")
 #: Not called by a run that ends by itself: the sweeper runs on its schedule, on_execution_end for a run someone
-#: stopped; tests/e2e/test_sweeper.py and tests/e2e/test_cancel.py prove their grants the same way.
-NOT_IN_A_RUN = {"SweepFunctionRole", "OnExecutionEndFunctionRole"}
+#: stopped; tests/e2e/test_sweeper.py and tests/e2e/test_cancel.py prove their grants the same way. The prepare
+#: function runs in a data preparation run only: tests/e2e/test_prepare_run.py proves its grants.
+NOT_IN_A_RUN = {"SweepFunctionRole", "OnExecutionEndFunctionRole", "PrepareFunctionRole"}
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ out ends QuotaExceeded having created nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import yaml
 
 from lustrain import cli, operate
 from lustrain.twin import rehearse
+from lustrain.twin.notice_receiver import receiver
 from lustrain.twin.rehearse import REGION, STACK_NAME, drop, operator_session, twin, until
 
 pytestmark = pytest.mark.slow
@@ -43,7 +45,17 @@ def test_runs_wait_for_the_quota_with_nothing_created_and_a_run_out_of_queue_tim
     from lustrain.twin.patches import service_quotas
 
     monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.2")
-    with twin() as stack:
+    chat = contextlib.ExitStack()
+    hook = chat.enter_context(receiver())
+
+    def webhook() -> dict[str, str]:
+        """The team's chat, as a stack names it: a secret holding the URL (and its format) the notices go to."""
+        secret = operator_session().client("secretsmanager").create_secret(
+            Name="team/chat", SecretString=json.dumps({"url": hook.url, "format": "json"})
+        )
+        return {"NoticeWebhookSecretArn": secret["ARN"]}
+
+    with chat, twin(before=webhook) as stack:
         session = operator_session()
         sfn, sagemaker = session.client("stepfunctions"), session.client("sagemaker")
         service_quotas.set_quota("ml.p4d.24xlarge", 1, REGION)
@@ -111,3 +123,31 @@ def test_runs_wait_for_the_quota_with_nothing_created_and_a_run_out_of_queue_tim
         pools = session.client("dynamodb").scan(TableName=stack.outputs["CapacityQueueTableName"])
         for item in pools["Items"]:
             assert item["waiting"]["M"] == {} and item["holds"]["M"] == {}, item
+
+        # the team's chat heard every moment of the runs, each with its cost so far, model and command
+        ids = {**job_ids, "holder": holder_id}
+        wanted = {("holder", "cancelled"), ("holder", "attempt-ended"), ("hasty", "queued"), ("hasty", "failed"),
+                  ("patient", "queued"), ("patient", "admitted"), ("patient", "attempt-ended"),
+                  ("patient", "cancelled")}
+
+        def missing() -> set[tuple[str, str]]:
+            return wanted - {(name, p["kind"]) for p in list(hook.posts) for name, j in ids.items() if p["job_id"] == j}
+
+        with contextlib.suppress(AssertionError):
+            until(lambda: not missing() or None, "every notice of the runs", 60)
+        assert not missing(), (sorted(missing()), [(p["kind"], p["job_id"]) for p in hook.posts])
+        posts = list(hook.posts)
+        started = {p["facts"]["execution"] for p in posts if p["kind"] == "started"}
+        assert {a.rsplit(":", 1)[-1] for a in (holder_arn, hasty_arn, patient_arn)} <= started
+        by = {(p["job_id"], p["kind"]): p for p in posts}
+        assert "QuotaExceeded" in by[(ids["hasty"], "failed")]["text"]
+        caller = session.client("sts").get_caller_identity()["Arn"]
+        assert f"cancelled by {caller} with lustrain cancel" in by[(ids["holder"], "cancelled")]["text"]
+        assert by[(ids["patient"], "admitted")]["facts"]["queued_s"] > 0
+        for p in posts:
+            assert p["cost_so_far_usd"] is not None and f"lustrain status {p['job_id']} --stack" in p["command"]
+        assert by[(ids["holder"], "cancelled")]["model_s3_uri"].endswith(f"/archive/{ids['holder']}/")
+    # once every event was delivered (the twin drained them): the refusal told once, though its execution's FAILED
+    # reached the notify function too (the state machine's notify had announced it)
+    refused = [p for p in hook.posts if (p["job_id"], p["kind"]) == (ids["hasty"], "failed")]
+    assert len(refused) == 1, refused

@@ -29,10 +29,12 @@ from lustrain_core.document import Admission, Attempt, Code, Filesystem, Network
 from lustrain_core.errors import (
     FileSystemFailed,
     NetworkInvalid,
+    PrepareFailed,
     QuotaExceeded,
     SpecInvalid,
     TeardownIncomplete,
 )
+from lustrain_core.steps import prepare
 from lustrain_core.steps.filesystem import next_wait
 from moto import mock_aws
 
@@ -53,6 +55,7 @@ FUNCTIONS = {
     "next_attempt": "NextAttemptFunctionArn",
     "teardown": "TeardownFunctionArn",
     "notify": "NotifyFunctionArn",
+    "prepare": "PrepareFunctionArn",
 }
 
 #: The production poll schedule (template defaults): the first look after 480 s, then every 30 s.
@@ -90,6 +93,11 @@ class Scenario:
     queued_looks: int = 0
     #: raised by the look that would admit instead (the queue's time ran out)
     queue_refusal: Exception | None = None
+    #: register_job answers a data preparation run (kind: prepare) whose stages take this many looks in all before
+    #: every one Completed
+    prepare_looks: int | None = None
+    #: the looks the preparation had before this execution's first (a run near the state machine's bound)
+    prepare_looks_before: int = 0
     calls: list[tuple[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -201,6 +209,37 @@ JOB = {
 }
 
 
+PREPARE_JOB = {
+    "job_id": "corpus-0badc0de",
+    "kind": "prepare",
+    "spec": {"kind": "prepare", "name": "corpus", "output": "s3://results/shards/"},
+    "plan": {"kind": "prepare", "cost_usd": 2.5},
+    "source": {"bucket": "jobs", "key": "jobs/corpus.yaml"},
+    "started_at": "2025-01-01T00:00:00Z",
+}
+
+
+def _register(event: dict[str, Any]) -> dict[str, Any]:
+    job = JOB if SCENARIO.prepare_looks is None else PREPARE_JOB
+    return {**job, "duplicate": SCENARIO.duplicate}
+
+
+def _prepare(event: dict[str, Any]) -> dict[str, Any]:
+    """A look at the preparation's stages, stubbed: the next stage on each look, Completed after prepare_looks."""
+    looks = event.get("prepare", {}).get("looks", SCENARIO.prepare_looks_before) + 1
+    stages = ["plan", "work", "merge"]
+    if looks >= (SCENARIO.prepare_looks or 0):
+        return {"done": stages, "stage": None, "status": "Completed", "looks": looks, "wait_seconds": 0}
+    done = stages[: min(looks - 1, 2)]
+    return {
+        "done": done,
+        "stage": stages[len(done)],
+        "status": "InProgress",
+        "looks": looks,
+        "wait_seconds": 0,
+    }
+
+
 def _next_attempt(event: dict[str, Any]) -> dict[str, Any]:
     """The run policy's decision, stubbed: retry the first `SCENARIO.retries` failed attempts, at once."""
     failure = event["failure"]
@@ -220,7 +259,7 @@ def _next_attempt(event: dict[str, Any]) -> dict[str, Any]:
 def _install_stubs() -> None:
     module = types.ModuleType(STUBS)
     results: dict[str, Callable[[Any], Any]] = {
-        "register_job": lambda event: {**JOB, "duplicate": SCENARIO.duplicate},
+        "register_job": _register,
         "check_quota": _queue,
         "create_network": lambda event: dumped(
             Network(
@@ -242,6 +281,7 @@ def _install_stubs() -> None:
             "message_id": "m-1",
             "outcome": "failed" if "error" in event else "succeeded",
         },
+        "prepare": _prepare,
     }
     for name, result in results.items():
         setattr(module, name, _stub(name, result))
@@ -666,3 +706,66 @@ def test_a_poll_result_without_wait_seconds_fails_catchably_not_with_states_runt
     assert run["status"] == "FAILED"
     assert run["error"] == "FileSystemFailed"
     assert [step for step, _ in SCENARIO.calls][-2:] == ["teardown", "notify"]
+
+
+# --- data preparation runs (kind: prepare) -------------------------------------------------------------------
+
+
+def test_a_preparation_takes_its_own_path_network_code_looks_teardown(machine: Machine) -> None:
+    SCENARIO.prepare_looks = 4
+
+    run = machine.run(S3_EVENT)
+
+    assert run["status"] == "SUCCEEDED", run.get("cause")
+    steps = [step for step, _ in SCENARIO.calls]
+    # no capacity queue, no file system, no training job
+    assert steps == ["register_job", "create_network", "upload_code", *["prepare"] * 4, "teardown", "notify"]
+    assert entered(run).count("Wait for the data preparation") == 3
+    # each look passes on what the last one said, with the run's network and code
+    looks = SCENARIO.called("prepare")
+    assert [look.get("prepare", {}).get("looks") for look in looks] == [None, 1, 2, 3]
+    assert all(look["network"]["subnet_id"] and look["code"]["submit_directory"] for look in looks)
+    summary = json.loads(run["output"])
+    assert summary == {
+        "outcome": "succeeded",
+        "kind": "prepare",
+        "job_id": "corpus-0badc0de",
+        "output_s3_uri": "s3://results/shards/",
+        "stages": ["plan", "work", "merge"],
+        "looks": 4,
+        "started_at": "2025-01-01T00:00:00Z",
+        "finished_at": summary["finished_at"],
+        "estimated_cost_usd": 2.5,
+        "teardown": {"deleted": ["fs-0123456789abcdef0", "vpc-1"], "kept": []},
+        "notify": {"message_id": "m-1", "outcome": "succeeded"},
+    }
+
+
+@pytest.mark.parametrize("failing", ["create_network", "upload_code", "prepare"])
+def test_a_preparation_that_fails_is_torn_down_and_ends_with_the_error(
+    machine: Machine, failing: str
+) -> None:
+    SCENARIO.prepare_looks = 3
+    SCENARIO.raise_at[failing] = PrepareFailed(
+        "the data preparation job corpus-0badc0de-prep-work Failed: boom"
+    )
+
+    run = machine.run(S3_EVENT)
+
+    assert (run["status"], run["error"]) == ("FAILED", "PrepareFailed")
+    steps = [step for step, _ in SCENARIO.calls]
+    assert steps[-2:] == ["teardown", "notify"] and "check_quota" not in steps
+    (teardown,) = SCENARIO.called("teardown")
+    assert teardown["error"]["Error"] == "PrepareFailed"
+
+
+def test_a_preparation_that_outlasts_its_looks_is_torn_down(machine: Machine) -> None:
+    SCENARIO.prepare_looks = prepare.MAX_LOOKS + 10
+    SCENARIO.prepare_looks_before = prepare.MAX_LOOKS - 3
+
+    run = machine.run(S3_EVENT)
+
+    assert (run["status"], run["error"]) == ("FAILED", "PrepareFailed")
+    assert len(SCENARIO.called("prepare")) == 3
+    assert [step for step, _ in SCENARIO.calls][-2:] == ["teardown", "notify"]
+    assert json.loads(run["cause"])["looks"] == prepare.MAX_LOOKS

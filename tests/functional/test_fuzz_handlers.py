@@ -54,6 +54,8 @@ DOCUMENT_HANDLERS = (
     "check_filesystem",
     "upload_code",
     "start_training",
+    # a data preparation's look: a training run's document is refused (job.spec.kind), nothing started
+    "prepare",
 )
 #: handlers started by something else than the run document: a drop or an execution's input, a SageMaker event
 EVENT_HANDLERS = ("register_job", "on_training_event")

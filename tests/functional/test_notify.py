@@ -141,3 +141,16 @@ def test_a_refused_drop_names_the_file_and_the_field_not_an_unknown_job(aws):
     text = envelope["Message"]
     assert "unknown job" not in text
     assert f"Spec: {where}" in text and "compute.instance_count: must be >= 1 (got 0)" in text
+
+
+def test_a_data_preparation_run_is_published_with_its_estimated_cost(aws):
+    """A kind: prepare run's plan (prepare_plan.plan_of) prices it as cost_usd, not a training plan's cost."""
+    queue = subscribed_queue(aws.notify_topic_arn)
+    spec = {"kind": "prepare", "name": "corpus", "source": "s3://c/text/", "output": "s3://c/shards/"}
+    plan = {"kind": "prepare", "stages": ["plan x1", "work x4", "merge x1"], "cost_usd": 12.34}
+    document = {"job": {"job_id": "corpus-0badc0de", "kind": "prepare", "spec": spec, "plan": plan}}
+
+    assert invoke("notify", document)["outcome"] == "succeeded"
+
+    (envelope,) = received(queue)
+    assert "Estimated cost before launch: $12.34" in envelope["Message"]

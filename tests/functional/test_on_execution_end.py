@@ -260,3 +260,33 @@ def test_a_malformed_event_names_the_event_field(aws, machine, field, value):
         invoke("on_execution_end", event)
     assert f"detail.{field}" in str(info.value) and "invalid event" in str(info.value)
     assert "Step Functions Execution Status Change" in str(info.value)
+
+
+def test_a_stopped_data_preparation_run_is_torn_down_and_announced(aws, machine, notices):
+    """A kind: prepare record (no training spec) is torn down and its end published as a training run's is."""
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="lustrain-test-corpus")
+    s3.put_object(Bucket="lustrain-test-corpus", Key="text/a.txt", Body=b"some text\n")
+    spec = {
+        "kind": "prepare",
+        "name": "corpus",
+        "source": "s3://lustrain-test-corpus/text/",
+        "output": "s3://lustrain-test-corpus/out/",
+        "code": "s3://lustrain-test-corpus/trainer/",
+    }
+    sfn().start_execution(stateMachineArn=machine, name="prep-stopped", input="{}")
+    job = invoke("register_job", {"execution": "prep-stopped", "input": {"spec": spec}})
+    stop(machine, "prep-stopped", error="RunCancelled", cause="by alice")
+
+    result = invoke(
+        "on_execution_end", status_change(machine, "prep-stopped", error="RunCancelled"), MinuteLeft()
+    )
+
+    assert (result["action"], result["job_id"], result["teardown"]["remaining"]) == (
+        "torn down",
+        job["job_id"],
+        [],
+    )
+    assert job_record(aws.jobs_table, job["job_id"])["status"] == "FAILED"
+    (notice,) = published(notices)
+    assert job["job_id"] in notice and "cancelled" in notice.lower()

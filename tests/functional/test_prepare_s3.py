@@ -23,7 +23,7 @@ ARGS = ["--shard-size", "4KiB", "--val-fraction", "0.1"]
 
 
 def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     for rel, data in FILES.items():
         (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "src" / rel).write_bytes(data)
@@ -31,6 +31,9 @@ def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
     local = {p.relative_to(tmp_path / "local").as_posix(): p.read_bytes()
              for p in (tmp_path / "local").rglob("*") if p.is_file()}
 
+    # from S3 every text file is "large": spooled to the worker's disk and tokenized a chunk at a time
+    monkeypatch.setattr(prep, "WHOLE_FILE", 1000)
+    monkeypatch.setattr(prep, "READ_CHUNK", 300)
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         for bucket in ("corpus", "prepared"):
@@ -56,7 +59,8 @@ def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
 
     assert missing == 2 and "listing s3://nowhere/web: NoSuchBucket" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
-    assert replanned == ["runs/one/prepare-plan.json"]
+    assert replanned == ["runs/one/plan/files-00000.json", "runs/one/plan/files-00001.json",
+                         "runs/one/prepare-plan.json"]
     assert sorted(remote) == sorted(local)
     shards = [name for name in local if name.endswith(".bin")]
     assert len(shards) > 3 and all(remote[name] == local[name] for name in shards)
@@ -65,3 +69,26 @@ def test_s3_in_and_out_match_a_local_preparation_of_the_same_files(
     local_index["source"].pop("root")
     assert index == local_index
     assert index["source"]["files_matched"] == 5  # the compiled file's directory is skipped there too
+
+
+def test_the_listing_streams_a_page_at_a_time_in_key_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 10^8 keys the plan never holds the listing: the first file is there after one ListObjectsV2 call (a page
+    of 1,000 keys; 10 here), and the keys come in the order a sort of their paths gives."""
+    monkeypatch.setattr(prep.S3Store, "page_keys", 10)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="corpus")
+        names = [f"web/d{k % 7}/f{k:04d}.txt" for k in range(25)]
+        for name in names:
+            s3.put_object(Bucket="corpus", Key=name, Body=b"x")
+        store = prep.store_of("s3://corpus/web")
+        calls: list[str] = []
+        store.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **_: calls.append("list"))
+
+        files = store.files("**/*.txt")
+        first = next(files)
+        assert calls == ["list"]
+        rest = [rel for rel, _ in files]
+
+    assert len(calls) == 3
+    assert [first[0], *rest] == sorted(name.removeprefix("web/") for name in names)

@@ -229,8 +229,9 @@ def test_the_record_register_job_writes_reads_as_a_job_record_and_writes_back_un
     item = ddb.get_item(TableName=aws.jobs_table, Key={"job_id": {"S": job["job_id"]}})["Item"]
     record = records.get(ddb, aws.jobs_table, job["job_id"])
     assert record is not None and not record.other  # the model names every attribute register_job writes
-    assert (record.job_id, record.execution, record.status, record.resources) == (
+    assert (record.job_id, record.kind, record.execution, record.status, record.resources) == (
         job["job_id"],
+        "train",
         "drop-3",
         "RUNNING",
         (),
@@ -247,3 +248,99 @@ def test_the_record_register_job_writes_reads_as_a_job_record_and_writes_back_un
     again = ddb.get_item(TableName=aws.jobs_table, Key={"job_id": {"S": job["job_id"]}})["Item"]
     # the same values (a number may come back as 40 where it was written 40.0: DynamoDB holds one number)
     assert records.from_item(again) == records.from_item(item)
+
+
+# --- data preparation runs (kind: prepare) --------------------------------------------------------------------
+
+CORPUS = "s3://lustrain-test-data/text/"
+SHARDS = "s3://lustrain-test-results/shards/"
+
+
+def prepare_spec(**changed: object) -> dict:
+    return {
+        "kind": "prepare",
+        "name": "corpus",
+        "source": CORPUS,
+        "output": SHARDS,
+        "instances": 2,
+        "code": "s3://lustrain-test-artifacts/uploads/lustrain-trainer/0123456789abcdef/",
+        **changed,
+    }
+
+
+def seed_corpus() -> None:
+    seed_data(CORPUS, {"a.txt": b"hello world\n" * 100, "b.txt": b"the quick brown fox\n" * 50})
+
+
+def test_a_prepare_spec_becomes_a_recorded_preparation_and_a_training_one_says_its_kind(aws):
+    seed_corpus()
+    job = invoke("register_job", {"execution": "prep-1", "input": {"spec": prepare_spec()}})
+    assert (job["kind"], job["duplicate"], job["spec"]["instances"]) == ("prepare", False, 2)
+    assert job["plan"]["stages"] == ["plan x1", "work x2", "merge x1"]
+    # the source was measured: 1,200 + 1,000 bytes
+    assert job["plan"]["source_gib"] == pytest.approx(2200 / 2**30)
+    assert "launch" not in job
+    record = job_record(aws.jobs_table, job["job_id"])
+    assert (record["kind"], record["status"], record["resources"]) == ("prepare", "RUNNING", [])
+    assert record["spec"] == job["spec"] and record["plan"] == job["plan"]
+
+    seed_data()
+    trained = invoke("register_job", {"execution": "train-1", "input": {"spec": spec(data={"size_gib": 5})}})
+    assert trained["kind"] == job_record(aws.jobs_table, trained["job_id"])["kind"] == "train"
+
+
+def test_a_prepare_spec_started_twice_is_one_run(aws):
+    seed_corpus()
+    event = drop(prepare_spec(), key="jobs/corpus.yaml")
+    first = invoke("register_job", {"execution": "a", "input": event})
+    again = invoke("register_job", {"execution": "b", "input": event})
+    assert (again["duplicate"], again["kind"], again["job_id"]) == (True, "prepare", first["job_id"])
+    assert len(records_in(aws.jobs_table)) == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "changed", "rule", "field"),
+    [
+        ("LUSTRAIN_ALLOWED_DATA_PREFIXES", {}, "LUSTRAIN_ALLOWED_DATA_PREFIXES", "source"),
+        ("LUSTRAIN_ALLOWED_OUTPUT_PREFIXES", {}, "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES", "output"),
+        ("LUSTRAIN_MAX_INSTANCES_PER_RUN", {"instances": 3}, "LUSTRAIN_MAX_INSTANCES_PER_RUN", "instances"),
+        ("LUSTRAIN_ALLOWED_INSTANCE_TYPES", {}, "LUSTRAIN_ALLOWED_INSTANCE_TYPES", "instance_type"),
+    ],
+)
+def test_a_prepare_spec_outside_the_stacks_rules_is_forbidden_before_anything_is_recorded(
+    aws, monkeypatch, env, changed, rule, field
+):
+    seed_corpus()
+    allowed = {"LUSTRAIN_MAX_INSTANCES_PER_RUN": "2", "LUSTRAIN_ALLOWED_INSTANCE_TYPES": "ml.m5.xlarge"}
+    monkeypatch.setenv(env, allowed.get(env, "s3://somewhere-else/"))
+    with pytest.raises(SpecForbidden) as exc:
+        invoke("register_job", {"execution": "f", "input": {"spec": prepare_spec(**changed)}})
+    assert (exc.value.details["rule"], exc.value.details["field"]) == (rule, field)
+    assert records_in(aws.jobs_table) == []
+
+
+def test_a_prepare_spec_over_the_stacks_budget_is_forbidden(aws, monkeypatch):
+    seed_corpus()
+    monkeypatch.setenv("LUSTRAIN_MAX_BUDGET_USD", "0.01")
+    with pytest.raises(SpecForbidden, match="LUSTRAIN_MAX_BUDGET_USD"):
+        invoke("register_job", {"execution": "f", "input": {"spec": prepare_spec(instances=50)}})
+    assert records_in(aws.jobs_table) == []
+
+
+@pytest.mark.parametrize(
+    ("changed", "field"),
+    [
+        ({"source": "s3://lustrain-test-data/nothing-here/"}, "source"),
+        ({"output": "s3://no-such-bucket-lustrain/shards/"}, "output"),
+        ({"tokenizer": "s3://lustrain-test-data/tok/tokenizer.json"}, "tokenizer"),
+        ({"instances": 0}, "instances"),
+        ({"output": CORPUS + "shards/"}, ""),
+        ({"code": None}, "code"),
+    ],
+)
+def test_a_prepare_spec_that_cannot_run_is_refused_naming_the_field(aws, changed, field):
+    seed_corpus()
+    with pytest.raises(SpecInvalid) as exc:
+        invoke("register_job", {"execution": "f", "input": {"spec": prepare_spec(**changed)}})
+    assert [e.path for e in exc.value.errors] == [field]
+    assert records_in(aws.jobs_table) == []

@@ -60,3 +60,17 @@ def test_a_run_without_losses_says_so_instead_of_empty_axes(built):
     assert "no losses logged yet" in texts(built.figures["loss"])
     assert "no validation logged yet" in texts(built.figures["val_bpb"])
     assert built.series["loss"] == {}
+
+
+def test_the_report_says_where_the_runs_tensorboard_files_are(aws, built, tmp_path, monkeypatch):
+    # a run cancelled while queued had no training job: nothing to point at
+    assert built.tensorboard_logdir is None and "tensorboard" not in built.html_path.read_text()
+    # one whose jobs uploaded theirs (TensorBoardOutputConfig, as DescribeTrainingJob gives it back)
+    logdir = "s3://artifacts/archive/gpt-small-0a1b2c3d/jobs/"
+    jobs = [{"TrainingJobName": "gpt-small-0a1b2c3d-1", "TrainingJobStatus": "Stopped", "SecondaryStatus": "Stopped",
+             "BillableTimeInSeconds": 0, "TensorBoardOutputConfig": {"S3OutputPath": logdir}}]
+    monkeypatch.setattr(operate, "training_jobs", lambda stack, record: jobs)
+    stack = operate.Stack("lustrain", MACHINE, aws.jobs_table, "jobs", "artifacts", boto3.Session(region_name=REGION))
+    made = report.build(stack, "gpt-small-0a1b2c3d", tmp_path / "again", now=NOW.timestamp())
+    assert made.tensorboard_logdir == logdir and made.to_dict()["tensorboard_logdir"] == logdir
+    assert f"tensorboard --logdir {logdir}" in made.html_path.read_text()

@@ -97,3 +97,19 @@ def test_a_stack_that_is_not_lustrains_is_a_usage_error(buckets, tmp_path, capsy
 
     assert main(["submit", str(spec), "--stack", "other"]) == 2
     assert "not a lustrain stack" in capsys.readouterr().err
+
+
+def test_a_prepare_spec_is_dropped_with_the_trainer_package_uploaded_as_its_code(buckets, capsys):
+    assert main(["submit", "examples/prepare.yaml", "--jobs-bucket", "jobs", "--artifacts-bucket", "artifacts"]) == 0
+
+    (dropped,) = buckets.list_objects_v2(Bucket="jobs", Prefix="jobs/")["Contents"]
+    doc = yaml.safe_load(buckets.get_object(Bucket="jobs", Key=dropped["Key"])["Body"].read())
+    assert (doc["kind"], doc["name"], doc["instances"]) == ("prepare", "corpus-bpe", 8)
+    assert doc["code"].startswith("s3://artifacts/uploads/lustrain-trainer/")
+    prefix = doc["code"].removeprefix("s3://artifacts/")
+    keys = {o["Key"].removeprefix(prefix) for o in buckets.list_objects_v2(Bucket="artifacts", Prefix=prefix)["Contents"]}
+    # the package at the prefix's root, as the processing jobs' entry point imports it
+    assert {"lustrain_trainer/__init__.py", "lustrain_trainer/prepare.py"} <= keys
+    assert not any("__pycache__" in key for key in keys)
+    said = capsys.readouterr().out
+    assert f"code uploaded to {doc['code']}" in said and "estimated at most $" in said

@@ -381,3 +381,48 @@ def test_a_processing_job_still_running_is_stopped_before_anything_is_deleted_an
     # the ledger is clear: a second teardown has nothing left to do
     again = tear_down(document)
     assert (again["remaining"], again["status"]) == ([], "SUCCEEDED")
+
+
+def test_a_data_preparation_run_is_torn_down_from_its_record_its_processing_job_stopped(aws):
+    """A kind: prepare record holds no training spec: no capacity queue to leave, no file system to keep."""
+    from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
+    from lustrain_core.steps import prepare
+
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="lustrain-test-corpus")
+    s3.put_object(Bucket="lustrain-test-corpus", Key="text/a.txt", Body=b"some text\n")
+    prep = {
+        "kind": "prepare",
+        "name": "corpus",
+        "source": "s3://lustrain-test-corpus/text/",
+        "code": "s3://lustrain-test-corpus/trainer/",
+    }
+    job = invoke(
+        "register_job",
+        {"execution": "p", "input": {"spec": {**prep, "output": "s3://lustrain-test-corpus/out/"}}},
+    )
+    job_id = job["job_id"]
+    name = f"{job_id}-prep-plan"
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.add_resources(ddb, aws.jobs_table, job_id, [{"type": prepare.RESOURCE_TYPE, "id": name}])
+    request = {
+        "ProcessingJobName": name,
+        "ProcessingResources": {
+            "ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.c5.xlarge", "VolumeSizeInGB": 30}
+        },
+        "AppSpecification": {
+            "ImageUri": "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:x",
+            "ContainerEntrypoint": ["python3", "-c", "import signal; signal.pause()"],
+        },
+        "RoleArn": aws.sagemaker_role_arn,
+        "Tags": [{"Key": TAG_JOB_ID, "Value": job_id}, {"Key": TAG_CREATED_BY, "Value": aws.stack_name}],
+    }
+    assert prepare.start(sagemaker(), request) == "InProgress"
+
+    error = {"Error": "PrepareFailed", "Cause": "stopped by hand"}
+    result = tear_down({"job": job, "error": error})
+
+    assert sagemaker().describe_processing_job(ProcessingJobName=name)["ProcessingJobStatus"] == "Stopped"
+    assert (result["stopped"], result["remaining"]) == ([{"type": "processing_job", "id": name}], [])
+    record = job_record(aws.jobs_table, job_id)
+    assert (record["status"], record["resources"]) == ("FAILED", [])

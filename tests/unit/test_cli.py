@@ -165,23 +165,49 @@ def test_every_lustrain_command_a_message_or_the_docs_name_is_one_the_cli_has():
     assert {name: files for name, files in named.items() if name not in commands} == {}
 
 
-@pytest.mark.parametrize("option", [["--stack", "lustrain"], ["--stack=lustrain"], ["--instance-type", "ml.c5.xlarge"]])
-def test_data_prepare_on_a_stack_says_it_is_not_available_yet_and_runs_nothing(tmp_path, capsys, option):
-    out = tmp_path / "out"
-    assert main(["data", "prepare", "s3://bkt/text/", str(out), "--instances", "2", *option]) == 2
-    err = capsys.readouterr().err
-    assert option[0].split("=")[0] in err and "not available yet" in err
-    assert not out.exists()
-
-
-def test_a_prepare_spec_validates_as_one_and_submit_refuses_it_by_kind_before_any_aws_call(capsys, monkeypatch):
-    assert main(["validate", "examples/prepare.yaml"]) == 0
-    said = capsys.readouterr().out
-    assert "valid data preparation spec 'corpus-bpe'" in said and "a stack does not run this kind yet" in said
+def _no_aws(monkeypatch):
     # no region and no endpoint: an AWS call would fail with exit 1, so exit 2 shows nothing was asked of AWS
     for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    assert main(["submit", "examples/prepare.yaml", "--stack", "lustrain"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["s3://bkt/text/", "OUT", "--stack", "lustrain"], "output"),
+        (["s3://bkt/text/", "s3://bkt/shards/", "--stack=lustrain", "--instances", "0"], "instances"),
+        (["s3://bkt/text/", "s3://bkt/text/shards/", "--stack", "lustrain"], ""),
+        (["s3://bkt/text/", "s3://bkt/shards/", "--stack", "lustrain", "--instance-type", "c5"], "instance_type"),
+    ],
+)
+def test_data_prepare_on_a_stack_refuses_a_preparation_it_cannot_run_before_any_aws_call(
+    tmp_path, capsys, monkeypatch, argv, field
+):
+    _no_aws(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "prepare", *argv]) == 2
     err = capsys.readouterr().err
-    assert "kind: a stack does not run data preparation yet" in err and "lustrain data prepare" in err
+    assert f"{field}:" in err if field else "overlap" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_data_prepare_with_an_instance_type_needs_a_stack(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "prepare", "s3://bkt/text/", "s3://bkt/shards/", "--instance-type", "ml.c5.xlarge"])
+    assert exc.value.code == 2 and "--stack" in capsys.readouterr().err
+
+
+def test_a_prepare_specs_name_comes_from_its_output_folder():
+    from lustrain.submit import prepare_spec_of
+
+    assert prepare_spec_of("s3://bkt/text/", "s3://bkt/Shards_BPE.32k/")["name"] == "shards-bpe-32k"
+    assert prepare_spec_of("s3://bkt/text/", "s3://out-bkt")["name"] == "out-bkt"
+    mine = prepare_spec_of("s3://bkt/text/", "s3://bkt/out/", name="mine", instances=3)
+    assert (mine["name"], mine["instances"]) == ("mine", 3)
+
+
+def test_a_prepare_spec_validates_as_one(capsys):
+    assert main(["validate", "examples/prepare.yaml"]) == 0
+    said = capsys.readouterr().out
+    assert "valid data preparation spec 'corpus-bpe'" in said and "lustrain submit" in said

@@ -29,6 +29,7 @@ PLACEHOLDER = re.compile(r"\$\{([^}]+)\}")
 
 HANDLERS = {
     "register_job",
+    "prepare",
     "next_attempt",
     "check_quota",
     "create_network",
@@ -235,7 +236,12 @@ def test_forward_states_catch_into_the_teardown() -> None:
         assert last.get("ResultPath") in ("$.error", "$.notify"), (
             f"{name!r} must keep its input and the error"
         )
-        if name in ("Tear down the run", "Notify the owner"):
+        if name in (
+            "Tear down the run",
+            "Notify the owner",
+            "Tear down the data preparation",
+            "Notify the owner of the data preparation",
+        ):
             continue  # the run's own cleanup: a failure there is reported, not compensated twice
         assert last["Next"] == COMPENSATION, f"{name!r} must catch into {COMPENSATION!r}"
     for branch in (b for s in top.values() for b in s.get("Branches", [])):
@@ -315,17 +321,20 @@ def test_handlers_get_the_document_and_results_land_under_their_keys() -> None:
         "CreateNetworkFunctionArn": "$.network",
         "CreateFilesystemFunctionArn": "$.filesystem",
         "CheckFilesystemFunctionArn": "$.filesystem",
-        "UploadCodeFunctionArn": "$",  # the branch's output becomes {"code": <result>}
+        # the training branch's output becomes {"code": <result>}; a data preparation's lands under $.code
+        "UploadCodeFunctionArn": ("$", "$.code"),
         "StartTrainingFunctionArn": "$.training",
         "NextAttemptFunctionArn": "$.recovery",
         "TeardownFunctionArn": "$.teardown",
         "NotifyFunctionArn": "$.notify",
+        "PrepareFunctionArn": "$.prepare",
     }
     for name, state in all_states():
         function = lambda_function_of(state)
         if function is None:
             continue
-        assert state["ResultPath"] == expected[function], name
+        wanted = expected[function]
+        assert state["ResultPath"] in (wanted if isinstance(wanted, tuple) else (wanted,)), name
         if state["ResultPath"] == "$":
             (key,) = [k for k, v in state["ResultSelector"].items() if v == "$"]
             assert key.endswith(".$")
@@ -423,12 +432,14 @@ def test_no_allow_statement_grants_every_action() -> None:
 
 
 def test_pass_role_is_for_the_training_role_and_sagemaker_only() -> None:
-    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining)
+    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining); the
+    # prepare function hands the processing role to a data preparation's processing jobs
     passing = [(lid, s) for lid, s in policy_statements() if "iam:PassRole" in _listed(s["Action"])]
-    assert [lid for lid, _ in passing] == ["LauncherRole"]
-    (_, statement) = passing[0]
-    assert statement["Resource"] == {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}
-    assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    passed = {"LauncherRole": "SageMakerExecutionRole", "PrepareFunction": "PrepareProcessingRole"}
+    assert [lid for lid, _ in passing] == list(passed)
+    for lid, statement in passing:
+        assert statement["Resource"] == {"Fn::GetAtt": [passed[lid], "Arn"]}
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
 
 
 def test_deletes_are_limited_to_what_runs_of_this_stack_created() -> None:
@@ -437,6 +448,10 @@ def test_deletes_are_limited_to_what_runs_of_this_stack_created() -> None:
     checked = 0
     for logical_id, statement in policy_statements():
         deletes = [a for a in _listed(statement["Action"]) if ":Delete" in a and not a.startswith(exempt)]
+        if logical_id == "PrepareProcessingRole" and deletes == ["s3:DeleteObject"]:
+            # a data preparation clears a part's leftovers under its output, within the stack's output prefixes
+            # (S3 objects carry no lustrain tags)
+            continue
         if statement["Effect"] != "Allow" or not deletes:
             continue
         condition = statement.get("Condition", {})

@@ -172,3 +172,17 @@ def test_a_real_answer_passes_through_untouched():
 def test_the_context_manager_form_translates_too():
     with pytest.raises(AwsThrottled), translate_aws_errors():
         raise client_error("ThrottlingException")
+
+
+def test_the_prepare_sample_is_a_data_preparations_document_after_its_first_stage():
+    """events/prepare.json: what the prepare handler reads (`sam local invoke PrepareFunction -e`)."""
+    from lustrain_core.document import Sections
+    from lustrain_core.spec import validate_prepare_spec
+
+    document = load("prepare")
+    assert document["job"]["kind"] == "prepare"
+    spec = validate_prepare_spec(document["job"]["spec"])
+    assert document["job"]["job_id"] == job.job_id_for(spec.name, document["job"]["source"]["identity"])
+    sections = Sections.of(document, "network", "code")
+    assert sections.network is not None and sections.code is not None
+    assert document["prepare"]["done"] == ["plan"] and document["prepare"]["stage"] == "work"

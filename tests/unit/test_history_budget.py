@@ -20,7 +20,10 @@ cycle), and each Wait is bounded:
 - "Wait for the file system": FilesystemPollMaxCount (the Choice stops at it, check_filesystem raises at it);
   data.preload's warm-up is watched by the same loop (lifecycle PRELOADING), its looks counted in the same bound;
 - "Wait before the next attempt": once per training attempt (recovery.MAX_ATTEMPTS, the most compute.max_attempts
-  allows) and per SageMaker refusal sending the run back to the queue (recovery.MAX_REFUSALS).
+  allows) and per SageMaker refusal sending the run back to the queue (recovery.MAX_REFUSALS);
+- "Wait for the data preparation": the looks its Choice allows (steps/prepare.MAX_LOOKS, enough for every stage to
+  run its MaxRuntimeInSeconds at the handler's waits). A data preparation run (kind: prepare) takes its own path
+  after registration, which a training run never enters: each path is bounded on its own.
 Retries are counted in full (every retrier at its MaxAttempts) on every visit of a state outside the two poll
 loops, and once per state inside them: a transient failure on every one of 2,000 looks is not in the bound.
 """
@@ -32,7 +35,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lustrain_core import recovery
+from lustrain_core import prepare_plan, recovery
+from lustrain_core.steps import prepare
 
 from lustrain.twin.cfn import load_template
 
@@ -49,6 +53,10 @@ HISTORY_QUOTA = 25_000
 QUEUE_WAIT = "$.quota.wait_seconds"
 FILESYSTEM_WAIT = "$.filesystem.wait_seconds"
 ATTEMPT_WAIT = "$.recovery.wait_seconds"
+PREPARE_WAIT = "$.prepare.wait_seconds"
+#: the first state of a data preparation run's own path (the kind Choice's)
+PREPARE_PATH = "Create the data preparation's network"
+TRAINING_PATH = "Check the SageMaker quota"
 
 
 def definition(parameters: dict[str, int]) -> dict[str, Any]:
@@ -129,11 +137,57 @@ def loop_states(scope: dict[str, Any], wait: str) -> set[str]:
     raise AssertionError(f"{wait} is in no loop")
 
 
+def reachable(machine: dict[str, Any], start: str) -> set[str]:
+    found, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo += sorted(edges(machine["States"][name]))
+    return found
+
+
+def prepare_only(machine: dict[str, Any]) -> set[str]:
+    """The states only a data preparation run enters."""
+    return reachable(machine, PREPARE_PATH) - reachable(machine, TRAINING_PATH)
+
+
+def most_prepare_looks(machine: dict[str, Any]) -> int:
+    """The looks at a preparation the state machine allows: its Choice's bound on $.prepare.looks."""
+    (bound,) = [
+        rule["NumericLessThan"]
+        for state in machine["States"].values()
+        for choice in state.get("Choices", [])
+        for rule in choice.get("And", [])
+        if rule.get("Variable") == "$.prepare.looks" and "NumericLessThan" in rule
+    ]
+    return int(bound)
+
+
+def prepare_worst_case(parameters: dict[str, int], looks: int | None = None) -> int:
+    """The most history events a data preparation run can record: its registration, its own path with the look
+    loop at its bound (or `looks`), and the failure path's states."""
+    machine = definition(parameters)
+    top = machine["States"]
+    loop = loop_states(machine, waits_by_path(machine)[PREPARE_WAIT])
+    looks = most_prepare_looks(machine) if looks is None else looks
+    total = 2
+    for name in {"Register the job"} | reachable(machine, PREPARE_PATH):
+        state = top[name]
+        if name in loop:
+            n = looks if state["Type"] == "Wait" else looks + 1
+            retried = events(state, with_retries=True) - events(state, with_retries=False)
+            total += n * events(state, with_retries=False) + retried
+        else:
+            total += events(state, with_retries=True)
+    return total
+
+
 def worst_case(parameters: dict[str, int]) -> int:
-    """The most history events one execution can record with these parameter values."""
+    """The most history events one training run can record with these parameter values."""
     machine = definition(parameters)
     waits = waits_by_path(machine)
-    assert set(waits) == {QUEUE_WAIT, FILESYSTEM_WAIT, ATTEMPT_WAIT}, (
+    assert set(waits) == {QUEUE_WAIT, FILESYSTEM_WAIT, ATTEMPT_WAIT, PREPARE_WAIT}, (
         f"the ASL's Wait states changed ({sorted(waits)}): bound the new loop here"
     )
     attempts = recovery.MAX_ATTEMPTS + recovery.MAX_REFUSALS  # starts of a training job
@@ -157,6 +211,8 @@ def worst_case(parameters: dict[str, int]) -> int:
 
     total = 2  # ExecutionStarted and the execution's end
     for name, state in top.items():
+        if name in prepare_only(machine):
+            continue
         if name in queue_loop:
             # each return to the queue ends with one look more than its waits: returns extra looks in all
             total += looked(state, queue_waits) + (0 if state["Type"] == "Wait" else returns - 1) * events(
@@ -201,6 +257,10 @@ def test_the_worst_case_history_at_the_parameters_maxima_stays_under_step_functi
     assert worst < HISTORY_QUOTA, (
         f"{worst} history events at {maxima()}: over Step Functions' {HISTORY_QUOTA}"
     )
+    worst = prepare_worst_case(maxima())
+    assert worst < HISTORY_QUOTA, (
+        f"a data preparation's {worst} history events at {maxima()}: over Step Functions' {HISTORY_QUOTA}"
+    )
 
 
 def test_the_worst_case_counts_nine_events_per_look_of_each_poll_loop():
@@ -208,3 +268,25 @@ def test_the_worst_case_counts_nine_events_per_look_of_each_poll_loop():
     base = worst_case({"QueueMaxLooks": 100, "FilesystemPollMaxCount": 100})
     assert worst_case({"QueueMaxLooks": 101, "FilesystemPollMaxCount": 100}) - base == 9
     assert worst_case({"QueueMaxLooks": 100, "FilesystemPollMaxCount": 101}) - base == 9
+
+
+def test_a_preparation_counts_nine_events_per_look_and_none_of_the_training_paths():
+    base = {"QueueMaxLooks": 100, "FilesystemPollMaxCount": 100}
+    assert prepare_worst_case(base, 101) - prepare_worst_case(base, 100) == 9
+    # the preparation's bound does not move with the training path's loops
+    assert prepare_worst_case({**base, "QueueMaxLooks": 101}) == prepare_worst_case(base)
+    assert "Check the SageMaker quota" not in reachable(definition(base), PREPARE_PATH)
+
+
+def test_a_preparations_looks_cover_every_stage_running_its_longest():
+    # the state machine's bound is the handler's, and its waits let each stage run MaxRuntimeInSeconds within it
+    assert most_prepare_looks(definition({})) == prepare.MAX_LOOKS
+    looks, stage_looks = 0, []
+    for _ in prepare_plan.STAGES:
+        waited, n = 0, 0
+        while waited < prepare_plan.MAX_RUNTIME_SECONDS:
+            n += 1
+            waited += prepare.wait_after(n)
+        stage_looks.append(n + 1)  # and the look that finds it Completed
+        looks += n + 1
+    assert looks <= prepare.MAX_LOOKS, stage_looks

@@ -75,3 +75,23 @@ def test_plan_without_a_size_names_the_field(tmp_path: Path, capsys: pytest.Capt
     spec.write_text(EXAMPLE.read_text().replace("size_gib: 500\n", ""))
     assert main(["plan", str(spec)]) != 0
     assert "size_gib" in capsys.readouterr().err
+
+
+def test_a_preparation_is_looked_at_often_while_a_stage_starts_then_every_ten_minutes():
+    from lustrain_core.steps import prepare
+
+    waits = [prepare.wait_after(n) for n in range(1, 40)]
+    assert waits[: prepare.QUICK_LOOKS - 1] == [60] * (prepare.QUICK_LOOKS - 1)
+    assert set(waits[prepare.QUICK_LOOKS :]) == {600}
+
+
+def test_a_preparations_subnet_holds_its_instances_and_headroom():
+    from lustrain_core import prepare_plan
+    from lustrain_core.planner import usable_ips
+
+    for instances in (1, 2, 6, 7, 50, 100):
+        cidr = prepare_plan.subnet_cidr(instances)
+        assert cidr.startswith("10.80.0.0/")
+        assert usable_ips(int(cidr.split("/")[1])) >= instances + 5
+    assert prepare_plan.subnet_cidr(2) == "10.80.0.0/28"
+    assert prepare_plan.subnet_cidr(100) == "10.80.0.0/25"

@@ -156,3 +156,21 @@ def test_the_settings_come_from_the_stack_and_a_broken_grace_is_named():
     for raw in ("soon", "0"):
         with pytest.raises(ValueError, match=f"LUSTRAIN_SWEEP_GRACE_HOURS='{raw}'"):
             sweep.SweepSettings.from_settings(Settings(extra={"LUSTRAIN_SWEEP_GRACE_HOURS": raw}))
+
+
+def test_a_data_preparation_run_is_stuck_after_its_three_stages_longest_time_and_the_grace():
+    """A kind: prepare record has no compute section: its stages run one after the other, each for at most a day
+    (prepare_plan.MAX_RUNTIME_SECONDS) plus its start."""
+    prep = {
+        "job_id": "corpus-0badc0de",
+        "execution": "run-1",
+        "status": "RUNNING",
+        "created_at": STARTED,
+        "kind": "prepare",
+        "spec": {"kind": "prepare", "name": "corpus", "source": "s3://a/text/", "output": "s3://a/shards/"},
+    }
+    due = T0 + 3 * (24 * HOUR + 300) + 6 * HOUR
+    assert deadline(prep, 6) == due
+    assert not judge(prep, "RUNNING", due - 60, 6).sweep
+    late = judge(prep, "RUNNING", due + 60, 6)
+    assert (late.sweep, late.stop_execution) == (True, True)

@@ -164,11 +164,13 @@ def test_no_statement_names_every_action_and_only_the_key_policy_a_whole_service
 
 def test_pass_role_is_only_for_the_training_role_and_only_to_sagemaker():
     passing = allowing(r"iam:(PassRole|Pass\*|\*)")
-    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining)
-    assert [lid for lid, _ in passing] == ["LauncherRole"]
-    (_, statement) = passing[0]
-    assert statement["Resource"] == {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}
-    assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining); the
+    # prepare function hands the processing role to a data preparation's processing jobs
+    passed = {"LauncherRole": "SageMakerExecutionRole", "PrepareFunction": "PrepareProcessingRole"}
+    assert [lid for lid, _ in passing] == list(passed)
+    for lid, statement in passing:
+        assert statement["Resource"] == {"Fn::GetAtt": [passed[lid], "Arn"]}
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
 
 
 def test_the_training_role_trusts_only_sagemaker_for_this_account():
@@ -238,6 +240,9 @@ def test_the_run_key_is_granted_only_for_aws_resources_and_rotates_when_the_stac
         "CheckFilesystemFunction",
         "StartTrainingFunction",
         "OnTrainingEventFunction",
+        # a data preparation's processing jobs (their volumes) and the function that starts them
+        "PrepareProcessingRole",
+        "PrepareFunction",
     }
     attached = {
         lid
@@ -557,10 +562,12 @@ def test_the_training_role_reads_only_the_secrets_register_job_allows(given, all
     resolver.pseudo["AWS::AccountId"] = "123456789012"
     wired = resolver.resolve(function_env("RegisterJobFunction")["LUSTRAIN_ALLOWED_SECRETS"])
     assert wired.split(",") == allowed
+    # the notify function's read of the chat webhook is the one other (test_only_notify_reads_the_notice_webhook)
     readers = [
         s
         for lid, s in ALL_STATEMENTS
         if {"secretsmanager:GetSecretValue", "ssm:GetParameter"} & set(listed(s["Action"]))
+        and s.get("Sid") != "ReadTheNoticeWebhook"
     ]
     assert [(s["Sid"], s["Action"]) for s in readers] == [
         ("ReadAllowedSecrets", ["secretsmanager:GetSecretValue", "ssm:GetParameter"])
@@ -573,3 +580,32 @@ def test_the_training_role_reads_only_the_secrets_register_job_allows(given, all
         "secretsmanager.us-east-1.amazonaws.com",
         "ssm.us-east-1.amazonaws.com",
     }
+
+
+def test_only_notify_reads_the_notice_webhook_and_only_where_one_is_named():
+    readers = [
+        (lid, s)
+        for lid, s in allowing(r"secretsmanager:GetSecretValue")
+        if s.get("Sid") == "ReadTheNoticeWebhook"
+    ]
+    assert [lid for lid, _ in readers] == ["NotifyFunction"]
+    ((_, statement),) = readers
+    # that one secret, not a pattern; and the statement exists only where the parameter names one
+    assert (
+        statement["Resource"] == {"Ref": "NoticeWebhookSecretArn"}
+        and statement["Action"] == "secretsmanager:GetSecretValue"
+    )
+    granted = RESOURCES["NotifyFunction"]["Properties"]["Policies"][1]["Statement"]
+    assert {"Fn::If": ["HasNoticeWebhook", statement, {"Ref": "AWS::NoValue"}]} in granted
+    # the function's settings hold the secret's ARN, never a URL
+    assert function_env("NotifyFunction")["LUSTRAIN_NOTICE_WEBHOOK_SECRET"] == {
+        "Ref": "NoticeWebhookSecretArn"
+    }
+    pattern = re.compile(PARAMETERS["NoticeWebhookSecretArn"]["AllowedPattern"])
+    assert pattern.fullmatch("") and pattern.fullmatch(
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:team/hook-AbCdEf"
+    )
+    assert not pattern.fullmatch("https://hooks.slack.com/services/T0/B0/x")
+    # the notices' rules run only where a webhook is named
+    events = RESOURCES["NotifyFunction"]["Properties"]["Events"]
+    assert {e["Properties"]["State"]["Fn::If"][0] for e in events.values()} == {"HasNoticeWebhook"}

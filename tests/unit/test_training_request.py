@@ -281,7 +281,8 @@ def test_environment_passes_through_and_is_checked_against_the_api():
     # the trainer learns its run from LUSTRAIN_RUN_ID: it continues only that run's checkpoints; torchrun gives its
     # workers 110 of SageMaker's 120 s to save on a stop, unless the spec says otherwise
     assert request_for(doc)["Environment"] == {"NCCL_DEBUG": "INFO", "LUSTRAIN_RUN_ID": doc["job"]["job_id"],
-                                               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110"}
+                                               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110",
+                                               "LUSTRAIN_TENSORBOARD_DIR": "/opt/ml/output/tensorboard"}
     mine = document({"code": {"environment": {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}}})
     assert request_for(mine)["Environment"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "60"
     with pytest.raises(SpecInvalid) as info:
@@ -340,7 +341,10 @@ def test_a_run_registered_before_the_launch_plan_held_its_instances_sends_the_sa
     assert sent_before["ResourceConfig"] == sent_now["ResourceConfig"]
     assert sent_before["ResourceConfig"]["VolumeSizeInGB"] >= 30  # no local NVMe on m5: a volume
     assert sent_before["OutputDataConfig"]["S3OutputPath"] == f"{now['job']['spec']['output']['s3_uri'].rstrip('/')}/{now['job']['job_id']}/"
+    # its TensorBoard files go beside its model, where its role writes
+    assert sent_before["TensorBoardOutputConfig"]["S3OutputPath"] == sent_before["OutputDataConfig"]["S3OutputPath"]
     sent_before["OutputDataConfig"] = sent_now["OutputDataConfig"]
+    sent_before["TensorBoardOutputConfig"] = sent_now["TensorBoardOutputConfig"]
     assert sent_before == sent_now
 
 
@@ -355,3 +359,20 @@ def test_a_warm_up_recorded_before_it_held_its_output_location_still_gets_one():
     sent_before = aws_requests.preload_job(Run.parse(before, "network", "filesystem"), SETTINGS)
     assert sent_before == sent_now
     assert sent_now["OutputDataConfig"]["S3OutputPath"].endswith(f"/{now['job']['job_id']}/warmup/")
+
+
+def test_the_job_uploads_its_tensorboard_files_beside_its_model_where_the_trainer_writes_them():
+    from lustrain_trainer.metrics import TENSORBOARD_DIR_ENV
+
+    doc = document({})
+    request = request_for(doc)
+    config = request["TensorBoardOutputConfig"]
+    # the run's own jobs/ prefix, which the job's role may write (and nothing else of the archive)
+    assert config["S3OutputPath"] == request["OutputDataConfig"]["S3OutputPath"]
+    assert config["S3OutputPath"].endswith(f"/archive/{doc['job']['job_id']}/jobs/")
+    # the trainer writes where SageMaker uploads from (a spec may not set LUSTRAIN_* variables itself)
+    assert request["Environment"][TENSORBOARD_DIR_ENV] == config["LocalPath"] == "/opt/ml/output/tensorboard"
+    # botocore's model of CreateTrainingJob takes it
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    shape = model.operation_model("CreateTrainingJob").input_shape.members["TensorBoardOutputConfig"]
+    assert set(config) <= set(shape.members) and set(shape.required_members) <= set(config)

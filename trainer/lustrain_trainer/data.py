@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .shards import TOKEN_BYTES, DataError, DataIndex
+from .shards import TOKEN_BYTES, DataError, DataIndex, check_shard
 
 BLOCK_BYTES = 1 << 20
 WINDOW_BLOCKS = 8
@@ -107,6 +107,7 @@ class ShardReader:
         if index.dtype not in MEMORY_DTYPES:
             raise DataError(f"shard dtype {index.dtype!r} is not one of {' '.join(MEMORY_DTYPES)}")
         self.shards = index.splits.get(split, [])
+        self._token_bytes = index.token_bytes
         self.np_dtype, self.torch_dtype = MEMORY_DTYPES[index.dtype]
         self._open_maps = open_maps
         self._maps: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
@@ -120,6 +121,7 @@ class ShardReader:
                 # shared=False maps the file copy-on-write; nothing here writes, so no page is ever copied. (A
                 # torch mapping rather than np.memmap: that one keeps a file descriptor open per shard.)
                 info = self.shards[shard]
+                check_shard(info, self._token_bytes)  # the one metadata call of a shard, made as it is opened
                 tokens = torch.from_file(str(info.path), shared=False, size=info.tokens,
                                         dtype=self.torch_dtype).numpy()
                 self._maps[shard] = tokens

@@ -421,7 +421,7 @@ def config_of_hf(hf: dict[str, Any]) -> ModelConfig:
 
 def load_export(directory: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any] | None]:
     """An exported directory as (our config, our state dict, the tokenizer info lustrain.json records, if any)."""
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     ours = (
         json.loads((directory / LUSTRAIN_FILE).read_text()) if (directory / LUSTRAIN_FILE).is_file() else {}
@@ -435,9 +435,11 @@ def load_export(directory: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
         files = [SAFETENSORS_FILE]
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
-        tensors.update(load_file(str(directory / name)))
-    state = {k: v.float() for k, v in from_hf_tensors(config, tensors).items()}
-    return config, state, ours.get("tokenizer")
+        with safe_open(str(directory / name), framework="pt") as weights:
+            for key in weights.keys():  # noqa: SIM118 - safe_open has no __iter__
+                # one tensor at a time: a bfloat16 export widened to float32 holds the model once, not twice
+                tensors[key] = weights.get_tensor(key).float()
+    return config, from_hf_tensors(config, tensors), ours.get("tokenizer")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Sample text from a trained model directory (what train.py writes to SM_MODEL_DIR).
 
-    python -m lustrain_trainer.generate MODEL_DIR --prompt "def " [--max-new-tokens 200]
+python -m lustrain_trainer.generate MODEL_DIR --prompt "def " [--max-new-tokens 200]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from . import tokenizer as tok
-from .model import CONFIG_FILE, MODEL_FILE, CausalLM, build, config_from_dict
+from .model import CONFIG_FILE, MODEL_FILE, CausalLM, ModelConfig, build, config_from_dict
 
 
 class ModelDirError(ValueError):
@@ -26,11 +26,24 @@ def load_model(model_dir: Path) -> CausalLM:
     config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise ModelDirError(f"{path} not found: MODEL_DIR must hold {MODEL_FILE} and {CONFIG_FILE} from train.py, "
-                                "or be what `lustrain export` wrote")
+            raise ModelDirError(
+                f"{path} not found: MODEL_DIR must hold {MODEL_FILE} and {CONFIG_FILE} from train.py, "
+                "or be what `lustrain export` wrote"
+            )
     config = json.loads(config_path.read_text())
-    model = build(config_from_dict(config["model"]))
-    model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+    # memory-mapped, and the model's parameters are the mapped tensors themselves: a 70B model is not read into
+    # memory whole and then copied into a model of its own (twice its 140 GB), its pages are read as they are used
+    state = torch.load(weights_path, map_location="cpu", weights_only=True, mmap=True)
+    return assembled(config_from_dict(config["model"]), state)
+
+
+def assembled(config: ModelConfig, state: dict[str, torch.Tensor]) -> CausalLM:
+    """The model of `config` whose parameters are `state`'s tensors, not copies of them: built on the meta device
+    (no memory of its own), then given the tensors (load_state_dict's assign)."""
+    with torch.device("meta"):
+        model = build(config)
+    model.load_state_dict(state, assign=True)
+    model.tie_weights()  # assign gave the head a Parameter of its own, of the same tensor
     return model.eval()
 
 
@@ -45,9 +58,7 @@ def _load_export(model_dir: Path) -> CausalLM:
     from .export import load_export
 
     config, state, _ = load_export(model_dir)
-    model = build(config)
-    model.load_state_dict(state)
-    return model.eval()
+    return assembled(config, state)
 
 
 def load_tokenizer(model_dir: Path) -> tok.ByteTokenizer | tok.HFTokenizer:
@@ -67,8 +78,15 @@ def load_tokenizer(model_dir: Path) -> tok.ByteTokenizer | tok.HFTokenizer:
         raise ModelDirError(f"{record}: {exc}") from exc
 
 
-def sample(model: CausalLM, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int,
-           tokenizer: tok.ByteTokenizer | tok.HFTokenizer | None = None) -> str:
+def sample(
+    model: CausalLM,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    tokenizer: tok.ByteTokenizer | tok.HFTokenizer | None = None,
+) -> str:
     tokenizer = tokenizer or tok.ByteTokenizer()
     # With no prompt the model starts as at a document boundary, which is what EOS means in training (a tokenizer
     # without one starts from its first token).
@@ -80,8 +98,10 @@ def sample(model: CausalLM, prompt: str, max_new_tokens: int, temperature: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lustrain_trainer.generate",
-                                     description="Sample text from a model directory written by train.py.")
+    parser = argparse.ArgumentParser(
+        prog="python -m lustrain_trainer.generate",
+        description="Sample text from a model directory written by train.py.",
+    )
     parser.add_argument("model_dir", metavar="MODEL_DIR", type=Path)
     parser.add_argument("--prompt", default="", help="text to continue (default: start from nothing)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
@@ -99,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelDirError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = sample(model, args.prompt, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
-                  tokenizer)
+    text = sample(
+        model, args.prompt, args.max_new_tokens, args.temperature, args.top_k or None, args.seed, tokenizer
+    )
     sys.stdout.write(text + "\n")
     return 0
 

@@ -16,6 +16,12 @@ The evaluation's figures (`val_*`, at each evaluation):
   the data's index gives them (split_bytes): a loss per byte of text, comparable across tokenizers where a loss
   per token is not (a token of a 50k-vocabulary BPE carries several bytes, a token of the byte tokenizer one).
 
+TensorBoard (`Board`): rank 0 also writes the figures as TensorBoard scalars (loss, learning rate, tokens/s, MFU,
+grad norm, the evaluation) to LUSTRAIN_TENSORBOARD_DIR, which the CreateTrainingJob request sets to its
+TensorBoardOutputConfig's LocalPath (/opt/ml/output/tensorboard): SageMaker uploads that directory to the run's
+archive while the job runs. Where the image lacks the tensorboard package (torch.utils.tensorboard cannot be
+imported) the trainer says so once and trains on: the log lines above carry the same figures.
+
 trainer/metric_definitions.json is this module's output (`python -m lustrain_trainer.metrics`); a test
 keeps the two equal, so the control plane's regexes cannot drift from what the trainer prints.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -105,6 +112,58 @@ def final_summary(
         "val_step": evaluated_at,
         **{name: finite(name) for name in EVALUATION},
     }
+
+
+#: where rank 0 writes TensorBoard's event files (the request builder sets it; unset: no TensorBoard)
+TENSORBOARD_DIR_ENV = "LUSTRAIN_TENSORBOARD_DIR"
+#: the figures TensorBoard shows, by the tag each is written under
+SCALARS: dict[str, str] = {
+    "train_loss": "loss/train",
+    "val_loss": "loss/val",
+    "val_bpb": "eval/bits_per_byte",
+    "lr": "learning_rate",
+    "tokens_per_s": "throughput/tokens_per_s",
+    "tokens_per_s_per_gpu": "throughput/tokens_per_s_per_gpu",
+    "mfu": "throughput/mfu",
+    "grad_norm": "grad_norm",
+}
+
+
+class Board:
+    """TensorBoard's scalars, from rank 0 only; does nothing where it is off (no directory, another rank, or no
+    tensorboard package)."""
+
+    def __init__(self, writer: Any = None) -> None:
+        self.writer = writer
+
+    @classmethod
+    def open(cls, directory: str | None, is_main: bool, say: Callable[[str], None]) -> Board:
+        if not directory or not is_main:
+            return cls()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:  # torch's own message: TensorBoard logging requires TensorBoard ...
+            say(f"TensorBoard off: {exc} (the image lacks the tensorboard package); the log lines carry the metrics")
+            return cls()
+        say(f"TensorBoard event files in {directory}")
+        return cls(SummaryWriter(log_dir=directory))
+
+    @property
+    def on(self) -> bool:
+        return self.writer is not None
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        if self.writer is None:
+            return
+        for name, tag in SCALARS.items():
+            value = values.get(name)
+            if value is not None and math.isfinite(value):
+                self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 def format_line(step: int, values: dict[str, float]) -> str:

@@ -10,12 +10,15 @@ Lustre, which serves a few big files far faster than millions of small ones.
 A preparation runs in three stages, so that a corpus of terabytes is tokenized by many machines at once and the
 result does not depend on how many there were:
 
-1. plan (one process): lists SRC (sorted paths and sizes), decides which files go to validation, trains the BPE
-   once (bpe:VOCAB, on a bounded sample), and cuts the listing into numbered parts of about a shard's worth of text
-   each. It writes OUT/prepare-plan.json and OUT/tokenizer.json. Nothing in it depends on the number of workers.
+1. plan (one process): lists SRC (sorted paths and sizes, streamed: never all in memory), decides which files go to
+   validation, trains the BPE once (bpe:VOCAB, on a bounded sample), and cuts the listing into numbered parts of
+   about a shard's worth of text each. It writes each part's list of files (OUT/plan/files-NNNNN.json),
+   OUT/tokenizer.json and OUT/prepare-plan.json, which names the parts and the totals. Nothing in it depends on the
+   number of workers.
 2. work (worker K of N, each on its own machine or process): tokenizes the parts p with p % N == K, reading their
-   files itself (from S3 with boto3: the corpus is never copied whole to each machine), and writes each part's
-   shards, then OUT/parts/part-NNNNN.json last, so a part counts only when whole. A part already whole is skipped:
+   lists and their files itself (from S3 with boto3: the corpus is never copied whole to each machine; a large file
+   is read and tokenized in chunks), and writes each part's shards, then OUT/parts/part-NNNNN.json last, so a part
+   counts only when whole. A part already whole is skipped:
    a retried worker redoes only what is missing. `--worker auto` takes K and N from SageMaker Processing's
    resourceconfig.json.
 3. merge (one process): checks every part of the plan is whole and writes index.json (shards in part order), or
@@ -31,7 +34,11 @@ tokenizer.json. The tokenizer.json is written beside index.json, which records i
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
+import functools
 import hashlib
+import heapq
 import json
 import os
 import re
@@ -43,12 +50,23 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
 from . import tokenizer as tok
-from .shards import FORMAT, INDEX_NAME, PARTS_DIR, PLAN_NAME, SPLITS, VERSION, part_file, shard_name
+from .shards import (
+    FORMAT,
+    INDEX_NAME,
+    PARTS_DIR,
+    PLAN_LISTS_DIR,
+    PLAN_NAME,
+    SPLITS,
+    VERSION,
+    part_file,
+    plan_list,
+    shard_name,
+)
 
 STDLIB = "stdlib"
 # Installed packages and caches are not part of a source tree's own text (and the stdlib directory holds
@@ -70,8 +88,15 @@ BPE_SAMPLE = 256 << 20
 BATCH_DOCUMENTS, BATCH_BYTES = 256, 8 << 20
 #: files a worker reads at once (S3 GETs are latency-bound: a few dozen in flight keep one instance busy)
 READ_THREADS = 16
+#: a file of up to this many bytes is read whole (READ_THREADS at once); a larger one is read in chunks of
+#: READ_CHUNK, so that what a worker or the plan holds does not grow with the largest file of the corpus (a worker
+#: spools a large S3 object to its volume first: it checks the whole file is text before tokenizing it)
+WHOLE_FILE = 16 << 20
+READ_CHUNK = 8 << 20
 TOKENIZER_HELP = "bytes | bpe:VOCAB | PATH or s3:// URL of a tokenizer.json"
 PLAN_FORMAT = "lustrain-prepare-plan"
+#: 2: the plan names its parts, each part's files are in a list of its own (plan/files-PPPPP.json)
+PLAN_VERSION = 2
 #: the layout of what prepare writes (shards.py), for a cache of prepared data to key on: 2, shards by part
 LAYOUT = "layout2"
 STAGES = ("all", "plan", "work", "merge")
@@ -83,6 +108,12 @@ RESOURCE_CONFIG = Path("/opt/ml/config/resourceconfig.json")
 
 class PrepareError(ValueError):
     pass
+
+
+class Readable(Protocol):
+    """A file or an S3 object's body, read a chunk at a time."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 def stdlib_source_dir() -> Path:
@@ -123,16 +154,30 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
 
 
 def source_files(root: Path, pattern: str) -> list[tuple[str, Path]]:
-    regex = glob_regex(pattern)
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-        for name in filenames:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if regex.fullmatch(rel) and path.is_file():
-                found.append((rel, path))
-    return sorted(found)
+    return [(rel, root / rel) for rel, _ in sorted_files(root, glob_regex(pattern))]
+
+
+def sorted_files(root: Path, regex: re.Pattern[str], prefix: str = "") -> Iterator[tuple[str, int]]:
+    """(prefix + path relative to root, size) of the files under root whose path matches, in the order of their
+    paths as strings, one directory's entries in memory at a time: a directory's entries are visited sorted by name,
+    a subdirectory's as name + "/", so that its files come where a sort of all the paths puts them. Hidden and
+    SKIP_DIRS directories are left out, and directories reached through a symbolic link (as os.walk does)."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return  # as os.walk: a directory that cannot be read is passed over
+    keyed = []
+    for entry in entries:
+        if entry.is_dir():
+            if not (entry.is_symlink() or entry.name in SKIP_DIRS or entry.name.startswith(".")):
+                keyed.append((entry.name + "/", entry))
+        else:
+            keyed.append((entry.name, entry))
+    for key, entry in sorted(keyed, key=lambda item: item[0]):
+        if key.endswith("/"):
+            yield from sorted_files(Path(entry.path), regex, prefix + key)
+        elif regex.fullmatch(prefix + key) and Path(entry.path).is_file():
+            yield prefix + key, Path(entry.path).stat().st_size
 
 
 def is_text(data: bytes) -> bool:
@@ -159,12 +204,13 @@ class LocalStore:
     def __init__(self, root: Path, label: str | None = None) -> None:
         self.root, self.label = root, label or str(root)
 
-    def files(self, pattern: str) -> list[tuple[str, int]]:
-        """(path relative to the root, size) of the files matching `pattern`, sorted by path."""
+    def files(self, pattern: str) -> Iterator[tuple[str, int]]:
+        """(path relative to the root, size) of the files matching `pattern`, in path order, as the walk finds
+        them (never all in memory)."""
         if not self.root.is_dir():
             raise PrepareError(f"SRC {self.root} is not a directory (give a directory of text files, an s3:// "
                                f"prefix, or {STDLIB!r})")
-        return [(rel, path.stat().st_size) for rel, path in source_files(self.root, pattern)]
+        return sorted_files(self.root, glob_regex(pattern))
 
     def sizes(self) -> dict[str, int]:
         """Every file under the root and its size."""
@@ -174,6 +220,17 @@ class LocalStore:
 
     def read(self, rel: str) -> bytes:
         return (self.root / rel).read_bytes()
+
+    @contextlib.contextmanager
+    def open(self, rel: str) -> Iterator[Readable]:
+        """The file as a stream, read a chunk at a time."""
+        with (self.root / rel).open("rb") as stream:
+            yield stream
+
+    @contextlib.contextmanager
+    def spooled(self, rel: str) -> Iterator[Path]:
+        """The file on this machine's disk: here, where it lies."""
+        yield self.root / rel
 
     def read_if_any(self, rel: str) -> bytes | None:
         path = self.root / rel
@@ -203,6 +260,9 @@ class S3Store:
     """An s3:// prefix, through boto3 with the caller's credentials (imported only here: a local preparation never
     needs it). Keys are the prefix, "/", then the path relative to it."""
 
+    #: keys per ListObjectsV2 page: its MaxKeys, at most 1,000 (ListObjectsV2)
+    page_keys = 1000
+
     def __init__(self, url: str) -> None:
         bucket, _, prefix = url[len("s3://") :].partition("/")
         if not bucket:
@@ -226,20 +286,32 @@ class S3Store:
         except (BotoCoreError, Boto3Error) as exc:  # Boto3Error: upload_file's S3UploadFailedError
             raise PrepareError(f"{what}: {exc}") from exc
 
-    def _list(self) -> list[tuple[str, int]]:
-        def pages() -> list[tuple[str, int]]:
-            found = []
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
-                                                                               Prefix=self.prefix):
-                found += [(o["Key"][len(self.prefix) :], int(o["Size"])) for o in page.get("Contents", [])
-                          if not o["Key"].endswith("/")]  # a console "folder" is an empty key ending in /
-            return found
+    def _list(self) -> Iterator[tuple[str, int]]:
+        """(path, size) of every object under the prefix, a page (1,000 keys) at a time: a listing of 10^8 keys is
+        never held at once. A general purpose bucket lists keys in UTF-8 binary order (ListObjectsV2), the order of
+        Python's str: a listing out of that order (a directory bucket's) is refused, since the plan depends on it."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix, PaginationConfig={"PageSize": self.page_keys})
+        iterator = iter(pages)
+        last = ""
+        while True:
+            page = self._call(f"listing {self.label}", lambda: next(iterator, None))
+            if page is None:
+                return
+            for item in page.get("Contents", []):
+                key = item["Key"]
+                if key.endswith("/"):  # a console "folder" is an empty key ending in /
+                    continue
+                rel = key[len(self.prefix) :]
+                if rel < last:
+                    raise PrepareError(f"listing {self.label}: {rel!r} came after {last!r}: the keys are not listed "
+                                       "in order (a directory bucket?); use a general purpose bucket")
+                last = rel
+                yield rel, int(item["Size"])
 
-        return self._call(f"listing {self.label}", pages)  # type: ignore[no-any-return]
-
-    def files(self, pattern: str) -> list[tuple[str, int]]:
+    def files(self, pattern: str) -> Iterator[tuple[str, int]]:
         regex = glob_regex(pattern)
-        return sorted((rel, size) for rel, size in self._list() if regex.fullmatch(rel) and wanted(rel))
+        return ((rel, size) for rel, size in self._list() if regex.fullmatch(rel) and wanted(rel))
 
     def sizes(self) -> dict[str, int]:
         return dict(self._list())
@@ -247,6 +319,30 @@ class S3Store:
     def read(self, rel: str) -> bytes:
         return self._call(f"reading {self.label}/{rel}",  # type: ignore[no-any-return]
                           lambda: self.client.get_object(Bucket=self.bucket, Key=self.prefix + rel)["Body"].read())
+
+    @contextlib.contextmanager
+    def open(self, rel: str) -> Iterator[Readable]:
+        """The object as a stream (GetObject's body), read a chunk at a time."""
+        body = self._call(f"reading {self.label}/{rel}",
+                          lambda: self.client.get_object(Bucket=self.bucket, Key=self.prefix + rel)["Body"])
+        try:
+            yield _Checked(body, f"reading {self.label}/{rel}", self._call)
+        finally:
+            body.close()
+
+    @contextlib.contextmanager
+    def spooled(self, rel: str) -> Iterator[Path]:
+        """The object downloaded to the staging directory (download_file: in ranged parts, a few at once, never
+        whole in memory), removed afterwards."""
+        fd, name = tempfile.mkstemp(dir=self.staging(), suffix=".spool")
+        os.close(fd)
+        path = Path(name)
+        try:
+            self._call(f"reading {self.label}/{rel}",
+                       lambda: self.client.download_file(self.bucket, self.prefix + rel, str(path)))
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
 
     def read_if_any(self, rel: str) -> bytes | None:
         from botocore.exceptions import ClientError
@@ -290,6 +386,17 @@ class S3Store:
                                    f"{error.get('Message')} ({len(answer['Errors'])} keys not deleted)")
 
 
+class _Checked:
+    """A stream whose read errors are PrepareErrors naming what was read."""
+
+    def __init__(self, body: Any, what: str, call: Callable[[str, Callable[[], Any]], Any]) -> None:
+        self.body, self.what, self.call = body, what, call
+
+    def read(self, size: int = -1, /) -> bytes:
+        data: bytes = self.call(self.what, functools.partial(self.body.read, size))
+        return data
+
+
 Store = LocalStore | S3Store
 
 
@@ -323,9 +430,17 @@ class ShardWriter:
 
     def add_document(self, data: bytes, tokens: np.ndarray) -> None:
         """A document's text and its tokens (EOS included)."""
-        tokens = tokens.astype(self.dtype, copy=False)
+        self.add_tokens(tokens)
+        self.end_document(len(data))
+
+    def end_document(self, text_bytes: int) -> None:
+        """The end of a document of `text_bytes` whose tokens were given by add_tokens."""
         self.documents += 1
-        self.text_bytes += len(data)
+        self.text_bytes += text_bytes
+
+    def add_tokens(self, tokens: np.ndarray) -> None:
+        """Tokens of the current document, in order (a large document's, a chunk at a time)."""
+        tokens = tokens.astype(self.dtype, copy=False)
         start = 0
         while start < len(tokens):
             if self._file is None:
@@ -408,51 +523,140 @@ def read_tokenizer_file(location: str) -> bytes:
     return path.read_bytes()
 
 
-def read_many(store: Store, rels: Iterable[str]) -> Iterator[tuple[str, bytes]]:
-    """(path, contents) in order, READ_THREADS read ahead at once, at most twice that held in memory."""
+def read_many(store: Store, files: Iterable[tuple[str, int]]) -> Iterator[tuple[str, bytes | None]]:
+    """(path, contents) of (path, listed size) in order, READ_THREADS read ahead at once, at most twice that held in
+    memory; None for a file listed above WHOLE_FILE bytes, which the caller reads in chunks (scan, stream_document)."""
     with ThreadPoolExecutor(READ_THREADS) as pool:
         pending: list[tuple[str, Any]] = []
-        for rel in rels:
-            pending.append((rel, pool.submit(store.read, rel)))
+        for rel, size in files:
+            pending.append((rel, pool.submit(store.read, rel) if size <= WHOLE_FILE else None))
             if len(pending) >= 2 * READ_THREADS:
                 first, future = pending.pop(0)
-                yield first, future.result()
+                yield first, None if future is None else future.result()
         for rel, future in pending:
-            yield rel, future.result()
+            yield rel, None if future is None else future.result()
 
 
-def bpe_sample(store: Store, entries: list[list[Any]], limit: int) -> tuple[list[str], dict[str, Any]]:
+def chunks_of(stream: Readable, limit: int | None = None) -> Iterator[bytes]:
+    """The stream's bytes (the first `limit` of them, where given), READ_CHUNK at a time."""
+    left = limit
+    while left is None or left > 0:
+        chunk = stream.read(READ_CHUNK if left is None else min(READ_CHUNK, left))
+        if not chunk:
+            return
+        if left is not None:
+            left -= len(chunk)
+        yield chunk
+
+
+def text_scan(chunks: Iterable[bytes], keep: int) -> tuple[bool, bytes, int]:
+    """(is_text of the whole, its first `keep` bytes, its length) of a file read in chunks: what is_text(data),
+    data[:keep] and len(data) give, holding `keep` bytes and a chunk."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    head, length, text = bytearray(), 0, True
+    for chunk in chunks:
+        length += len(chunk)
+        if len(head) < keep:
+            head += chunk[: keep - len(head)]
+        if text and b"\0" in chunk:
+            text = False
+        elif text:
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError:
+                text = False
+    if text:
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            text = False
+    return text, bytes(head), length
+
+
+def scan(store: Store, rel: str, keep: int) -> tuple[bool, bytes, int]:
+    """text_scan of a file, read a chunk at a time from the store."""
+    with store.open(rel) as stream:
+        return text_scan(chunks_of(stream), keep)
+
+
+def path_hash(rel: str) -> int:
+    """Where a file falls in the BPE sample's order: its path's sha256, the same whatever the listing's order."""
+    return int.from_bytes(hashlib.sha256(rel.encode()).digest(), "big")
+
+
+class SampleChooser:
+    """The files of the smallest path hashes whose bytes reach `limit`, chosen as the planned files go by: a heap
+    of at most those files (and the next), never the whole listing. `add` them in listing order."""
+
+    def __init__(self, limit: int, after: int = -1) -> None:
+        self.limit, self.after = limit, after
+        self.heap: list[tuple[int, int, list[Any]]] = []  # (-hash, listing index, entry): the largest hash on top
+        self.held = 0  # bytes of the files in the heap
+        self.seen = 0  # bytes of every file added with a hash after `after`
+
+    def add(self, index: int, entry: list[Any]) -> None:
+        key = path_hash(entry[0])
+        if key <= self.after:
+            return
+        self.seen += entry[2]
+        heapq.heappush(self.heap, (-key, index, entry))
+        self.held += entry[2]
+        while self.held - self.heap[0][2][2] >= self.limit:  # the rest reach the limit without the largest hash
+            self.held -= heapq.heappop(self.heap)[2][2]
+
+    def chosen(self) -> list[tuple[int, list[Any]]]:
+        """(hash, entry) of the files chosen: in listing order when all of them fit, else in hash order."""
+        if self.after < 0 and self.seen <= self.limit:  # the first round, and the whole corpus fits
+            return [(-key, entry) for key, _, entry in sorted(self.heap, key=lambda item: item[1])]
+        return [(-key, entry) for key, _, entry in sorted(self.heap, reverse=True)]
+
+
+def bpe_sample(store: Store, first: SampleChooser, entries: Callable[[], Iterable[list[Any]]], limit: int
+               ) -> tuple[list[str], dict[str, Any]]:
     """The documents a BPE is trained on: all of a corpus of up to `limit` bytes, else the files of the smallest
     path hashes (an even spread over the corpus, the same whatever the order of the listing or the machine that
-    reads it) up to `limit` bytes, the last one cut there. Only the sample is read, never the whole corpus: the plan
-    of a corpus of terabytes costs its listing and its sample."""
-    total = sum(entry[2] for entry in entries)
-    order = entries if total <= limit else sorted(entries, key=lambda e: hashlib.sha256(e[0].encode()).digest())
-    takes = {entry[0]: entry[2] for entry in order}
-    texts, used = [], 0
-    for rel, data in read_many(store, (entry[0] for entry in order)):
-        if used >= limit:
+    reads it) up to `limit` bytes of text, the last one cut there. `first` chose them as the plan listed the files;
+    where some of those are not text, the next ones in hash order are chosen from `entries` (the planned files
+    again), as many rounds as it takes. Only the sample is read, a chunk at a time for a large file, and never more
+    of a file than the sample takes: the plan of a corpus of terabytes costs its listing and its sample."""
+    texts: list[str] = []
+    used, chooser = 0, first
+    while True:
+        order = chooser.chosen()
+        last = chooser.after
+        for (key, (rel, _, take)), (_, data) in zip(order, read_many(store, ((e[0], e[1]) for _, e in order)),
+                                                       strict=True):
+            if used >= limit:
+                break
+            last = key
+            keep = min(take, limit - used)
+            text, head, _ = (is_text(data), data[:keep], 0) if data is not None else scan(store, rel, keep)
+            if text and head:
+                texts.append(head.decode("utf-8", errors="ignore"))  # a cut may split a character
+                used += len(head)
+        if used >= limit or chooser.seen <= chooser.limit:  # the limit reached, or every file read
             break
-        if not is_text(data):
-            continue
-        data = data[: min(takes[rel], limit - used)]
-        if data:
-            texts.append(data.decode("utf-8", errors="ignore"))  # a cut may split a character
-            used += len(data)
+        chooser = SampleChooser(limit - used, after=last)  # the next files in hash order, for what is left
+        for index, entry in enumerate(entries()):
+            chooser.add(index, entry)
+        if not chooser.heap:
+            break
     return texts, {"bytes": used, "documents": len(texts), "limit": limit}
 
 
-def make_tokenizer(spec: str, store: Store, entries: list[list[Any]], sample_limit: int
-                   ) -> tuple[tok.ByteTokenizer | tok.HFTokenizer, bytes | None, dict[str, Any]]:
-    """(tokenizer, its tokenizer.json's bytes or None, how it was trained) for a --tokenizer value."""
+def make_tokenizer(spec: str, store: Store, sample: SampleChooser | None, entries: Callable[[], Iterable[list[Any]]],
+                   sample_limit: int) -> tuple[tok.ByteTokenizer | tok.HFTokenizer, bytes | None, dict[str, Any]]:
+    """(tokenizer, its tokenizer.json's bytes or None, how it was trained) for a --tokenizer value; `sample` chose
+    a bpe:VOCAB's sample as the plan listed the files."""
     kind, argument = parse_tokenizer(spec)
     if kind == "bytes":
         return tok.ByteTokenizer(), None, {}
     try:
         if kind == "bpe":
-            texts, sample = bpe_sample(store, entries, sample_limit)
+            assert sample is not None
+            texts, trained = bpe_sample(store, sample, entries, sample_limit)
             text = tok.train_bpe(texts, int(argument or 0))
-            return tok.from_json(text, kind="bpe"), text, {"sample": sample, "requested_vocab_size": argument}
+            return tok.from_json(text, kind="bpe"), text, {"sample": trained, "requested_vocab_size": argument}
         text = read_tokenizer_file(str(argument))
         return tok.from_json(text, kind="file", where=f"--tokenizer {argument}"), text, {"from": argument}
     except tok.TokenizerError as exc:
@@ -473,54 +677,63 @@ def load_tokenizer(out: Store, info: dict[str, Any]) -> tok.ByteTokenizer | tok.
 # -- 1. plan ---------------------------------------------------------------------------------------------------------
 
 
-def planned_files(store: Store, listing: list[tuple[str, int]], max_bytes: int | None) -> list[list[Any]]:
-    """[path, size, bytes to take] of each file to tokenize, in order. With --max-bytes the text files are read in
-    order until that much text is found (the last one cut there: what is read is bounded by max_bytes); without,
-    every non-empty file is taken whole and a worker skips the binary ones as it reads them."""
+def planned_files(store: Store, listing: Iterable[tuple[str, int]], max_bytes: int | None) -> Iterator[list[Any]]:
+    """[path, size, bytes to take] of each file to tokenize, in order, as the listing goes by. With --max-bytes the
+    text files are read in order until that much text is found (the last one cut there: what is read is bounded by
+    max_bytes); without, every non-empty file is taken whole and a worker skips the binary ones as it reads them."""
     if max_bytes is None:
-        return [[rel, size, size] for rel, size in listing if size]
-    entries, used = [], 0
-    for rel, data in read_many(store, (rel for rel, size in listing if size)):
+        yield from ([rel, size, size] for rel, size in listing if size)
+        return
+    used = 0
+    for rel, data in read_many(store, ((rel, size) for rel, size in listing if size)):
         if used >= max_bytes:
             break
-        if is_text(data):
-            take = min(len(data), max_bytes - used)
-            entries.append([rel, len(data), take])
+        text, _, length = (is_text(data), b"", len(data)) if data is not None else scan(store, rel, 0)
+        if text:
+            take = min(length, max_bytes - used)
+            yield [rel, length, take]
             used += take
-    return entries
 
 
-def cut_parts(entries: list[list[Any]], val_fraction: float, part_bytes: int) -> list[dict[str, Any]]:
-    """The files cut into numbered parts of about part_bytes of text (a file is never split; one larger than that
-    is a part of its own), train files first, then validation's. Whole files go to validation, spread through the
-    corpus, keeping its share of the listed bytes near val_fraction: decided here, from the listing alone, so it is
-    the same whatever the number of workers."""
-    by_split: dict[str, list[list[Any]]] = {split: [] for split in SPLITS}
+def splits_of(takes: Iterable[tuple[Any, int]], val_fraction: float) -> Iterator[tuple[str, tuple[Any, int]]]:
+    """(split, (file, bytes to take)) of each planned file: whole files go to validation, spread through the
+    corpus, keeping its share of the listed bytes near val_fraction: decided from the listing alone, as it goes by,
+    so it is the same whatever the number of workers."""
     total = val_bytes = 0
-    for number, entry in enumerate(entries):
-        total += entry[2]
+    for number, item in enumerate(takes):
+        total += item[1]
         to_val = number > 0 and val_bytes < val_fraction * total
         if to_val:
-            val_bytes += entry[2]
-        by_split["val" if to_val else "train"].append(entry)
-    parts: list[dict[str, Any]] = []
+            val_bytes += item[1]
+        yield ("val" if to_val else "train"), item
+
+
+def cut_parts(takes: Callable[[], Iterable[tuple[Any, int]]], val_fraction: float, part_bytes: int
+              ) -> Iterator[dict[str, Any]]:
+    """The planned files (`takes()`: (file, bytes to take) of each, read once per split) cut into numbered parts of
+    about part_bytes of text (a file is never split; one larger than that is a part of its own), train's first, then
+    validation's: one part's files in memory at a time."""
+    number = 0
     for split in SPLITS:
-        current: list[list[Any]] = []
+        current: list[Any] = []
         size = 0
-        for entry in by_split[split]:
-            if current and size + entry[2] > part_bytes:
-                parts.append({"part": len(parts), "split": split, "bytes": size, "files": current})
+        for where, (file, take) in splits_of(takes(), val_fraction):
+            if where != split:
+                continue
+            if current and size + take > part_bytes:
+                yield {"part": number, "split": split, "bytes": size, "files": current}
+                number += 1
                 current, size = [], 0
-            current.append(entry)
-            size += entry[2]
+            current.append(file)
+            size += take
         if current:
-            parts.append({"part": len(parts), "split": split, "bytes": size, "files": current})
-    return parts
+            yield {"part": number, "split": split, "bytes": size, "files": current}
+            number += 1
 
 
 def is_output(rel: str) -> bool:
     """A file a preparation writes into OUT (and a new plan replaces)."""
-    return (rel in (INDEX_NAME, PLAN_NAME, tok.TOKENIZER_FILE) or rel.startswith(PARTS_DIR + "/")
+    return (rel in (INDEX_NAME, PLAN_NAME, tok.TOKENIZER_FILE) or rel.startswith((PARTS_DIR + "/", PLAN_LISTS_DIR + "/"))
             or re.fullmatch(r"(?:train|val)-[0-9-]+\.bin(?:\.tmp)?", rel) is not None)
 
 
@@ -534,38 +747,91 @@ def location_of(store: Store) -> str:
 def plan(src: Store, out: Store, pattern: str = "**/*", max_bytes: int | None = None, tokenizer: str = "bytes",
          val_fraction: float = 0.01, shard_tokens: int = 128 << 20, shard_bytes: int | None = None,
          bpe_sample_bytes: int = BPE_SAMPLE) -> dict[str, Any]:
-    """List SRC, train the tokenizer if it is to be trained, cut the listing into parts; write OUT/tokenizer.json
-    and OUT/prepare-plan.json (last). The same SRC and options give the same plan, byte for byte: planning again
-    into an OUT that holds it keeps the parts already made; another plan removes the previous preparation's files."""
+    """List SRC, train the tokenizer if it is to be trained, cut the listing into parts; write each part's list of
+    files (plan/files-PPPPP.json), OUT/tokenizer.json and OUT/prepare-plan.json (last), which names the parts, their
+    lists' sha256 and the totals. The same SRC and options give the same plan, byte for byte: planning again into an
+    OUT that holds it keeps the parts already made; another plan removes the previous preparation's files.
+
+    Memory does not grow with the corpus: the listing streams by (a page of keys at a time) into a file on this
+    machine's disk, one JSON line per planned file, from which the parts' lists are cut one at a time; the BPE's
+    sample is chosen as it goes by (SampleChooser)."""
     if not 0 <= val_fraction < 0.5:
         raise PrepareError(f"--val-fraction {val_fraction} is not allowed: use 0 <= fraction < 0.5")
-    listing = src.files(pattern)
-    if not listing:
-        raise PrepareError(f"no files under {src.label} match --glob {pattern!r}")
-    entries = planned_files(src, listing, max_bytes)
-    if not entries:
-        raise PrepareError(f"no text found in the files under {src.label} matching {pattern!r} (all binary?)")
-    encoder, tokenizer_json, trained = make_tokenizer(tokenizer, src, entries, bpe_sample_bytes)
-    dtype = tok.dtype_for(encoder.vocab_size)
-    if shard_bytes is not None:
-        shard_tokens = max(1, shard_bytes // np.dtype(dtype).itemsize)
-    part_bytes = shard_tokens * np.dtype(dtype).itemsize  # about a shard's worth of text
-    document: dict[str, Any] = {
-        "format": PLAN_FORMAT, "version": 1, "dtype": dtype, "tokenizer": encoder.info,
-        "source": {"root": src.label, "location": location_of(src), "glob": pattern, "max_bytes": max_bytes,
-                   "files_matched": len(listing), "files": len(entries), "bytes": sum(e[2] for e in entries)},
-        "options": {"val_fraction": val_fraction, "shard_tokens": shard_tokens, "part_bytes": part_bytes},
-        "parts": cut_parts(entries, val_fraction, part_bytes),
-    }
-    if trained:
-        document["tokenizer_source"] = trained
-    # compact: a corpus of millions of files makes a plan of hundreds of MB, which every worker reads
-    text = (json.dumps(document, separators=(",", ":")) + "\n").encode()
-    if out.read_if_any(PLAN_NAME) != text:
-        out.delete(rel for rel in sorted(out.sizes()) if is_output(rel))
-    if tokenizer_json is not None:
-        out.write(tok.TOKENIZER_FILE, tokenizer_json)
-    out.write(PLAN_NAME, text)
+    kind, _ = parse_tokenizer(tokenizer)
+    with tempfile.TemporaryDirectory(prefix="lustrain-plan-") as work_dir:
+        spill = Path(work_dir) / "files.jsonl"
+
+        def entries() -> Iterator[list[Any]]:
+            with spill.open(encoding="utf-8") as lines:
+                yield from (json.loads(line) for line in lines)
+
+        matched, files, text_bytes = 0, 0, 0
+        sample = SampleChooser(bpe_sample_bytes) if kind == "bpe" else None
+
+        def counted() -> Iterator[tuple[str, int]]:
+            nonlocal matched
+            for item in src.files(pattern):
+                matched += 1
+                yield item
+
+        listing = counted()
+        with spill.open("w", encoding="utf-8") as lines:
+            for entry in planned_files(src, listing, max_bytes):
+                lines.write(json.dumps(entry, separators=(",", ":")) + "\n")
+                if sample is not None:
+                    sample.add(files, entry)
+                files += 1
+                text_bytes += entry[2]
+        for _ in listing:  # --max-bytes stops reading early; the index counts every file matched
+            pass
+        if not matched:
+            raise PrepareError(f"no files under {src.label} match --glob {pattern!r}")
+        if not files:
+            raise PrepareError(f"no text found in the files under {src.label} matching {pattern!r} (all binary?)")
+        encoder, tokenizer_json, trained = make_tokenizer(tokenizer, src, sample, entries, bpe_sample_bytes)
+        dtype = tok.dtype_for(encoder.vocab_size)
+        if shard_bytes is not None:
+            shard_tokens = max(1, shard_bytes // np.dtype(dtype).itemsize)
+        part_bytes = shard_tokens * np.dtype(dtype).itemsize  # about a shard's worth of text
+        lists = Path(work_dir) / "lists"
+        lists.mkdir()
+        parts = []
+        def takes() -> Iterator[tuple[str, int]]:
+            """(line, bytes to take) of each planned file: the spill's own JSON, its last number read alone (a
+            plan of 10^8 files parses no line to cut its parts)."""
+            with spill.open(encoding="utf-8") as lines:
+                for line in lines:
+                    yield line[:-1], int(line[line.rindex(",") + 1 : -2])
+
+        for part in cut_parts(takes, val_fraction, part_bytes):
+            # the list is json.dumps of the part, written from the spill's lines (each json.dumps of its entry)
+            text = (f'{{"part":{part["part"]},"split":"{part["split"]}","bytes":{part["bytes"]},"files":['
+                    f'{",".join(part["files"])}]}}\n').encode()
+            name = plan_list(part["part"])
+            (lists / Path(name).name).write_bytes(text)
+            parts.append({"part": part["part"], "split": part["split"], "bytes": part["bytes"],
+                          "files": len(part["files"]), "list": name, "sha256": hashlib.sha256(text).hexdigest()})
+        document: dict[str, Any] = {
+            "format": PLAN_FORMAT, "version": PLAN_VERSION, "dtype": dtype, "tokenizer": encoder.info,
+            "source": {"root": src.label, "location": location_of(src), "glob": pattern, "max_bytes": max_bytes,
+                       "files_matched": matched, "files": files, "bytes": text_bytes},
+            "options": {"val_fraction": val_fraction, "shard_tokens": shard_tokens, "part_bytes": part_bytes},
+            "parts": parts,
+        }
+        if trained:
+            document["tokenizer_source"] = trained
+        text = (json.dumps(document, separators=(",", ":")) + "\n").encode()
+        if out.read_if_any(PLAN_NAME) != text:
+            out.delete(rel for rel in sorted(out.sizes()) if is_output(rel))
+            def upload(name: str) -> None:  # each list read as it is sent: they are never all in memory
+                out.write(name, (lists / Path(name).name).read_bytes())
+
+            with ThreadPoolExecutor(READ_THREADS) as pool:  # S3 PUTs are latency-bound, as its GETs
+                for _ in pool.map(upload, [part["list"] for part in parts]):
+                    pass
+        if tokenizer_json is not None:
+            out.write(tok.TOKENIZER_FILE, tokenizer_json)
+        out.write(PLAN_NAME, text)
     return document
 
 
@@ -578,9 +844,20 @@ def read_plan(out: Store) -> tuple[dict[str, Any], str]:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PrepareError(f"{out.label}/{PLAN_NAME} is not readable JSON: {exc}") from exc
-    if document.get("format") != PLAN_FORMAT or document.get("version") != 1:
-        raise PrepareError(f"{out.label}/{PLAN_NAME}: not a {PLAN_FORMAT} version 1 document")
+    if document.get("format") != PLAN_FORMAT or document.get("version") != PLAN_VERSION:
+        raise PrepareError(f"{out.label}/{PLAN_NAME}: not a {PLAN_FORMAT} version {PLAN_VERSION} document (plan "
+                           "again with this version of prepare)")
     return document, hashlib.sha256(text).hexdigest()
+
+
+def part_files(out: Store, part: dict[str, Any]) -> list[list[Any]]:
+    """[path, size, bytes to take] of a part's files, from its list (checked against the plan's sha256)."""
+    text = out.read_if_any(part["list"])
+    if text is None or hashlib.sha256(text).hexdigest() != part["sha256"]:
+        what = "missing" if text is None else "not the list the plan recorded"
+        raise PrepareError(f"{out.label}/{part['list']} is {what}: plan again")
+    files: list[list[Any]] = json.loads(text)["files"]
+    return files
 
 
 # -- 2. work ---------------------------------------------------------------------------------------------------------
@@ -593,9 +870,9 @@ def whole_parts(out: Store, document: dict[str, Any], plan_sha: str, numbers: li
     width = np.dtype(document["dtype"]).itemsize
     present = [n for n in numbers if part_file(n) in sizes]
     whole = {}
-    for _, data in read_many(out, (part_file(n) for n in present)):
+    for _, data in read_many(out, ((part_file(n), sizes[part_file(n)]) for n in present)):
         try:
-            record = json.loads(data)
+            record = json.loads(data or b"")
         except json.JSONDecodeError:
             continue
         if record.get("plan") == plan_sha and all(
@@ -630,38 +907,63 @@ def work(src: Store, out: Store, worker: int, workers: int, say: Callable[[str],
 
 def make_part(src: Store, out: Store, part: dict[str, Any], document: dict[str, Any], plan_sha: str,
               encoder: tok.ByteTokenizer | tok.HFTokenizer) -> dict[str, Any]:
-    """One part's shards, then its record (last: the part counts only once its shards are all there)."""
-    number, files = part["part"], part["files"]
-
-    def documents() -> Iterator[bytes]:
-        for (rel, size, take), (_, data) in zip(files, read_many(src, (f[0] for f in files)), strict=True):
-            if len(data) != size:
-                raise PrepareError(f"{src.label}/{rel} has {len(data)} bytes, the plan {size}: it changed since "
-                                   "the plan; plan again")
-            if is_text(data) and take:
-                yield data[:take]
-
+    """One part's shards, then its record (last: the part counts only once its shards are all there). Its files come
+    from its own list: a worker reads the lists of its parts, one at a time, never the whole listing. Small files
+    are encoded a batch at a time; a file above WHOLE_FILE bytes is read and encoded in chunks (stream_document)."""
+    number, files = part["part"], part_files(out, part)
     writer = ShardWriter(out, part["split"], number, document["options"]["shard_tokens"], document["dtype"])
-    for data, tokens in encoded(encoder, documents()):
-        writer.add_document(data, tokens)
+    batch: list[bytes] = []
+    size = 0
+    for (rel, listed, take), (_, data) in zip(files, read_many(src, ((f[0], f[1]) for f in files)), strict=True):
+        if data is None:
+            for text, tokens in encoded(encoder, batch):
+                writer.add_document(text, tokens)
+            batch, size = [], 0
+            stream_document(src, rel, listed, take, encoder, writer)
+            continue
+        if len(data) != listed:
+            raise changed(src, rel, len(data), listed)
+        if is_text(data) and take:
+            batch.append(data[:take])
+            size += take
+            if len(batch) >= BATCH_DOCUMENTS or size >= BATCH_BYTES:
+                for text, tokens in encoded(encoder, batch):
+                    writer.add_document(text, tokens)
+                batch, size = [], 0
+    for text, tokens in encoded(encoder, batch):
+        writer.add_document(text, tokens)
     record = {"part": number, "split": part["split"], "plan": plan_sha, **writer.finish()}
     out.write(part_file(number), (json.dumps(record, indent=1) + "\n").encode())
     return record
 
 
-def encoded(encoder: tok.ByteTokenizer | tok.HFTokenizer, documents: Iterator[bytes]
-            ) -> Iterator[tuple[bytes, np.ndarray]]:
-    """(document, its tokens) in order, encoded a batch at a time."""
-    batch: list[bytes] = []
-    size = 0
-    for data in documents:
-        batch.append(data)
-        size += len(data)
-        if len(batch) >= BATCH_DOCUMENTS or size >= BATCH_BYTES:
-            yield from zip(batch, encoder.encode_documents(batch), strict=True)
-            batch, size = [], 0
-    if batch:
-        yield from zip(batch, encoder.encode_documents(batch), strict=True)
+def changed(src: Store, rel: str, length: int, listed: int) -> PrepareError:
+    return PrepareError(f"{src.label}/{rel} has {length} bytes, the plan {listed}: it changed since the plan; plan "
+                        "again")
+
+
+def encoded(encoder: tok.ByteTokenizer | tok.HFTokenizer, batch: list[bytes]) -> list[tuple[bytes, np.ndarray]]:
+    """(document, its tokens) of a batch of documents, in order, encoded at once."""
+    return list(zip(batch, encoder.encode_documents(batch), strict=True)) if batch else []
+
+
+def stream_document(src: Store, rel: str, listed: int, take: int, encoder: tok.ByteTokenizer | tok.HFTokenizer,
+                    writer: ShardWriter) -> None:
+    """A large file as one document, the same tokens as if it were read whole: on this machine's disk (an S3
+    object spooled to the staging directory), checked to be text whole (a NUL or bad UTF-8 anywhere makes it
+    binary, as is_text), then its first `take` bytes read and encoded READ_CHUNK at a time (the tokenizer's
+    encode_stream cuts them where it splits the text anyway)."""
+    with src.spooled(rel) as path:
+        with path.open("rb") as stream:
+            text, _, length = text_scan(chunks_of(stream), 0)
+        if length != listed:
+            raise changed(src, rel, length, listed)
+        if not (text and take):
+            return
+        with path.open("rb") as stream:
+            for tokens in encoder.encode_stream(chunks_of(stream, take)):
+                writer.add_tokens(tokens)
+        writer.end_document(take)
 
 
 def worker_from_resource_config(path: Path = RESOURCE_CONFIG) -> tuple[int, int]:

@@ -15,7 +15,10 @@ The layout `prepare` writes (a directory, or an S3 prefix with the same keys):
     index.json                  the index (shards listed by split, in part order)
     tokenizer.json              the tokenizer's file, where it has one
     train-PPPPP-SSS.bin         shard SSS of part PPPPP (val-PPPPP-SSS.bin for validation's parts)
-    prepare-plan.json           the plan: the listing cut into parts, the tokenizer, the options
+    prepare-plan.json           the plan: its parts (split, bytes, files, their list's sha256), the tokenizer, the
+                                options, the totals
+    plan/files-PPPPP.json       part PPPPP's files ([path, size, bytes to take] each): the worker that makes the
+                                part reads its list alone
     parts/part-PPPPP.json       a part's record (its shards, tokens, documents, bytes), written when it is whole
 
 A shard is named by its part, so the workers that make the parts need not agree on anything but the plan, and the
@@ -37,6 +40,7 @@ from .tokenizer import TOKENIZER_FILE, TOKENIZER_INFO, dtype_for, normalized
 INDEX_NAME = "index.json"
 PLAN_NAME = "prepare-plan.json"
 PARTS_DIR = "parts"
+PLAN_LISTS_DIR = "plan"
 FORMAT = "lustrain-token-shards"
 VERSION = 2
 VERSIONS = (1, 2)
@@ -95,8 +99,13 @@ def part_file(part: int) -> str:
     return f"{PARTS_DIR}/part-{part:05d}.json"
 
 
+def plan_list(part: int) -> str:
+    return f"{PLAN_LISTS_DIR}/files-{part:05d}.json"
+
+
 def read_index(root: Path) -> DataIndex:
-    """Read and check index.json; a shard whose size disagrees with it is reported, not silently used."""
+    """Read and check index.json. It touches no shard: the reader that opens one checks its size then
+    (check_shard), so a shard whose size disagrees with the index is reported, not silently used."""
     index_path = root / INDEX_NAME
     if not index_path.is_file():
         raise DataError(
@@ -116,24 +125,30 @@ def read_index(root: Path) -> DataIndex:
             f"{VERSION} with dtype {' or '.join(DTYPES)}, and version 1 with {DTYPE})"
         )
     check_tokenizer(index_path, raw, dtype)
-    token_bytes = np.dtype(dtype).itemsize
     splits: dict[str, list[Shard]] = {}
     for split, entry in raw.get("splits", {}).items():
-        shards = []
-        for item in entry.get("shards", []):
-            path = root / item["file"]
-            expected = int(item["tokens"]) * token_bytes
-            actual = path.stat().st_size if path.is_file() else None
-            if actual != expected:
-                raise DataError(
-                    f"{path}: expected {expected} bytes from {INDEX_NAME}, found "
-                    f"{'no file' if actual is None else f'{actual} bytes'} (incomplete copy?)"
-                )
-            shards.append(Shard(path=path, tokens=int(item["tokens"])))
-        splits[split] = shards
+        # sizes from the index alone: a rank checks a shard's file when it opens it (check_shard), so that the
+        # start of a run on hundreds of ranks makes no metadata call per shard (10^5 shards x 400 ranks would be
+        # 4*10^7 stats on Lustre's metadata server)
+        splits[split] = [Shard(path=root / item["file"], tokens=int(item["tokens"]))
+                         for item in entry.get("shards", [])]
     if not splits.get("train"):
         raise DataError(f"{index_path}: no train shards")
     return DataIndex(root=root, splits=splits, raw=raw, dtype=dtype)
+
+
+def check_shard(shard: Shard, token_bytes: int) -> None:
+    """The shard's file is there at the size the index gives it (one stat): a reader calls it as it opens one."""
+    expected = shard.tokens * token_bytes
+    try:
+        actual: int | None = shard.path.stat().st_size
+    except FileNotFoundError:
+        actual = None
+    if actual != expected:
+        raise DataError(
+            f"{shard.path}: expected {expected} bytes from {INDEX_NAME}, found "
+            f"{'no file' if actual is None else f'{actual} bytes'} (incomplete copy?)"
+        )
 
 
 def check_tokenizer(index_path: Path, raw: dict[str, Any], dtype: str) -> None:

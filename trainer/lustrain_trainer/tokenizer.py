@@ -14,8 +14,12 @@ vocabulary, EOS and sha256 (same_tokenizer): the file's name does not matter.
 
 from __future__ import annotations
 
+import bisect
+import codecs
 import hashlib
-from collections.abc import Iterable
+import json
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,6 +38,19 @@ EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 #: the most token ids whose shards fit uint16 (ids 0 .. 65535); a larger vocabulary needs uint32
 U16_TOKENS = 1 << 16
 IDENTITY = ("kind", "vocab_size", "eos", "sha256")
+#: a document streamed in chunks (encode_stream) is encoded about this many characters at a time, cut at a
+#: pre-token boundary at least STREAM_MARGIN characters before the end of what has been read: far enough that what
+#: follows cannot change how the text before it is split (a pre-tokenizer's regex looks a few characters ahead)
+STREAM_CHARS = 4 << 20
+STREAM_MARGIN = 1 << 10
+#: the text before a cut whose splitting is checked: more than any lookahead of a pre-tokenizer's regex
+STREAM_LOOK = 64
+#: pieces of a streamed chunk encoded at once (encode_batch runs them on all cores)
+STREAM_PIECES = 16
+#: the pre-tokenizers whose splits a cut at one of their boundaries leaves alone (with no normalizer: one that
+#: prepends to a text, as SentencePiece's Metaspace and ByteLevel's add_prefix_space do, would prepend to each chunk)
+CHUNKABLE_PRE_TOKENIZERS = frozenset({"ByteLevel", "Split", "Sequence", "Digits", "Punctuation", "Whitespace",
+                                      "WhitespaceSplit"})
 
 
 class TokenizerError(ValueError):
@@ -48,6 +65,8 @@ class Tokenizer(Protocol):
     def encode_document(self, data: bytes) -> np.ndarray: ...
 
     def encode_documents(self, documents: list[bytes]) -> list[np.ndarray]: ...
+
+    def encode_stream(self, chunks: Iterable[bytes]) -> Iterator[np.ndarray]: ...
 
     def decode(self, tokens: list[int]) -> str: ...
 
@@ -119,6 +138,12 @@ class ByteTokenizer:
     def encode_documents(self, documents: list[bytes]) -> list[np.ndarray]:
         return [encode_document(data) for data in documents]
 
+    def encode_stream(self, chunks: Iterable[bytes]) -> Iterator[np.ndarray]:
+        """One document given in chunks, its tokens a chunk at a time: those of encode_document, EOS last."""
+        for chunk in chunks:
+            yield encode(chunk)
+        yield np.array([EOS], dtype="<u2")
+
     def decode(self, tokens: list[int]) -> str:
         return decode(tokens)
 
@@ -130,11 +155,17 @@ class HFTokenizer:
     """A tokenizer.json run by Hugging Face `tokenizers`. A document is its text's ids (no special tokens added
     by the tokenizer's own template, such as Llama 3's <|begin_of_text|>) followed by EOS, when it has one."""
 
-    def __init__(self, hf: Any, info: dict[str, Any]) -> None:
+    def __init__(self, hf: Any, info: dict[str, Any], chunkable: bool = False) -> None:
         self.hf, self.info = hf, info
         self.vocab_size: int = int(info["vocab_size"])
         self.eos: int | None = info["eos"]
         self.dtype = dtype_for(self.vocab_size)
+        #: whether a document may be encoded a piece at a time (encode_stream), and the added tokens' texts, which
+        #: the tokenizer takes out of a text before it pre-tokenizes the rest, segment by segment
+        self.chunkable = chunkable
+        added = sorted((t.content for t in hf.get_added_tokens_decoder().values()), key=len, reverse=True)
+        #: leftmost, longest first: as `tokenizers` finds them
+        self._added = re.compile("|".join(map(re.escape, added))) if added else None
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False).ids)
@@ -147,6 +178,69 @@ class HFTokenizer:
         encodings = self.hf.encode_batch([d.decode("utf-8") for d in documents], add_special_tokens=False)
         tail = [] if self.eos is None else [self.eos]
         return [np.array([*e.ids, *tail], dtype=self.dtype) for e in encodings]
+
+    def encode_stream(self, chunks: Iterable[bytes]) -> Iterator[np.ndarray]:
+        """One document given in chunks, encoded about STREAM_CHARS at a time: the same tokens as encode_document
+        of the whole, with memory for a chunk, not the document. The text is cut where the tokenizer's own
+        pre-tokenizer splits it (BPE merges never cross those boundaries), STREAM_MARGIN characters or more before
+        the end of what has been read, and never inside an added token's text. A tokenizer whose splits a cut could
+        change (a normalizer, a pre-tokenizer that prepends) is given the document whole, as encode_document."""
+        tail = [] if self.eos is None else [self.eos]
+        if not self.chunkable:
+            yield self.encode_documents([b"".join(chunks)])[0]
+            return
+        decoder = codecs.getincrementaldecoder("utf-8")()  # strict, as encode_documents' decode
+        text = ""
+        for chunk in chunks:
+            text += decoder.decode(chunk)
+            if len(text) >= STREAM_CHARS + STREAM_MARGIN:
+                cuts = self._cuts(text)
+                if cuts:
+                    yield self._encode_pieces(text, cuts)
+                    text = text[cuts[-1] :]
+        text += decoder.decode(b"", final=True)
+        yield np.array([*self.hf.encode(text, add_special_tokens=False).ids, *tail], dtype=self.dtype)
+
+    def _spans(self, text: str) -> list[tuple[int, int]]:
+        """(start, end) of `text`'s pre-tokens as the tokenizer splits it: its added tokens, and the pre-tokens of
+        each segment between them."""
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for found in [*(self._added.finditer(text) if self._added else ()), None]:
+            end = len(text) if found is None else found.start()
+            spans += [(at + a, at + b) for _, (a, b) in self.hf.pre_tokenizer.pre_tokenize_str(text[at:end])]
+            if found is not None:
+                spans.append(found.span())
+                at = found.end()
+        return spans
+
+    def _cuts(self, text: str) -> list[int]:
+        """Where `text` (which begins at a boundary) may be cut, ascending, about len/STREAM_PIECES apart; [] if
+        nowhere. A cut is a pre-token boundary STREAM_MARGIN or more before the end of the text (what follows the
+        text cannot change how it is split there), where the text before it, encoded on its own, is split as the
+        whole is (a regex that looks ahead, as GPT-2's \\s+(?!\\S), may split a piece's end otherwise): checked on
+        the STREAM_LOOK characters before the cut."""
+        limit = len(text) - STREAM_MARGIN
+        spans = [span for span in self._spans(text) if span[1] <= limit]
+        ends = [end for _, end in spans]
+        cuts: list[int] = []
+        step = max(1, limit // STREAM_PIECES)
+        for k in range(len(spans) - 1, 0, -1):  # the last cut first: where the next chunk begins
+            cut = ends[k - 1]
+            if cuts and cuts[-1] - cut < step:
+                continue
+            first = bisect.bisect_right(ends, cut - STREAM_LOOK)  # the pre-tokens from STREAM_LOOK before the cut
+            window = spans[first:k]
+            start = window[0][0] if window else cut
+            alone = [(start + a, start + b) for a, b in self._spans(text[start:cut])]
+            if alone == window:
+                cuts.append(cut)
+        return cuts[::-1]
+
+    def _encode_pieces(self, text: str, cuts: list[int]) -> np.ndarray:
+        pieces = [text[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+        encodings = self.hf.encode_batch(pieces, add_special_tokens=False)
+        return np.array([token for e in encodings for token in e.ids], dtype=self.dtype)
 
     def decode(self, tokens: list[int]) -> str:
         # EOS reads best as a blank line between documents, as with the byte tokenizer
@@ -189,7 +283,30 @@ def from_json(text: bytes, kind: str = "file", where: str = TOKENIZER_FILE) -> H
     except (UnicodeDecodeError, Exception) as exc:  # tokenizers raises a bare Exception on a bad file
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TokenizerError(f"{where} is not a Hugging Face tokenizer.json ({first})") from exc
-    return HFTokenizer(hf, info_of(hf, kind, text))
+    return HFTokenizer(hf, info_of(hf, kind, text), chunkable=chunkable(text))
+
+
+def chunkable(text: bytes) -> bool:
+    """Whether a document may be encoded a piece at a time, cut at the pre-tokenizer's boundaries, to the same
+    tokens (HFTokenizer.encode_stream): no normalizer, a pre-tokenizer of CHUNKABLE_PRE_TOKENIZERS that prepends
+    nothing, and added tokens matched as plain text (none that strips the space around it or needs a word)."""
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(spec, dict) or spec.get("normalizer") is not None or spec.get("pre_tokenizer") is None:
+        return False
+    if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") for t in spec.get("added_tokens") or []):
+        return False
+
+    def plain(node: Any) -> bool:
+        if not isinstance(node, dict) or node.get("type") not in CHUNKABLE_PRE_TOKENIZERS:
+            return False
+        if node.get("add_prefix_space") or node.get("prepend_scheme") not in (None, "never"):
+            return False
+        return all(plain(child) for child in node.get("pretokenizers") or [])
+
+    return plain(spec["pre_tokenizer"])
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> bytes:

@@ -46,7 +46,7 @@ from .hparams import (
     resolve_paths,
     shape_of,
 )
-from .metrics import evaluation, final_summary, format_line, split_bytes
+from .metrics import TENSORBOARD_DIR_ENV, Board, evaluation, final_summary, format_line, split_bytes
 from .model import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -213,6 +213,10 @@ class Trainer:
             self.log("validation bits per byte off: the data's index gives no source bytes for its val split")
         self.evaluated_at: int | None = None
         self.saved_step = -1
+        # TensorBoard's scalars from the writing rank (metrics.Board); the gradients' norm is measured at each
+        # logged step on every rank (under FSDP it is a collective), whoever writes it
+        self.board = Board.open(os.environ.get(TENSORBOARD_DIR_ENV), self.writes, say)
+        self.grad_norm: torch.Tensor | None = None
 
     def log(self, message: str) -> None:
         if self.info.is_main:
@@ -405,8 +409,9 @@ class Trainer:
         flag = torch.tensor([1.0 if stop.signal else 0.0], device=self.info.device)
         return bool(distributed.all_reduce(flag, self.info, op="max").item() > 0)
 
-    def train_step(self, step: int, lr: float, next_batch: Callable[[], Batch]) -> torch.Tensor:
-        """One optimizer step over grad_accum micro-batches; returns this rank's loss (detached, no sync)."""
+    def train_step(self, step: int, lr: float, next_batch: Callable[[], Batch], measure: bool = False) -> torch.Tensor:
+        """One optimizer step over grad_accum micro-batches; returns this rank's loss (detached, no sync). The
+        gradients' norm before the step is kept in self.grad_norm where they are clipped, or `measure` asks."""
         hp = self.hp
         if hp.dropout:
             # Dropout masks depend on (seed, rank, step) alone, so a resumed run draws the same ones.
@@ -423,8 +428,12 @@ class Trainer:
                 loss = self.step_module(x, y) / self.grad_accum
             loss.backward()
             total += loss.detach()
+        self.grad_norm = None
         if hp.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), hp.grad_clip)
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), hp.grad_clip)
+        elif measure:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            self.grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
@@ -468,12 +477,14 @@ class Trainer:
                     break
                 step += 1
                 lr = lr_at(step, hp)
-                loss_sum += self.train_step(step, lr, next_batch)
+                logged = step % hp.log_interval == 0 or step == hp.max_steps
+                loss_sum += self.train_step(step, lr, next_batch, measure=logged)
                 tokens_seen += tokens_per_step
                 window_steps += 1
 
                 values: dict[str, float] = {}
-                if step % hp.log_interval == 0 or step == hp.max_steps:
+                board: dict[str, float] = {}
+                if logged:
                     elapsed = time.perf_counter() - window_start
                     values["train_loss"] = float(distributed.all_reduce(loss_sum / window_steps, info).item())
                     values["tokens_per_s"] = tokens_per_step * window_steps / max(elapsed, 1e-9)
@@ -482,6 +493,8 @@ class Trainer:
                         # model FLOPs utilisation: the model's training FLOPs per second over the GPUs' bf16 peak
                         values["mfu"] = values["tokens_per_s_per_gpu"] * flops_per_token / (self.peak_tflops * 1e12)
                     values["lr"] = lr
+                    if self.grad_norm is not None:
+                        board["grad_norm"] = _as_float(self.grad_norm)
                     loss_sum.zero_()
                     window_steps, window_start = 0, time.perf_counter()
                 if self.val_plan and (step % hp.eval_interval == 0 or step == hp.max_steps):
@@ -492,6 +505,7 @@ class Trainer:
                     metrics.update(values)
                     if info.is_main:
                         print(format_line(step, values), flush=True)
+                    self.board.write(step, {**values, **board})
                 if step % hp.checkpoint_interval == 0:
                     values = {"ckpt_blocking_s": self.save_checkpoint(step, tokens_seen, "interval")}
                     if info.is_main:
@@ -500,6 +514,7 @@ class Trainer:
                     self.checkpointer.poll()  # commit the checkpoint in flight once it is written
         finally:
             prefetch.close()
+            self.board.close()
             if trace:
                 trace.close()
         # Blocking: the process ends after this, and a stop must end in a committed checkpoint (the write in
@@ -509,6 +524,12 @@ class Trainer:
         if status == "completed":
             self.write_model(step, metrics)
         return Outcome(status, step, resumed_from, metrics, tokens_seen)
+
+
+def _as_float(norm: torch.Tensor) -> float:
+    """A norm as a number; a sharded model's (FSDP's DTensor) is gathered first, on every rank alike."""
+    full = getattr(norm, "full_tensor", None)
+    return float((full() if full is not None else norm).item())
 
 
 def data_model_config(hp: Hyperparameters, tokenizer_info: dict[str, Any]) -> ModelConfig:

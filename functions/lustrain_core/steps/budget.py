@@ -116,7 +116,8 @@ def attempt_budget(run: Run, spent_usd: float, settings: Settings) -> AttemptBud
 def cost_so_far_usd(record: JobRecord, jobs: list[dict[str, Any]], now: float) -> float:
     """What the run has cost until now, at list prices: each training attempt's billable time (or, while it
     trains, the time since it started) x its instances, plus the file system's hours at the plan's hourly rate.
-    `jobs` are the attempts' DescribeTrainingJob answers (times as datetimes)."""
+    `jobs` are the attempts' DescribeTrainingJob answers (times as datetimes); `lustrain status` and the run's
+    notices (steps/notices.py) both count with it."""
     prices = PriceTable()
     total = 0.0
     for job in jobs:

@@ -31,12 +31,13 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lustrain_core import secrets_launcher
+from lustrain_core import prepare_plan, secrets_launcher
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.document import Code, MetricDefinition, Run
 from lustrain_core.errors import MISSING, FieldError, SpecInvalid
 from lustrain_core.spec import JobSpec
+from lustrain_core.steps import prepare
 from lustrain_core.steps.job import split_s3_uri
 
 BUNDLE_NAME = "sourcedir.tar.gz"
@@ -70,9 +71,10 @@ def build_bundle(files: Iterable[tuple[str, bytes]]) -> bytes:
     return packed.getvalue()
 
 
-def read_source(s3: Any, source: str) -> list[tuple[str, bytes]]:
-    """Every object under the code.source prefix, as (path relative to the prefix, bytes)."""
-    bucket, prefix = split_s3_uri(source, "code.source")
+def read_source(s3: Any, source: str, field: str = "code.source") -> list[tuple[str, bytes]]:
+    """Every object under the code.source prefix (a preparation's `code`: `field`), as (path relative to the prefix,
+    bytes)."""
+    bucket, prefix = split_s3_uri(source, field)
     if prefix and not prefix.endswith("/"):
         prefix += "/"
     keys: list[tuple[str, int]] = []
@@ -83,18 +85,16 @@ def read_source(s3: Any, source: str) -> list[tuple[str, bytes]]:
         code = error_code(exc)
         if code in {"NoSuchBucket", "AccessDenied"}:
             raise SpecInvalid.one(
-                "code.source", source, f"cannot be listed by the stack ({explained(exc)})"
+                field, source, f"cannot be listed by the stack ({explained(exc)})"
             ) from None
         raise
     keys = [(key, size) for key, size in keys if not key.endswith("/")]
     if not keys:
-        raise SpecInvalid.one(
-            "code.source", source, "no objects under this prefix: upload the code or fix the URI"
-        )
+        raise SpecInvalid.one(field, source, "no objects under this prefix: upload the code or fix the URI")
     total = sum(size for _, size in keys)
     if len(keys) > MAX_BUNDLE_FILES or total > MAX_BUNDLE_SOURCE_BYTES:
         raise SpecInvalid.one(
-            "code.source",
+            field,
             source,
             f"{len(keys):,} files, {total / 2**20:,.1f} MiB: the code bundle may hold at most "
             f"{MAX_BUNDLE_FILES:,} files and {MAX_BUNDLE_SOURCE_BYTES // 2**20} MiB (keep data and weights "
@@ -104,7 +104,7 @@ def read_source(s3: Any, source: str) -> list[tuple[str, bytes]]:
     unsafe = [name for name in names if name.startswith("/") or ".." in name.split("/")]
     if unsafe:
         raise SpecInvalid.one(
-            "code.source", source, f"object names that would unpack outside the code directory: {unsafe[:5]}"
+            field, source, f"object names that would unpack outside the code directory: {unsafe[:5]}"
         )
     return [
         (name, s3.get_object(Bucket=bucket, Key=key)["Body"].read())
@@ -214,7 +214,10 @@ def _holds(s3: Any, bucket: str, key: str, sha256_hex: str) -> bool:
 
 
 def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> Code:
-    """Bundle code.source and store it by content; returns $.code."""
+    """Bundle code.source (a data preparation run's `code`: the trainer package) and store it by content; returns
+    $.code."""
+    if prepare.is_prepare_run(document):
+        return upload_trainer(document, s3=s3, settings=settings)
     job = Run.parse(document).job
     spec = job.spec
     files = read_source(s3, spec.code.source)
@@ -224,9 +227,43 @@ def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> Cod
     metrics_body = dict(files).get(METRIC_DEFINITIONS_FILE)
     metric_definitions = parse_metric_definitions(metrics_body) if metrics_body is not None else []
 
+    return store_bundle(s3, settings, job.job_id, files, spec.code.source, metric_definitions)
+
+
+def upload_trainer(document: dict[str, Any], *, s3: Any, settings: Settings) -> Code:
+    """A data preparation run's code: the trainer package under its spec's `code` (lustrain_trainer/ at its root,
+    which the processing jobs' entry point runs: prepare_plan.ENTRY_SCRIPT), bundled and stored as a training
+    run's code is. SpecInvalid names `code` when the spec has none or the package is not there."""
+    job_id, spec = prepare.job_of(document)
+    if spec.code is None:
+        raise SpecInvalid.one(
+            "code",
+            MISSING,
+            "the trainer package's s3:// prefix: `lustrain data prepare --stack` and `lustrain submit` upload it",
+        )
+    files = read_source(s3, spec.code, "code")
+    if prepare_plan.ENTRY_MODULE_FILE not in {name for name, _ in files}:
+        raise SpecInvalid.one(
+            "code",
+            spec.code,
+            f"holds no {prepare_plan.ENTRY_MODULE_FILE}: the trainer package (trainer/ of lustrain), with "
+            "lustrain_trainer/ at the prefix's root",
+        )
+    return store_bundle(s3, settings, job_id, files, spec.code, [])
+
+
+def store_bundle(
+    s3: Any,
+    settings: Settings,
+    job_id: str,
+    files: list[tuple[str, bytes]],
+    source: str,
+    metric_definitions: list[dict[str, str]],
+) -> Code:
+    """The bundle of `files`, stored under the run's id by its content (not uploaded again when there); $.code."""
     bundle = build_bundle(files)
     sha256 = hashlib.sha256(bundle).hexdigest()
-    bucket, key = settings.artifacts_bucket, bundle_key(settings, job.job_id, sha256)
+    bucket, key = settings.artifacts_bucket, bundle_key(settings, job_id, sha256)
     uploaded = not _holds(s3, bucket, key, sha256)
     if uploaded:
         s3.put_object(
@@ -235,7 +272,7 @@ def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> Cod
             Body=bundle,
             ContentType="application/gzip",
             ChecksumAlgorithm="SHA256",
-            Metadata={"sha256": sha256, "source": spec.code.source},
+            Metadata={"sha256": sha256, "source": source},
         )
     return Code(
         submit_directory=f"s3://{bucket}/{key}",

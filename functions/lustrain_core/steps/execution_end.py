@@ -221,6 +221,7 @@ def on_execution_end(
         "execution": change.name,
         "job": {
             "job_id": job_id,
+            "kind": record.kind,
             "spec": record.spec or None,
             "plan": record.plan or None,
             "source": record.source or None,

@@ -33,11 +33,21 @@ from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEve
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lustrain_core import launch, launch_plan, planner
+from lustrain_core import launch, launch_plan, planner, prepare_plan
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
-from lustrain_core.spec import MAX_SPEC_BYTES, S3_URI_PATTERN, JobSpec, parse_document, validate_spec
+from lustrain_core.prices import PriceTable
+from lustrain_core.spec import (
+    MAX_SPEC_BYTES,
+    S3_URI_PATTERN,
+    JobSpec,
+    PrepareSpec,
+    is_prepare,
+    parse_document,
+    validate_prepare_spec,
+    validate_spec,
+)
 from lustrain_core.steps import records, training_plans, zones
 from lustrain_core.steps.policy import Policy
 
@@ -194,9 +204,11 @@ def check_code_source(spec: JobSpec) -> None:
     split_s3_uri(source, "code.source")
 
 
-def measure_data(s3: Any, s3_uri: str) -> tuple[float, dict[str, int]]:
+def measure_data(
+    s3: Any, s3_uri: str, field: str = "data.s3_uri", size_field: str = "data.size_gib"
+) -> tuple[float, dict[str, int]]:
     """GiB under an S3 prefix, and bytes per file extension (the planner judges compression by them)."""
-    bucket, prefix = split_s3_uri(s3_uri, "data.s3_uri")
+    bucket, prefix = split_s3_uri(s3_uri, field)
     total = 0
     objects = 0
     by_extension: dict[str, int] = {}
@@ -212,24 +224,22 @@ def measure_data(s3: Any, s3_uri: str) -> tuple[float, dict[str, int]]:
                 by_extension[ext] = by_extension.get(ext, 0) + size
             if objects > MAX_MEASURED_OBJECTS:
                 raise SpecInvalid.one(
-                    "data.size_gib",
+                    size_field,
                     MISSING,
                     f"more than {MAX_MEASURED_OBJECTS:,} objects under {s3_uri}: measuring them would outlast "
-                    "the step; set data.size_gib",
+                    f"the step; set {size_field}",
                 )
     except ClientError as exc:
         code = error_code(exc)
         if code in {"NoSuchBucket", "AccessDenied"}:
             raise SpecInvalid.one(
-                "data.s3_uri",
+                field,
                 s3_uri,
                 f"cannot be listed by the stack ({explained(exc)}); check the bucket and its policy",
             ) from None
         raise
     if objects == 0:
-        raise SpecInvalid.one(
-            "data.s3_uri", s3_uri, "no objects under this prefix: upload the data or fix the URI"
-        )
+        raise SpecInvalid.one(field, s3_uri, "no objects under this prefix: upload the data or fix the URI")
     return total / 2**30, by_extension
 
 
@@ -343,9 +353,13 @@ def register_job(
     settings: Settings,
     clock: Callable[[], float] = time.time,
 ) -> dict[str, Any]:
-    """Validate, plan, compile and record a run; returns $.job ({duplicate: true, ...} for a repeated start).
-    Nothing is created before every check passed (SpecInvalid, SpecForbidden)."""
-    spec = validate_spec(read_spec_document(s3, source))
+    """Validate, plan, compile and record a run; returns $.job ({duplicate: true, ...} for a repeated start), whose
+    `kind` (train | prepare) the state machine chooses the run's path by. Nothing is created before every check
+    passed (SpecInvalid, SpecForbidden)."""
+    document = read_spec_document(s3, source)
+    if is_prepare(document):
+        return register_prepare(document, source, s3=s3, ddb=ddb, settings=settings)
+    spec = validate_spec(document)
     check_code_source(spec)
     job_id = job_id_for(spec.name, source.identity)
     policy = Policy.for_stack(settings)
@@ -375,16 +389,28 @@ def register_job(
             "travel between the run's states (shrink code.hyperparameters or code.environment)",
         )
 
+    return record_once(
+        ddb,
+        settings,
+        source,
+        job_id,
+        {"kind": records.TRAIN, "spec": normalised, "plan": plan, "launch": compiled},
+    )
+
+
+def record_once(
+    ddb: Any, settings: Settings, source: SpecSource, job_id: str, facts: dict[str, Any]
+) -> dict[str, Any]:
+    """Write the job record of a checked run once (its kind, spec, plan...: `facts`); $.job for the state machine,
+    or {duplicate: true, ...} when another start recorded the same run."""
     started_at = records.now_iso()
     record = records.JobRecord.new(
         job_id=job_id,
         source=source.to_dict(),
         # absent for a direct invoke: DynamoDB refuses an empty string as an index key
         execution=source.execution or None,
-        spec=normalised,
-        plan=plan,
-        launch=compiled,
         created_at=started_at,
+        **facts,
     )
     if not records.put_new(ddb, settings.jobs_table, record):
         existing = records.get(ddb, settings.jobs_table, job_id)
@@ -395,6 +421,7 @@ def register_job(
             return {
                 "job_id": job_id,
                 "duplicate": True,
+                "kind": facts["kind"],
                 "source": existing.source if existing is not None else source.to_dict(),
                 "started_at": existing.created_at if existing is not None else None,
                 "duplicate_of": existing.execution if existing is not None else None,
@@ -403,9 +430,56 @@ def register_job(
     return {
         "job_id": job_id,
         "duplicate": False,
-        "spec": normalised,
-        "plan": plan,
-        "launch": compiled,
+        **facts,
         "source": source.to_dict(),
         "started_at": started_at,
     }
+
+
+def planned_preparation(spec: PrepareSpec, source_gib: float) -> dict[str, Any]:
+    """A preparation's plan (prepare_plan.plan_of) at the stack's list prices, as its job record holds it."""
+    itype = PriceTable().instance_types.get(spec.instance_type)
+    hourly = itype.hourly_usd if itype is not None else None
+    return prepare_plan.plan_of(
+        spec.name, spec.tokenizer, spec.instances, spec.instance_type, source_gib, hourly
+    )
+
+
+def register_prepare(
+    document: dict[str, Any], source: SpecSource, *, s3: Any, ddb: Any, settings: Settings
+) -> dict[str, Any]:
+    """A data preparation run (kind: prepare): its spec checked against the stack's rules, its source measured and
+    readable, its output's bucket reachable, its plan (prepare_plan.plan_of) within the stack's budget; recorded
+    once as a training run is."""
+    spec = validate_prepare_spec(document)
+    job_id = job_id_for(spec.name, source.identity)
+    policy = Policy.for_stack(settings)
+    policy.check_prepare(spec)
+    if spec.code is None:
+        raise SpecInvalid.one(
+            "code",
+            MISSING,
+            "the trainer package's s3:// prefix the processing jobs run: start the run with `lustrain data prepare "
+            "s3://SRC s3://OUT --stack STACK` or `lustrain submit SPEC --stack STACK`, which upload it and set code",
+        )
+    if spec.tokenizer.startswith("s3://"):
+        key = split_s3_uri(spec.tokenizer, "tokenizer")[1]
+        if not any(o["Key"] == key for o in _listing(s3, spec.tokenizer, "tokenizer", "the tokenizer")):
+            raise SpecInvalid.one("tokenizer", spec.tokenizer, "no such object: the tokenizer.json to load")
+    source_gib = spec.size_gib
+    if source_gib is None:
+        source_gib, _ = measure_data(s3, spec.source, "source", "size_gib")
+    elif not _listing(s3, spec.source, "source", "the source"):
+        raise SpecInvalid.one(
+            "source", spec.source, "no objects under this prefix: upload the text or fix the URI"
+        )
+    _listing(s3, spec.output, "output", "the output location", max_keys=0)
+    plan = planned_preparation(spec, source_gib)
+    policy.check_prepare_plan(plan)
+    return record_once(
+        ddb,
+        settings,
+        source,
+        job_id,
+        {"kind": records.PREPARE, "spec": spec.model_dump(mode="json"), "plan": plan},
+    )

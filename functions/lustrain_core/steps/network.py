@@ -41,15 +41,15 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lustrain_core import aws_requests
+from lustrain_core import aws_requests, prepare_plan
 from lustrain_core.aws_errors import error_code
 from lustrain_core.aws_requests import inter_container_encryption, tag_spec
 from lustrain_core.config import Settings
 from lustrain_core.document import Job, Network, Resource, Run
 from lustrain_core.errors import NetworkInvalid, SpecInvalid
-from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, Names, names_of
 from lustrain_core.prices import INSTANCE_TYPES
-from lustrain_core.steps import records, warm_pool, zones
+from lustrain_core.steps import prepare, records, warm_pool, zones
 
 LUSTRE_PORT_RANGES = ((988, 988), (1018, 1023))
 HTTPS = 443
@@ -177,6 +177,61 @@ def _tag_filters(job_id: str, stack_name: str) -> list[dict[str, Any]]:
     ]
 
 
+@dataclass(frozen=True)
+class NetworkFor:
+    """What a new network is built for, read once from the run of either kind: a training run's plan and launch
+    plan (`of_job`), or a data preparation run's spec (`of_prepare`: its processing instances, no file system)."""
+
+    job_id: str
+    vpc_cidr: str
+    subnet_cidr: str
+    names: Names
+    #: the tags of each resource but for its Name (from `names`)
+    base_tags: tuple[tuple[str, str], ...]
+    instance_type: str
+    preferred_zones: tuple[str, ...] = ()
+    #: the one zone the instances are in (a training plan's), if any
+    required_zone: str | None = None
+    secret_services: tuple[str, ...] = ()
+
+    def tags(self, resource: str) -> list[dict[str, str]]:
+        return [
+            *({"Key": k, "Value": v} for k, v in self.base_tags),
+            {"Key": "Name", "Value": self.name_of(resource)},
+        ]
+
+    def name_of(self, resource: str) -> str:
+        return str(getattr(self.names, resource))
+
+    @classmethod
+    def of_job(cls, job: Job) -> NetworkFor:
+        net, plan = job.planned.network, job.launch.training_plan
+        return cls(
+            job_id=job.job_id,
+            vpc_cidr=str(net.vpc_cidr),
+            subnet_cidr=str(net.subnet_cidr),
+            names=job.launch.names,
+            base_tags=tuple((t.Key, t.Value) for t in job.launch.tags),
+            instance_type=job.spec.compute.instance_type,
+            preferred_zones=tuple(job.spec.network.preferred_zones),
+            required_zone=plan.availability_zone if plan is not None else None,
+            secret_services=tuple(job.spec.code.secret_services),
+        )
+
+    @classmethod
+    def of_prepare(cls, document: dict[str, Any], settings: Settings) -> NetworkFor:
+        job_id, spec = prepare.job_of(document)
+        tags = prepare.run_tags(job_id, spec, settings.stack_name)
+        return cls(
+            job_id=job_id,
+            vpc_cidr=prepare_plan.VPC_CIDR,
+            subnet_cidr=prepare_plan.subnet_cidr(spec.instances),
+            names=names_of(job_id),
+            base_tags=tuple((t["Key"], t["Value"]) for t in tags),
+            instance_type=spec.instance_type,
+        )
+
+
 def _zone_choices(ec2: Any, job: Job) -> list[zones.Zone]:
     plan = job.launch.training_plan
     return zones.zone_choices(
@@ -187,10 +242,12 @@ def _zone_choices(ec2: Any, job: Job) -> list[zones.Zone]:
     )
 
 
-def choose_zone(ec2: Any, job: Job) -> str:
+def choose_zone(ec2: Any, run: NetworkFor) -> str:
     """The zone of the run's new subnet: its training plan's, else the first of network.availability_zone that offers
     the instance type, or the first zone that offers it (steps/zones.py)."""
-    return _zone_choices(ec2, job)[0].name
+    return zones.zone_choices(ec2, run.instance_type, list(run.preferred_zones), required=run.required_zone)[
+        0
+    ].name
 
 
 def s3_prefix_list(ec2: Any, region: str) -> str:
@@ -275,9 +332,8 @@ def _live(items: list[dict[str, Any]], state_key: str = "State") -> list[dict[st
     ]
 
 
-def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Network:
+def create_new_network(ec2: Any, ddb: Any, job: NetworkFor, settings: Settings) -> Network:
     records.require(ddb, settings.jobs_table, job.job_id)
-    net = job.planned.network
     filters = _tag_filters(job.job_id, settings.stack_name)
     created: list[dict[str, str]] = []
 
@@ -290,7 +346,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
     if vpcs:
         vpc_id = vpcs[0]["VpcId"]
     else:
-        vpc_id = ec2.create_vpc(**aws_requests.vpc(job, str(net.vpc_cidr)))["Vpc"]["VpcId"]
+        vpc_id = ec2.create_vpc(**aws_requests.vpc(job, job.vpc_cidr))["Vpc"]["VpcId"]
     remember("vpc", vpc_id)
 
     subnets = ec2.describe_subnets(Filters=filters)["Subnets"]
@@ -300,7 +356,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
         zone = choose_zone(ec2, job)
         subnet = ec2.create_subnet(
             VpcId=vpc_id,
-            CidrBlock=str(net.subnet_cidr),
+            CidrBlock=job.subnet_cidr,
             AvailabilityZone=zone,
             TagSpecifications=tag_spec(job, "subnet", "subnet"),
         )["Subnet"]
@@ -339,7 +395,7 @@ def create_new_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netw
         group_id = ec2.create_security_group(**aws_requests.security_group(job, vpc_id))["GroupId"]
     remember("security_group", group_id)
     _ensure_rules(ec2, group_id, s3_prefix_list(ec2, settings.region))
-    for service in job.spec.code.secret_services:
+    for service in job.secret_services:
         remember("vpc_endpoint", ensure_secrets_endpoint(ec2, job, settings, service, subnet, group_id))
 
     return Network(
@@ -360,7 +416,7 @@ def secrets_endpoint_service(region: str, service: str) -> str:
 
 
 def secrets_endpoint_request(
-    job: Job, settings: Settings, service: str, subnet: dict[str, Any], group_id: str
+    job: aws_requests.Tagged, settings: Settings, service: str, subnet: dict[str, Any], group_id: str
 ) -> dict[str, Any]:
     """CreateVpcEndpoint of the interface endpoint that lets the job, in a subnet with no internet, read its secrets:
     in the run's subnet, with the run's security group (whose all-traffic self rules let the job reach it on 443),
@@ -379,7 +435,12 @@ def secrets_endpoint_request(
 
 
 def ensure_secrets_endpoint(
-    ec2: Any, job: Job, settings: Settings, service: str, subnet: dict[str, Any], group_id: str
+    ec2: Any,
+    job: aws_requests.Tagged,
+    settings: Settings,
+    service: str,
+    subnet: dict[str, Any],
+    group_id: str,
 ) -> str:
     """The run's interface endpoint for `service`, found by its tags or created (with the VPC's DNS hostnames on,
     which private DNS needs: a new VPC has them off)."""
@@ -558,7 +619,10 @@ def check_existing_network(ec2: Any, job: Job, settings: Settings) -> Network:
 
 
 def create_network(document: dict[str, Any], *, ec2: Any, ddb: Any, settings: Settings) -> Network:
-    """$.network: a new network for the run, or the checked existing one named by network.subnet_id."""
+    """$.network: a new network for the run, or the checked existing one named by network.subnet_id. A data
+    preparation run (kind: prepare) always gets a new one, sized for its processing instances."""
+    if prepare.is_prepare_run(document):
+        return create_new_network(ec2, ddb, NetworkFor.of_prepare(document, settings), settings)
     job = Run.parse(document).job
     if job.spec.network.subnet_id:
         return check_existing_network(ec2, job, settings)
@@ -566,7 +630,7 @@ def create_network(document: dict[str, Any], *, ec2: Any, ddb: Any, settings: Se
         kept = warm_pool_network(ec2, ddb, job, settings)
         if kept is not None:
             return kept
-    return create_new_network(ec2, ddb, job, settings)
+    return create_new_network(ec2, ddb, NetworkFor.of_job(job), settings)
 
 
 def warm_pool_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Network | None:

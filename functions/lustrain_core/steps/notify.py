@@ -1,4 +1,12 @@
-"""notify: tell people how the run ended, on the stack's SNS topic (NOTIFY_TOPIC_ARN; none set, nothing sent).
+"""notify: tell people how the run goes: its end on the stack's SNS topic (NOTIFY_TOPIC_ARN; none set, nothing sent),
+and each moment of it in the team's chat (steps/notices.py: the stack's NoticeWebhookSecretArn; none set, nothing
+posted).
+
+The notify function runs from the state machine's end (`notify`: the run's document) and, where the stack names
+a webhook, from EventBridge (`on_event`): the execution's start, stop (cancelled), time-out and death of an
+error no Catch sees ("Step Functions Execution Status Change"), each training job's end ("SageMaker Training Job
+State Change"), and the capacity queue's moments ("lustrain Run Queue Change", put by check_quota). A notice's
+failure to arrive is answered, never raised: the run goes on.
 
 The message reads as a short report (email subscribers see it as is) followed by the same facts as JSON for
 programs; the message attributes `outcome` and `job_id` let subscriptions filter without parsing the body.
@@ -14,14 +22,19 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from lustrain_core.config import Settings
 from lustrain_core.errors import RunCancelled, SpecForbidden, SpecInvalid
+from lustrain_core.launch_plan import archive_target
 from lustrain_core.prices import PriceTable
-from lustrain_core.steps import records
+from lustrain_core.steps import budget, notices, queue, records
+from lustrain_core.steps.events import ENDED, TrainingJobStateChange, classify_failure
+from lustrain_core.steps.records import JobRecord
+from lustrain_core.steps.training import describe_training_job, training_job_name
 
 #: SNS subjects: printable ASCII, no line breaks, fewer than 100 characters
 MAX_SUBJECT = 99
@@ -81,7 +94,8 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
     error = _object(document.get("error")) or None
     training = _object(document.get("training"))
     teardown = _object(document.get("teardown"))
-    cost = _object(_object(job.get("plan")).get("cost"))
+    plan = _object(job.get("plan"))
+    cost = _object(plan.get("cost"))
     source = _object(job.get("source"))
     dropped = source.get("uri") or _started_from(document)
     refused = not job.get("job_id") and error is not None and error.get("Error") in REFUSALS
@@ -109,7 +123,8 @@ def summary(document: dict[str, Any]) -> dict[str, Any]:
         "teardown_error": (
             f"{teardown['Error']}: {cause_text(teardown.get('Cause'))}" if teardown.get("Error") else None
         ),
-        "estimated_cost_usd": _number(cost.get("total_usd")),
+        # a training run's plan prices it under cost; a data preparation's (prepare_plan.plan_of) as cost_usd
+        "estimated_cost_usd": _number(cost.get("total_usd")) if cost else _number(plan.get("cost_usd")),
         "billed_compute_usd": _billed_compute_usd(spec, training.get("billable_seconds")),
         # what the failed attempts before the last one cost (next_attempt's count), and the budget they count against
         "earlier_attempts_usd": _number(_object(document.get("recovery")).get("spent_usd")),
@@ -193,19 +208,34 @@ def _registered_job_id(document: Any) -> str | None:
     return job_id if isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) else None
 
 
-def notify(document: dict[str, Any], *, sns: Any, settings: Settings, ddb: Any = None) -> dict[str, Any]:
+def notify(
+    document: dict[str, Any],
+    *,
+    sns: Any,
+    settings: Settings,
+    ddb: Any = None,
+    secrets: Any = None,
+    sagemaker: Any = None,
+) -> dict[str, Any]:
     """Publish the run's outcome; returns $.notify ({message_id, outcome}); message_id None when no topic is set.
 
-    With `ddb`, a run already announced (its record notes the message) is not announced again."""
+    With `ddb`, a run already announced (its record notes the message) is not announced again. With `secrets`
+    (the notify function's), the end is also posted to the stack's webhook (`chat`: how that went)."""
     facts = summary(document)
-    if not settings.notify_topic_arn:
-        return {"message_id": None, "outcome": facts["outcome"], "skipped": "no NOTIFY_TOPIC_ARN"}
     job_id = _registered_job_id(document) if ddb is not None else None
-    if job_id is not None:
-        found = records.get(ddb, settings.jobs_table, job_id)
-        sent = _object(found.notified if found is not None else None)
-        if sent.get("message_id"):
-            return {"message_id": sent["message_id"], "outcome": facts["outcome"], "already_sent": True}
+    record = records.get(ddb, settings.jobs_table, job_id) if job_id is not None else None
+    sent = record.notice_sent if record is not None else None
+    if sent:
+        return {"message_id": sent, "outcome": facts["outcome"], "already_sent": True}
+    chat = None
+    if secrets is not None and notices.configured(settings):
+        cost = run_cost(record, sagemaker=sagemaker) if record is not None else None
+        chat = notices.post(
+            notices.ended(facts, cost, settings), secrets=secrets, settings=settings
+        ).to_dict()
+    if not settings.notify_topic_arn:
+        skipped = {"message_id": None, "outcome": facts["outcome"], "skipped": "no NOTIFY_TOPIC_ARN"}
+        return {**skipped, "chat": chat} if chat is not None else skipped
     answer = sns.publish(
         TopicArn=settings.notify_topic_arn,
         Subject=_subject(facts["outcome"], facts["job_id"]),
@@ -223,4 +253,145 @@ def notify(document: dict[str, Any], *, sns: Any, settings: Settings, ddb: Any =
             # no record to note it on (a document not from register_job): the message is out all the same
             if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
                 raise
-    return {"message_id": answer["MessageId"], "outcome": facts["outcome"]}
+    published = {"message_id": answer["MessageId"], "outcome": facts["outcome"]}
+    return {**published, "chat": chat} if chat is not None else published
+
+
+def run_cost(record: JobRecord, *, sagemaker: Any, now: float | None = None) -> float | None:
+    """The run's cost so far, as `lustrain status` counts it (each attempt's DescribeTrainingJob); None where it
+    cannot be told (a notice says "unknown" rather than fail)."""
+    if sagemaker is None or not record.job_id:
+        return None
+    try:
+        jobs = [describe_training_job(sagemaker, name) for name in record.training_job_names()]
+        return budget.cost_so_far_usd(record, [j for j in jobs if j], time.time() if now is None else now)
+    except (ClientError, ValueError, TypeError):
+        return None
+
+
+def _model(record: JobRecord, settings: Settings) -> str:
+    """Where the run's model is archived (its training jobs upload it there: launch_plan.model_output_path)."""
+    return archive_target(settings, record.job_id)
+
+
+#: EventBridge's detail types the notify function takes
+EXECUTION_CHANGE = "Step Functions Execution Status Change"
+TRAINING_CHANGE = "SageMaker Training Job State Change"
+QUEUE_CHANGE = queue.CHANGE_DETAIL_TYPE
+#: the source of the events lustrain's own functions put (check_quota's queue changes)
+SOURCE = queue.CHANGE_SOURCE
+
+
+def on_event(
+    event: dict[str, Any], *, ddb: Any, sagemaker: Any, secrets: Any, settings: Settings
+) -> dict[str, Any]:
+    """Post the notice an EventBridge event tells of; what was posted (or why nothing was)."""
+    notice = notice_of(event, ddb=ddb, sagemaker=sagemaker, settings=settings)
+    if isinstance(notice, str):
+        return {"posted": False, "reason": notice}
+    delivery = notices.post(notice, secrets=secrets, settings=settings)
+    return {
+        "posted": delivery.delivered,
+        "kind": notice.kind,
+        "job_id": notice.job_id,
+        "chat": delivery.to_dict(),
+    }
+
+
+def notice_of(event: dict[str, Any], *, ddb: Any, sagemaker: Any, settings: Settings) -> notices.Notice | str:
+    """The notice an event tells of, or why it tells none (an event of another kind, run or stack)."""
+    kind, detail = event.get("detail-type"), _object(event.get("detail"))
+    if event.get("source") == "aws.states" and kind == EXECUTION_CHANGE:
+        return _execution_notice(detail, ddb=ddb, sagemaker=sagemaker, settings=settings)
+    if event.get("source") == "aws.sagemaker" and kind == TRAINING_CHANGE:
+        return _training_notice(detail, ddb=ddb, sagemaker=sagemaker, settings=settings)
+    if event.get("source") == SOURCE and kind == QUEUE_CHANGE:
+        record = (
+            records.get(ddb, settings.jobs_table, str(detail.get("job_id"))) if detail.get("job_id") else None
+        )
+        if record is None:
+            return "the queue change names no run of this stack"
+        admitted = detail.get("state") == "admitted"
+        cost = run_cost(record, sagemaker=sagemaker)
+        return notices.queue_moment(
+            record,
+            admitted=admitted,
+            detail=detail,
+            cost=cost,
+            model=_model(record, settings),
+            settings=settings,
+        )
+    return f"not an event the notices tell of: {event.get('source')!r} {kind!r}"
+
+
+def _execution_notice(
+    detail: dict[str, Any], *, ddb: Any, sagemaker: Any, settings: Settings
+) -> notices.Notice | str:
+    status, name = detail.get("status"), detail.get("name")
+    if not isinstance(name, str) or not name:
+        return "the execution change names no execution"
+    if status == "RUNNING":
+        try:
+            started_with = json.loads(detail.get("input") or "null")
+        except (TypeError, json.JSONDecodeError):
+            started_with = None
+        return notices.started(name, _started_from(_object(started_with)), settings)
+    if status not in ("ABORTED", "TIMED_OUT", "FAILED"):
+        return f"a {status} execution is announced by the state machine's own notify"
+    record = records.find_by_execution(ddb, settings.jobs_table, name)
+    if record is None:
+        return "the execution recorded no run"
+    cause = cause_text(detail.get("cause")) or None
+    if status == "FAILED":
+        # a run that failed through its Catch was announced by the state machine's notify (its record notes the
+        # message) before the execution ended; one that died of an error no Catch sees (States.Runtime) was not
+        if record.notice_sent:
+            return "the state machine's notify announced the failure"
+        facts = {
+            "job_id": record.job_id,
+            "outcome": "failed",
+            "error": detail.get("error") or "States.Runtime",
+            "cause": cause,
+            "spec_name": record.name or None,
+            "execution": name,
+        }
+        return notices.ended(facts, run_cost(record, sagemaker=sagemaker), settings)
+    if status == "ABORTED" and detail.get("error") and cause:
+        cause = f"{cause} ({detail['error']})" if detail["error"] not in CANCELLED else cause
+    kind = "cancelled" if status == "ABORTED" else "timed-out"
+    cost = run_cost(record, sagemaker=sagemaker)
+    return notices.stopped(kind, record, cause, cost, _model(record, settings), settings)
+
+
+def _training_notice(
+    detail: dict[str, Any], *, ddb: Any, sagemaker: Any, settings: Settings
+) -> notices.Notice | str:
+    try:
+        change = TrainingJobStateChange.model_validate(detail)
+    except ValueError:
+        return "not a SageMaker training job's state change"
+    if change.TrainingJobStatus not in ENDED:
+        return f"the training job is {change.TrainingJobStatus}, not ended"
+    # start_training names attempt n of run <spec name>-<8 hex> "<spec name>-<8 hex>-<n>"
+    job_id, _, number = change.TrainingJobName.rpartition("-")
+    record = records.get(ddb, settings.jobs_table, job_id) if job_id and number.isdigit() else None
+    if record is None or training_job_name(record.name, job_id, int(number)) != change.TrainingJobName:
+        return "the training job is no run's of this stack"
+    status = change.TrainingJobStatus
+    if status == "Completed":
+        why = "the training finished"
+    elif status == "Failed":
+        why = f"{classify_failure(change.FailureReason)}: {change.FailureReason or 'no reason given'}"
+    else:
+        why = f"stopped ({change.SecondaryStatus or 'Stopped'}): a cancel, the budget's runtime or a stop by hand"
+    artifacts = change.ModelArtifacts.S3ModelArtifacts if change.ModelArtifacts else None
+    return notices.attempt_ended(
+        record,
+        training_job=change.TrainingJobName,
+        attempt=int(number),
+        status=status,
+        why=why,
+        cost=run_cost(record, sagemaker=sagemaker),
+        model=artifacts if status == "Completed" and artifacts else _model(record, settings),
+        settings=settings,
+    )

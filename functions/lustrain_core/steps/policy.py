@@ -43,7 +43,7 @@ from typing import Any
 
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecForbidden
-from lustrain_core.spec import JobSpec
+from lustrain_core.spec import JobSpec, PrepareSpec
 
 DATA_PREFIXES = "LUSTRAIN_ALLOWED_DATA_PREFIXES"
 OUTPUT_PREFIXES = "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES"
@@ -194,12 +194,59 @@ class Policy:
                 estimate_usd=total,
             )
 
+    def check_prepare(self, spec: PrepareSpec) -> None:
+        """The rules of a data preparation run (kind: prepare): it reads text where a training run may read data,
+        writes where one may write output (the processing role is granted these lists alone: it cannot be scoped
+        per run, CreateProcessingJob passes no session tags), on the instance types and counts the stack allows."""
+        located = [("source", spec.source), ("output", spec.output)]
+        if spec.tokenizer.startswith("s3://"):
+            located.append(("tokenizer", spec.tokenizer))
+        self._none_reserved(located)
+        self._under(spec.source, self.data_prefixes, "source", DATA_PREFIXES, "data")
+        if spec.tokenizer.startswith("s3://"):
+            self._under(spec.tokenizer, self.data_prefixes, "tokenizer", DATA_PREFIXES, "data")
+        self._under(spec.output, self.output_prefixes, "output", OUTPUT_PREFIXES, "output")
+        if self.instance_types and spec.instance_type not in self.instance_types:
+            raise SpecForbidden(
+                f"instance_type {spec.instance_type} is not allowed by this stack ({INSTANCE_TYPES}): allowed: "
+                f"{', '.join(self.instance_types)}",
+                rule=INSTANCE_TYPES,
+                field="instance_type",
+            )
+        if self.max_instances is not None and spec.instances > self.max_instances:
+            raise SpecForbidden(
+                f"instances {spec.instances} is above this stack's limit of {self.max_instances:g} instances per "
+                f"run ({MAX_INSTANCES})",
+                rule=MAX_INSTANCES,
+                field="instances",
+            )
+
+    def check_prepare_plan(self, plan: dict[str, Any]) -> None:
+        """A preparation's estimated cost (prepare_plan.plan_of) within the stack's limit per run; a type with no
+        price cannot be judged and is refused where the stack sets a limit."""
+        if self.max_budget_usd is None:
+            return
+        cost = plan.get("cost_usd")
+        if cost is None or float(cost) > self.max_budget_usd:
+            shown = "unknown (no price for its instance type)" if cost is None else f"${float(cost):,.2f}"
+            raise SpecForbidden(
+                f"the data preparation is estimated at {shown}, against this stack's limit of "
+                f"${self.max_budget_usd:,.2f} per run ({MAX_BUDGET}): lower instances or use a priced type",
+                rule=MAX_BUDGET,
+                field="instances",
+                estimate_usd=cost,
+            )
+
     def _not_reserved(self, spec: JobSpec) -> None:
-        located = [
-            ("data.s3_uri", spec.data.s3_uri),
-            ("output.s3_uri", spec.output.s3_uri),
-            ("checkpoints.s3_uri", spec.checkpoints_base),
-        ]
+        self._none_reserved(
+            [
+                ("data.s3_uri", spec.data.s3_uri),
+                ("output.s3_uri", spec.output.s3_uri),
+                ("checkpoints.s3_uri", spec.checkpoints_base),
+            ]
+        )
+
+    def _none_reserved(self, located: list[tuple[str, str]]) -> None:
         for field, uri in located:
             for reserved in self.reserved_prefixes:
                 mine, theirs = _prefix(uri), _prefix(reserved)

@@ -14,17 +14,39 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import aws_requests
 from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
-from lustrain_core.errors import PrepareFailed
-from lustrain_core.prepare_plan import PrepareRun, next_stage
+from lustrain_core.document import Code, Network, Sections
+from lustrain_core.errors import MISSING, PrepareFailed, SpecInvalid
+from lustrain_core.images import prepare_image
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
+from lustrain_core.prepare_plan import STAGES, PrepareRun, next_stage
+from lustrain_core.spec import PrepareSpec, is_prepare, validate_prepare_spec
 from lustrain_core.steps import records
+from lustrain_core.steps.records import JobRecord
 
 #: the resource type a stage's job is recorded under in the run's ledger (teardown stops what is still running)
 RESOURCE_TYPE = registry.PROCESSING_JOB.name
 EVENT_DETAIL_TYPE = "SageMaker Processing Job State Change"
+#: the CloudWatch Logs group SageMaker writes every processing job's container output to
+LOG_GROUP = "/aws/sagemaker/ProcessingJobs"
 RUNNING = frozenset({"InProgress", "Stopping"})
+#: The stack setting naming the processing jobs' execution role (template.yaml's PrepareProcessingRole)
+ROLE_SETTING = "LUSTRAIN_PREPARE_ROLE_ARN"
+#: The state machine's wait between two looks at a running stage; SageMaker bills a processing job by the second,
+#: and a stage takes minutes to start (prepare_plan.STAGE_OVERHEAD_SECONDS): a minute's wait loses little
+LOOK_EVERY_SECONDS = 60
+#: After this many looks at one stage (a quarter of an hour at a minute each) the waits are longer: a stage may run
+#: for a day (prepare_plan.MAX_RUNTIME_SECONDS), and every look costs the execution history 9 events of its 25,000
+QUICK_LOOKS = 15
+LATER_FACTOR = 10
+#: The stack setting that shortens the first waits (the twin sets it to a second; the later ones are 10 times it)
+LOOK_SETTING = "LUSTRAIN_PREPARE_LOOK_SECONDS"
+#: The state machine's bound on the looks at one run (its Choice "Is the data preparation done?" says the same):
+#: enough for every stage to run its MaxRuntimeInSeconds at these waits (tests/unit/test_history_budget.py)
+MAX_LOOKS = 600
 
 
 def describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
@@ -90,3 +112,116 @@ def advance(
             return {"done": done, "stage": stage, "status": status}
         done.append(stage)
     return {"done": done, "stage": None, "status": "Completed"}
+
+
+def run_of(job_id: str, spec: PrepareSpec) -> PrepareRun:
+    """The preparation run a kind: prepare spec describes."""
+    return PrepareRun(
+        job_id=job_id,
+        source=spec.source,
+        output=spec.output,
+        tokenizer=spec.tokenizer,
+        instances=spec.instances,
+        instance_type=spec.instance_type,
+    )
+
+
+def of_record(record: JobRecord) -> PrepareRun | None:
+    """The preparation run a job record holds (kind: prepare), or None for a training run's: what `lustrain status`
+    and `lustrain logs` read of it (its stages' processing jobs, their logs)."""
+    if not record.preparation:
+        return None
+    return run_of(record.job_id, validate_prepare_spec(record.spec))
+
+
+def log_streams(run: PrepareRun) -> list[tuple[str, str]]:
+    """Where its stages' processing jobs write their logs: (log group, stream name prefix) of each stage, in order
+    (SageMaker names a processing instance's stream <job name>/algo-<n>-<epoch seconds>)."""
+    return [(LOG_GROUP, f"{run.job_name(stage)}/") for stage in run.stages]
+
+
+def is_prepare_run(document: Any) -> bool:
+    """Whether a state document carries a data preparation run (register_job's $.job of a kind: prepare spec):
+    create_network and upload_code build its network and its code their own way."""
+    job = document.get("job") if isinstance(document, dict) else None
+    return isinstance(job, dict) and is_prepare(job.get("spec"))
+
+
+def job_of(document: Any) -> tuple[str, PrepareSpec]:
+    """The run a state document carries: its job id and its checked spec; SpecInvalid names the field that is
+    missing or wrong (a training run's document included)."""
+    if not isinstance(document, dict):
+        raise SpecInvalid.one("", document, "the state document must be a JSON object")
+    job = document.get("job")
+    if not isinstance(job, dict) or not isinstance(job.get("job_id"), str) or not job["job_id"]:
+        raise SpecInvalid.one("job", MISSING, "the state document has no registered job ($.job.job_id)")
+    if not is_prepare(job.get("spec")):
+        raise SpecInvalid.one("job.spec.kind", MISSING, "a data preparation run's spec (kind: prepare)")
+    return job["job_id"], validate_prepare_spec(job["spec"])
+
+
+def run_tags(job_id: str, spec: PrepareSpec, stack_name: str) -> list[dict[str, str]]:
+    """The tags of everything a preparation run creates (its network, its processing jobs): the spec's, then the
+    run's id and the stack that made it (teardown and the sweeper find them by these)."""
+    return [
+        *({"Key": k, "Value": v} for k, v in sorted(spec.tags.items())),
+        {"Key": TAG_JOB_ID, "Value": job_id},
+        {"Key": TAG_CREATED_BY, "Value": stack_name},
+    ]
+
+
+def wait_after(stage_looks: int, every: int = LOOK_EVERY_SECONDS) -> int:
+    """The state machine's wait after the given number of looks at the running stage: `every` seconds during its
+    first QUICK_LOOKS looks, 10 times that after."""
+    return every if stage_looks < QUICK_LOOKS else every * LATER_FACTOR
+
+
+def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+    """$.prepare, one look of the state machine's loop at a data preparation run: the state document's job (a
+    kind: prepare run register_job recorded), $.network (its subnet and group), $.code (upload_code's bundle of the
+    trainer package) and the previous look ($.prepare: the stages already done, the looks so far). Returns
+    advance's answer, looks (in all: the state machine stops at MAX_LOOKS), stage_looks (at the running
+    stage) and wait_seconds, the state machine's wait before the next look; PrepareFailed for a failed stage."""
+    job_id, spec = job_of(document)
+    sections = Sections.of(document, "network", "code")
+    network, code = sections.network, sections.code
+    assert isinstance(network, Network) and isinstance(code, Code)
+    if not network.subnet_id or not network.security_group_ids:
+        raise SpecInvalid.one("network.subnet_id", network.subnet_id, "the run's subnet and security group")
+    previous = document.get("prepare")
+    previous = previous if isinstance(previous, dict) else {}
+    done = previous.get("done", [])
+    if not isinstance(done, list) or not all(isinstance(d, str) and d in STAGES for d in done):
+        raise SpecInvalid.one("prepare.done", done, f"the stages already done, of {', '.join(STAGES)}")
+    counts = {key: previous.get(key, 0) for key in ("looks", "stage_looks")}
+    for key, count in counts.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise SpecInvalid.one(f"prepare.{key}", count, "a count of looks, a whole number of at least 0")
+    every = settings.whole_seconds(LOOK_SETTING, least=1) or LOOK_EVERY_SECONDS
+    role = settings.extra.get(ROLE_SETTING, "").strip()
+    if not role:
+        raise ValueError(f"stack setting {ROLE_SETTING} is not set: the processing jobs' execution role")
+    run = run_of(job_id, spec)
+    tags = run_tags(job_id, spec, settings.stack_name)
+
+    def request_of(stage: str) -> dict[str, Any]:
+        return aws_requests.prepare_job(
+            run,
+            stage,
+            role_arn=role,
+            image_uri=prepare_image(settings.region),
+            code_s3_uri=code.submit_directory,
+            subnet_id=network.subnet_id,
+            security_group_ids=list(network.security_group_ids),
+            tags=tags,
+            settings=settings,
+        )
+
+    found = advance(run, list(done), sagemaker=sagemaker, ddb=ddb, settings=settings, request_of=request_of)
+    stage_looks = counts["stage_looks"] + 1 if found["stage"] == previous.get("stage") else 1
+    return {
+        **found,
+        "looks": counts["looks"] + 1,
+        "stage_looks": stage_looks,
+        "wait_seconds": 0 if found["stage"] is None else wait_after(stage_looks, every),
+    }

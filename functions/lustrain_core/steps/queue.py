@@ -35,6 +35,7 @@ The same table holds the warm pools' offers (`warm-pool#<shape>`: steps/warm_poo
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -88,6 +89,39 @@ def _refusal(job: Any, measured: dict[str, Any], settings: Settings, *, quotas: 
             why = f"the plan is {measured.get('plan_status')}: no job can use it"
         return training_plans.refusal(job, measured, why)
     return quota.refusal(job, measured, settings, quotas=quotas, why=why)
+
+
+#: The queue's moments the run's chat notices tell of (steps/notify.py), put on EventBridge's default bus.
+CHANGE_SOURCE = "lustrain"
+CHANGE_DETAIL_TYPE = "lustrain Run Queue Change"
+
+
+def change_of(previous: Any, admission: Admission) -> str | None:
+    """The moment a visit marks: "queued" at the first look of a wait, "admitted" at its end; None for a run
+    admitted at once or still waiting (`previous` is the visit's $.quota before it: the last look's answer)."""
+    was_waiting = isinstance(previous, dict) and previous.get("admitted") is False
+    if admission.admitted:
+        return "admitted" if was_waiting else None
+    return None if was_waiting else "queued"
+
+
+def announce_change(events: Any, job_id: str, state: str, admission: Admission) -> str | None:
+    """Put the queue's change on the default bus for the notices; never raises (a notice is no reason to fail a
+    look at the queue): the error's code where PutEvents failed, else None."""
+    detail = {
+        "job_id": job_id,
+        "state": state,
+        "pool": admission.pool,
+        "position": admission.position,
+        "queued_s": admission.queued_s,
+    }
+    entry = {"Source": CHANGE_SOURCE, "DetailType": CHANGE_DETAIL_TYPE, "Detail": json.dumps(detail)}
+    try:
+        answer = events.put_events(Entries=[entry])
+    except ClientError as exc:
+        return error_code(exc) or "ClientError"
+    failed = [e for e in answer.get("Entries", []) if e.get("ErrorCode")]
+    return str(failed[0]["ErrorCode"]) if failed or answer.get("FailedEntryCount") else None
 
 
 def poll_seconds(settings: Settings, compute: Compute | None = None) -> int:

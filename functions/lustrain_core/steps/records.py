@@ -29,6 +29,7 @@ from botocore.exceptions import ClientError
 
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.launch_plan import training_job_name
+from lustrain_core.spec import is_prepare
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -39,8 +40,10 @@ ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 #: A record with one of these statuses has ended, its teardown included (RUNNING until then).
 FINISHED = frozenset({"SUCCEEDED", "FAILED"})
 RUNNING = "RUNNING"
-#: The record's kind: a training run (what a record without one is) or a data preparation run.
+#: The record's kind: a training run (what a record without one is) or a data preparation run (kind: prepare in
+#: its spec); the state machine chooses the run's path by it ($.job.kind).
 TRAIN = "train"
+PREPARE = "prepare"
 #: The ledger's type of a training job and of a file system (the create steps' RESOURCE_TYPE).
 TRAINING_JOB = "training_job"
 FILE_SYSTEM = "file_system"
@@ -157,8 +160,9 @@ class JobRecord:
 
     @classmethod
     def new(cls, **fields: Any) -> JobRecord:
-        """A run's first record: RUNNING, its ledger empty (both written, for each create step to append to)."""
-        return cls(**fields, present=frozenset({"status", "resources"}))
+        """A run's first record: its kind, RUNNING, its ledger empty (all three written: the ledger for each create
+        step to append to)."""
+        return cls(**fields, present=frozenset({"kind", "status", "resources"}))
 
     @classmethod
     def from_stored(cls, stored: Mapping[str, Any]) -> JobRecord:
@@ -199,6 +203,11 @@ class JobRecord:
     def finished(self) -> bool:
         """The run has ended, its teardown included."""
         return self.status in FINISHED
+
+    @property
+    def preparation(self) -> bool:
+        """A data preparation run (kind: prepare): by its kind, or its spec's for a record written without one."""
+        return self.kind == PREPARE or is_prepare(self.spec)
 
     @property
     def name(self) -> str:
@@ -271,6 +280,12 @@ class JobRecord:
     def cause(self) -> str | None:
         """The error's cause as recorded (error.Cause), None without one."""
         return str(self.error["Cause"]) if self.error and self.error.get("Cause") is not None else None
+
+    @property
+    def notice_sent(self) -> str | None:
+        """The message id of the notice notify sent for the run's end (notified.message_id), None before."""
+        sent = self.notified.get("message_id") if isinstance(self.notified, Mapping) else None
+        return str(sent) if sent else None
 
     def execution_arn(self, state_machine_arn: str) -> str | None:
         """The ARN of the run's execution, None for a direct invoke (or a machine ARN that is not one)."""

@@ -39,7 +39,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from lustrain_core import recovery
+from lustrain_core import prepare_plan, recovery
 from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
@@ -150,6 +150,11 @@ def deadline(record: records.JobRecord, grace_hours: float) -> float | None:
     started = record.started_at
     if started is None:
         return None
+    if record.preparation:
+        # a data preparation run: its stages one after the other, each for at most its MaxRuntimeInSeconds
+        stages = len(prepare_plan.STAGES)
+        longest_prepare = stages * (prepare_plan.MAX_RUNTIME_SECONDS + prepare_plan.STAGE_OVERHEAD_SECONDS)
+        return started + longest_prepare + grace_hours * 3600
     try:
         compute = Compute.model_validate(record.compute)
     except ValidationError:

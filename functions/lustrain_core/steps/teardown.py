@@ -36,7 +36,7 @@ from lustrain_core import resources as registry
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid, TeardownIncomplete
 from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
-from lustrain_core.spec import validate_spec
+from lustrain_core.spec import is_prepare, validate_spec
 from lustrain_core.steps import filesystem as fsx_step
 from lustrain_core.steps import queue, records, warm_pool
 from lustrain_core.steps.teardown_base import (
@@ -152,7 +152,9 @@ def teardown_job(
     `error` and the resources still left. TeardownIncomplete while something remains."""
     record = records.get(ddb, settings.jobs_table, job_id)
     spec_doc = (record.spec if record is not None else None) or fallback_spec
-    spec = validate_spec(spec_doc) if spec_doc else None
+    # a data preparation run (kind: prepare) queues for no capacity and has no file system to keep
+    preparation = (record is not None and record.preparation) or is_prepare(spec_doc)
+    spec = validate_spec(spec_doc) if spec_doc and not preparation else None
     keep = bool(spec.filesystem.keep) if spec is not None else False
     if spec is not None:
         # out of the capacity queue first: a stopped or failed run must not block the runs behind it

@@ -175,6 +175,21 @@ def _arn_part(arn: Any, index: int, pattern: str = r"(.*)") -> list[str] | None:
     return [match.group(1)] if match else None
 
 
+def _event_buses(params: Mapping[str, Any]) -> list[str] | None:
+    """PutEvents' buses: each entry's EventBusName (a name or an ARN), the default bus where it names none
+    (EventBridge API Reference, PutEventsRequestEntry.EventBusName)."""
+    entries = params.get("Entries")
+    if not isinstance(entries, list):
+        return None
+    found: list[str] = []
+    for entry in entries:
+        given = entry.get("EventBusName") if isinstance(entry, Mapping) else None
+        name = (_arn_part(given, 5, r"event-bus/(.+)") or [given])[0] if given else "default"
+        if name not in found:
+            found.append(str(name))
+    return found
+
+
 def _queue_name(params: Mapping[str, Any]) -> list[str] | None:
     url = params.get("QueueUrl")
     return [str(url).rstrip("/").rsplit("/", 1)[-1]] if url else None
@@ -187,6 +202,7 @@ VARIABLES: dict[str, Callable[[Mapping[str, Any]], list[str] | None]] = {
     "TableName": lambda p: _one(p.get("TableName")),
     "IndexName": lambda p: _one(p.get("IndexName")),
     "TrainingJobName": lambda p: _one(p.get("TrainingJobName")),
+    "EventBusName": _event_buses,
     "ProcessingJobName": lambda p: _one(p.get("ProcessingJobName")),
     # DescribeTrainingPlan names a plan by its name or ARN; CreateTrainingJob by ResourceConfig.TrainingPlanArn
     "TrainingPlanName": lambda p: _arn_part(

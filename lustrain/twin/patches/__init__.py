@@ -14,6 +14,7 @@ import threading
 import moto
 
 from lustrain.twin.patches import (
+    dynamodb_wire,
     ec2,
     eventbridge,
     fsx,
@@ -55,6 +56,7 @@ def install() -> None:
             return
         check_moto_version()
         loaders.install()
+        dynamodb_wire.install()
         lambda_invoke.install()
         throttling.install()
         iam.install()

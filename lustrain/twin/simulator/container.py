@@ -19,6 +19,20 @@ from lustrain.twin.simulator.job import FAILURE_REASON_MAX, JobFailure, Simulate
 CURRENT_HOST = "algo-1"
 
 
+#: The container's /opt/ml, which the twin lays out under each job's work directory (Layout.root).
+OPT_ML = "/opt/ml"
+#: TensorBoardOutputConfig's LocalPath where the request gives none (SageMaker API Reference)
+TENSORBOARD_DEFAULT_PATH = "/opt/ml/output/tensorboard"
+
+
+def in_layout(layout: Layout, value: str) -> str:
+    """A path in the container (under /opt/ml) as the twin's path of it; any other value as it is. The request's
+    settings name container paths (TensorBoardOutputConfig's LocalPath, which the job's Environment repeats)."""
+    if value == OPT_ML or value.startswith(OPT_ML + "/"):
+        return str(layout.root / value[len(OPT_ML) :].lstrip("/"))
+    return value
+
+
 @dataclass(frozen=True)
 class Layout:
     """A job's /opt/ml, under its work directory."""
@@ -136,7 +150,7 @@ def training_env(
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         env.pop(name, None)
     env.update(job.credentials)
-    env.update({str(k): str(v) for k, v in (job.request.get("Environment") or {}).items()})
+    env.update({str(k): in_layout(layout, str(v)) for k, v in (job.request.get("Environment") or {}).items()})
     env.update(
         {
             "SM_MODEL_DIR": str(layout.model),

@@ -38,7 +38,7 @@ from botocore.exceptions import ClientError
 
 from lustrain.twin import faults
 from lustrain.twin.simulator import container, events, mounts, network
-from lustrain.twin.simulator.container import Layout
+from lustrain.twin.simulator.container import TENSORBOARD_DEFAULT_PATH, Layout, in_layout
 from lustrain.twin.simulator.job import JobFailure, JobView, SimulatedJob, max_runtime_s, now
 from lustrain.twin.simulator.secrets import SecretsEndpoints
 from lustrain.twin.simulator.storage import (
@@ -665,6 +665,7 @@ class _JobRun:
                     with self.job._lock:
                         self.job.model_artifacts = f"s3://{bucket}/{key}"
                 self.storage.put(bucket, f"{prefix}output.tar.gz", tar_gz(layout.output_data))
+            self._save_tensorboard(layout)
             self._save_checkpoints(layout)
         except MissingBucket as missing:
             raise JobFailure(
@@ -683,6 +684,18 @@ class _JobRun:
     def _upload_after_failure(self, layout: Layout) -> None:
         with contextlib.suppress(JobFailure):
             self._upload(layout, with_model=False)
+
+    def _save_tensorboard(self, layout: Layout) -> None:
+        """TensorBoardOutputConfig: LocalPath's files under <S3OutputPath><job name>/tensorboard-output/, as
+        SageMaker uploads them (it does so while the job runs too; the twin at the job's end)."""
+        config = self.job.request.get("TensorBoardOutputConfig")
+        if not config:
+            return
+        local = Path(in_layout(layout, str(config.get("LocalPath") or TENSORBOARD_DEFAULT_PATH)))
+        if not local.is_relative_to(layout.root) or not local.is_dir():
+            return
+        bucket, prefix = split_s3_uri(str(config["S3OutputPath"]))
+        self._put_tree(bucket, f"{as_dir_prefix(prefix)}{self.job.name}/tensorboard-output/", local)
 
     def _save_checkpoints(self, layout: Layout) -> None:
         uri = self._checkpoint_s3()

@@ -59,6 +59,11 @@ with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "seen-" + rank + ".json
     json.dump(seen, f)
 with open(os.path.join(os.environ["SM_CHECKPOINT_DIR"], "step-1.pt"), "w") as f:
     f.write("checkpoint")
+board = os.environ.get("LUSTRAIN_TENSORBOARD_DIR")
+if board:
+    os.makedirs(os.path.join(board, "run"), exist_ok=True)
+    with open(os.path.join(board, "run", "events.out.tfevents.1.algo-1"), "w") as f:
+        f.write("scalars of " + board)
 if mode == "wait":
     print("ready", flush=True)
     while True:
@@ -380,6 +385,24 @@ def test_job_goes_in_progress_then_completed_with_its_model_in_s3_and_events_in_
     for key in ("CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime"):
         assert last[key].isdigit() and len(last[key]) == 13, f"{key} is not epoch milliseconds: {last[key]}"
     assert "step=1 train_loss=2.0" in job_view("gpt-small-1").log_path.read_text()  # type: ignore[union-attr]
+
+
+def test_tensorboard_files_are_uploaded_from_the_local_path_under_the_jobs_own_prefix(twin: Twin) -> None:
+    # the container's LocalPath, as the job's Environment names it to the trainer; SageMaker uploads it to
+    # <S3OutputPath><job name>/tensorboard-output/
+    request = twin.request(
+        "boards-1",
+        Environment={"STAND_IN_MODE": "train", "LUSTRAIN_TENSORBOARD_DIR": "/opt/ml/output/tensorboard"},
+        TensorBoardOutputConfig={"S3OutputPath": f"s3://{BUCKET}/boards/", "LocalPath": "/opt/ml/output/tensorboard"},
+    )
+    twin.sm.create_training_job(**request)
+    simulator.wait_all(timeout=60)
+    assert twin.describe("boards-1")["TensorBoardOutputConfig"] == request["TensorBoardOutputConfig"]
+    assert twin.keys("boards/") == ["boards/boards-1/tensorboard-output/run/events.out.tfevents.1.algo-1"]
+    written = twin.object("boards/boards-1/tensorboard-output/run/events.out.tfevents.1.algo-1").decode()
+    # the trainer wrote under the job's own /opt/ml (its work directory), not the machine's
+    assert written.startswith("scalars of ") and written.endswith("/output/tensorboard")
+    assert written != "scalars of /opt/ml/output/tensorboard"
 
 
 def test_a_jobs_temp_directory_is_removed_when_it_ends_its_log_stays_in_cloudwatch(

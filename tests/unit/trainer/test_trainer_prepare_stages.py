@@ -124,4 +124,4 @@ def test_planning_again_keeps_the_parts_made_and_another_plan_removes_them(corpu
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")} == made and (out / "index.json").exists()
 
     assert prep.main([str(corpus), str(out), "--shard-size", "1MiB", "--stage", "plan"]) == 0
-    assert list(tree(out)) == ["prepare-plan.json"]
+    assert list(tree(out)) == ["plan/files-00000.json", "plan/files-00001.json", "prepare-plan.json"]

@@ -70,8 +70,8 @@ def test_bpe_prepare_is_deterministic_and_its_tokens_decode_to_the_text(corpus: 
                    check=True, capture_output=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
     one, two = tmp_path / "one", tmp_path / "two"
-    assert sorted(p.name for p in one.iterdir()) == ["index.json", "parts", "prepare-plan.json", "tokenizer.json",
-                                                     "train-00000-000.bin"]
+    assert sorted(p.name for p in one.iterdir()) == ["index.json", "parts", "plan", "prepare-plan.json",
+                                                     "tokenizer.json", "train-00000-000.bin"]
     for name in ("index.json", "tokenizer.json", "train-00000-000.bin"):
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
     index = read_index(one)

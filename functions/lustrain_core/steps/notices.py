@@ -1,0 +1,444 @@
+"""The run's notices in the team's chat: a webhook (Slack, Microsoft Teams, or any endpoint taking JSON).
+
+Where they go: the stack's NoticeWebhookSecretArn names a Secrets Manager secret; the notify function, its only
+reader (GetSecretValue on that ARN alone), finds the ARN in LUSTRAIN_NOTICE_WEBHOOK_SECRET. The URL is a
+credential (whoever holds it posts to the channel), so it lives only in the secret: never in the function's
+settings, a log line, an output or an error. The secret's value is either
+
+- the URL alone: the format follows its host (hooks.slack.com: slack; *.webhook.office.com, *.logic.azure.com,
+  *.powerautomate.com, *.powerplatform.com, flow.microsoft.com: teams; any other: json), or
+- JSON `{"url": "https://...", "format": "slack" | "teams" | "json"}` to say which.
+
+It is read once per warm container and kept (a rotated secret is read again when a post is refused with 401,
+403 or 404, once).
+
+What is posted (one notice per moment of the run): started (the execution began), queued (it waits in the
+capacity queue) and admitted (after a wait), attempt-ended (each training job's end and why), cancelled (by whom
+where the stop's cause says: `lustrain cancel` names its caller; a console stop is known only to CloudTrail),
+timed-out, and the end: succeeded, failed or refused. Each says the cost so far (steps/budget.py's
+cost_so_far_usd, as `lustrain status` counts it), where the model is or will be, and the `lustrain` command that
+shows more.
+
+Formats: slack posts `{"text", "blocks"}` (Block Kit: a section in mrkdwn and a context line), teams a message
+with one Adaptive Card attachment (what Teams' incoming webhooks and Workflows' "Send webhook alerts to a channel"
+take), json `{"source": "lustrain", "kind", "job_id", "title", "text", "cost_so_far_usd", "model_s3_uri",
+"command", "facts"}`.
+
+Delivery never blocks nor fails a run: at most TRIES posts, each with a TIMEOUT_S timeout, a short pause between
+them; a 4xx answer other than 408 and 429 is not tried again. `post` raises nothing: it answers a Delivery (the
+kind, the tries, the last answer's status or the error's class: no URL), which the handler logs as "notice not
+delivered" (a log line a metric filter can count) when it failed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lustrain_core.config import Settings
+from lustrain_core.steps.records import JobRecord
+
+#: the function's setting that names the secret (the ARN; the URL is in the secret)
+SECRET_SETTING = "LUSTRAIN_NOTICE_WEBHOOK_SECRET"  # noqa: S105 (the name of a setting holding an ARN)
+FORMATS = ("slack", "teams", "json")
+#: posts of one notice at most, each given this long to answer
+TRIES = 3
+TIMEOUT_S = 5.0
+#: seconds before the second and the third post
+PAUSES_S = (0.5, 2.0)
+#: what a webhook may answer and still be tried again (408 timeout, 429 slow down; 5xx below)
+RETRIED_4XX = frozenset({408, 429})
+#: answers after which the secret is read again once (a rotated URL)
+STALE_URL = frozenset({401, 403, 404, 410})
+KINDS = (
+    "started",
+    "queued",
+    "admitted",
+    "attempt-ended",
+    "cancelled",
+    "timed-out",
+    "succeeded",
+    "failed",
+    "refused",
+)
+_TEAMS_HOSTS = (".webhook.office.com", ".logic.azure.com", ".powerautomate.com", ".powerplatform.com")
+
+
+class WebhookInvalid(ValueError):
+    """The secret's value is not a webhook lustrain can post to; the message names the field, never the URL."""
+
+
+@dataclass(frozen=True)
+class Webhook:
+    url: str = field(repr=False)
+    format: str
+
+    def __repr__(self) -> str:  # the URL is a credential: never in a log line or a traceback's locals
+        return f"Webhook(format={self.format!r})"
+
+
+def parse_webhook(secret_string: str) -> Webhook:
+    """The secret's value (the URL, or {"url", "format"}) as a webhook; WebhookInvalid names what is wrong."""
+    text = secret_string.strip()
+    given_format: Any = None
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            raise WebhookInvalid("the secret is neither a URL nor JSON {url, format}") from None
+        if not isinstance(value, dict):
+            raise WebhookInvalid("the secret's JSON must be an object {url, format}")
+        url, given_format = value.get("url"), value.get("format")
+        if not isinstance(url, str) or not url:
+            raise WebhookInvalid("the secret's url: missing; it must be the webhook's https:// URL")
+        text = url.strip()
+    parts = urllib.parse.urlsplit(text)
+    local = parts.hostname in ("127.0.0.1", "localhost")
+    if parts.scheme not in ("https", "http") or not parts.hostname or (parts.scheme == "http" and not local):
+        raise WebhookInvalid(
+            "the secret's url: must be an https:// URL (http:// only to 127.0.0.1, for tests)"
+        )
+    if given_format is None:
+        given_format = format_of(parts.hostname)
+    if given_format not in FORMATS:
+        raise WebhookInvalid(f"the secret's format: {given_format!r} is not one of {', '.join(FORMATS)}")
+    return Webhook(url=text, format=given_format)
+
+
+def format_of(host: str) -> str:
+    """The format a webhook's host takes."""
+    host = host.lower()
+    if host == "hooks.slack.com":
+        return "slack"
+    if host.endswith(_TEAMS_HOSTS) or host == "flow.microsoft.com":
+        return "teams"
+    return "json"
+
+
+_cache: dict[str, Webhook] = {}
+
+
+def webhook(secrets: Any, secret_arn: str, *, fresh: bool = False) -> Webhook:
+    """The webhook the secret holds, read once per warm container (again with `fresh`)."""
+    if fresh or secret_arn not in _cache:
+        value = secrets.get_secret_value(SecretId=secret_arn)
+        if "SecretString" not in value:
+            raise WebhookInvalid(
+                "the secret holds binary data; store the URL (or {url, format}) as its string"
+            )
+        _cache[secret_arn] = parse_webhook(value["SecretString"])
+    return _cache[secret_arn]
+
+
+def forget() -> None:
+    """Forget the webhooks read (tests; a new container starts without them)."""
+    _cache.clear()
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One moment of a run, told in a few lines."""
+
+    kind: str
+    job_id: str
+    title: str
+    lines: list[str]
+    cost_so_far_usd: float | None
+    model_s3_uri: str | None
+    command: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The notice in plain text (the json format's `text`, the others' fallback)."""
+        return "\n".join([self.title, *self.lines, *self._footer()])
+
+    def _footer(self) -> list[str]:
+        cost = f"${self.cost_so_far_usd:,.2f}" if self.cost_so_far_usd is not None else "unknown"
+        return [f"Cost so far: {cost}", f"Model: {self.model_s3_uri or 'none yet'}", f"More: {self.command}"]
+
+    def body(self, fmt: str) -> dict[str, Any]:
+        """What is posted to a webhook of format `fmt`."""
+        if fmt == "slack":
+            return self._slack()
+        if fmt == "teams":
+            return self._teams()
+        return {"source": "lustrain", **asdict(self), "text": self.text()}
+
+    def _slack(self) -> dict[str, Any]:
+        # mrkdwn treats &, < and > as control characters: escaped as Slack's formatting guide asks
+        def escaped(text: str) -> str:
+            return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+        body = "\n".join([f"*{escaped(self.title)}*", *(escaped(line) for line in self.lines)])
+        footer = " | ".join(escaped(line) for line in self._footer()[:2]) + f" | `{escaped(self.command)}`"
+        return {
+            "text": self.text(),
+            "blocks": [
+                {"type": "section", "text": {"type": "mrkdwn", "text": body[:3000]}},
+                {"type": "context", "elements": [{"type": "mrkdwn", "text": footer[:3000]}]},
+            ],
+        }
+
+    def _teams(self) -> dict[str, Any]:
+        footer = self._footer()
+        card = {
+            "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+            "type": "AdaptiveCard",
+            "version": "1.4",
+            "body": [
+                {"type": "TextBlock", "text": self.title, "weight": "Bolder", "size": "Medium", "wrap": True},
+                *({"type": "TextBlock", "text": line, "wrap": True} for line in self.lines),
+                {
+                    "type": "FactSet",
+                    "facts": [
+                        {"title": "Cost so far", "value": footer[0].split(": ", 1)[1]},
+                        {"title": "Model", "value": footer[1].split(": ", 1)[1]},
+                        {"title": "More", "value": self.command},
+                    ],
+                },
+            ],
+        }
+        return {
+            "type": "message",
+            "attachments": [
+                {
+                    "contentType": "application/vnd.microsoft.card.adaptive",
+                    "contentUrl": None,
+                    "content": card,
+                }
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a notice fared: delivered or not, after how many posts, and the last answer (no URL)."""
+
+    kind: str
+    delivered: bool
+    tries: int
+    status: int | None = None
+    error: str | None = None
+    skipped: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def _post_once(url: str, body: bytes, timeout: float) -> int:
+    # parse_webhook let through https://, and http:// to 127.0.0.1 only
+    request = urllib.request.Request(  # noqa: S310
+        url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "lustrain"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return int(exc.code)
+
+
+def configured(settings: Settings) -> bool:
+    """Whether the stack names a webhook's secret."""
+    return bool(settings.extra.get(SECRET_SETTING, "").strip())
+
+
+def post(
+    notice: Notice,
+    *,
+    secrets: Any,
+    settings: Settings,
+    sleep: Callable[[float], None] = time.sleep,
+    timeout: float = TIMEOUT_S,
+) -> Delivery:
+    """Post the notice to the stack's webhook; never raises. Skipped (delivered False) when none is set."""
+    secret_arn = settings.extra.get(SECRET_SETTING, "").strip()
+    if not secret_arn:
+        return Delivery(notice.kind, delivered=False, tries=0, skipped=f"no {SECRET_SETTING}")
+    status: int | None = None
+    error: str | None = None
+    tries = 0
+    reread = False
+    try:
+        hook = webhook(secrets, secret_arn)
+        while tries < TRIES:
+            if tries:
+                sleep(PAUSES_S[min(tries - 1, len(PAUSES_S) - 1)])
+            tries += 1
+            status, error = None, None
+            try:
+                status = _post_once(
+                    hook.url, json.dumps(notice.body(hook.format), default=str).encode(), timeout
+                )
+            except (OSError, ValueError) as exc:  # refused, unreachable, timed out (URLError is an OSError)
+                error = type(exc).__name__
+                continue
+            if 200 <= status < 300:
+                return Delivery(notice.kind, delivered=True, tries=tries, status=status)
+            if status in STALE_URL and not reread:
+                reread = True
+                hook = webhook(secrets, secret_arn, fresh=True)
+                continue
+            if 400 <= status < 500 and status not in RETRIED_4XX:
+                break
+    except WebhookInvalid as exc:
+        error = f"WebhookInvalid: {exc}"
+    except ClientError as exc:
+        error = f"GetSecretValue: {exc.response.get('Error', {}).get('Code', 'error')}"
+    except Exception as exc:  # a notice never fails the run; the class says what went wrong
+        error = type(exc).__name__
+    return Delivery(notice.kind, delivered=False, tries=tries, status=status, error=error)
+
+
+# ------------------------------------------------------------------ what each notice says
+
+
+def command(settings: Settings, run: str) -> str:
+    """The command that shows the run (`lustrain status` takes a job id or an execution name)."""
+    return f"lustrain status {run} --stack {settings.stack_name}"
+
+
+def started(execution: str, spec_source: str | None, settings: Settings) -> Notice:
+    """The execution began: register_job has not recorded the run yet, so it is named by its execution."""
+    lines = [f"Spec: {spec_source}"] if spec_source else []
+    lines.append("Nothing is billed before the run's instances are admitted out of the capacity queue.")
+    return Notice(
+        kind="started",
+        job_id=execution,
+        title=f"lustrain run started: execution {execution}",
+        lines=lines,
+        cost_so_far_usd=0.0,
+        model_s3_uri=None,
+        command=command(settings, execution),
+        facts={"execution": execution, "spec_source": spec_source},
+    )
+
+
+def stopped(
+    kind: str,
+    record: JobRecord,
+    cause: str | None,
+    cost: float | None,
+    model: str | None,
+    settings: Settings,
+) -> Notice:
+    """The execution was stopped (cancelled) or ran out of time (timed-out): its teardown follows."""
+    job_id = record.job_id
+    if kind == "cancelled":
+        who = (
+            cause
+            or "no cause given (a console or CLI stop: CloudTrail's StopExecution record names the caller)"
+        )
+        lines = [f"Cancelled: {who}"]
+    else:
+        lines = [f"The execution ran past its time limit: {cause or 'TIMED_OUT'}"]
+    lines.append(
+        "Its teardown stops the training job (which saves a checkpoint) and deletes what the run created."
+    )
+    return Notice(
+        kind=kind,
+        job_id=job_id,
+        title=f"lustrain run {job_id} {'cancelled' if kind == 'cancelled' else 'timed out'}",
+        lines=lines,
+        cost_so_far_usd=cost,
+        model_s3_uri=model,
+        command=command(settings, job_id),
+        facts={"cause": cause, "spec_name": record.name},
+    )
+
+
+def attempt_ended(
+    record: JobRecord,
+    *,
+    training_job: str,
+    attempt: int,
+    status: str,
+    why: str,
+    cost: float | None,
+    model: str | None,
+    settings: Settings,
+) -> Notice:
+    """One training job (an attempt) ended: Completed, Failed or Stopped, and why."""
+    job_id = record.job_id
+    return Notice(
+        kind="attempt-ended",
+        job_id=job_id,
+        title=f"lustrain run {job_id}: attempt {attempt} {status.lower()}",
+        lines=[f"Training job: {training_job}", f"Why: {why}"],
+        cost_so_far_usd=cost,
+        model_s3_uri=model,
+        command=command(settings, job_id),
+        facts={"attempt": attempt, "status": status, "why": why, "training_job_name": training_job},
+    )
+
+
+def queue_moment(
+    record: JobRecord,
+    *,
+    admitted: bool,
+    detail: dict[str, Any],
+    cost: float | None,
+    model: str | None,
+    settings: Settings,
+) -> Notice:
+    """The run waits in its pool's capacity queue, or was admitted after waiting."""
+    job_id = record.job_id
+    pool = detail.get("pool")
+    waited = detail.get("queued_s")
+    if admitted:
+        title = f"lustrain run {job_id} admitted out of the capacity queue"
+        lines = [f"Pool: {pool}, after {waited} s in the queue; its network and file system are created now."]
+    else:
+        title = f"lustrain run {job_id} waits in the capacity queue"
+        lines = [
+            f"Pool: {pool}, place {detail.get('position')} in line; the instances it needs do not fit the quota left"
+            f" now (it may wait compute.max_queue_hours). Nothing of the run is billed while it waits."
+        ]
+    return Notice(
+        kind="admitted" if admitted else "queued",
+        job_id=job_id,
+        title=title,
+        lines=lines,
+        cost_so_far_usd=cost,
+        model_s3_uri=model,
+        command=command(settings, job_id),
+        facts={k: detail.get(k) for k in ("pool", "position", "queued_s")},
+    )
+
+
+def ended(facts: dict[str, Any], cost: float | None, settings: Settings) -> Notice:
+    """The run's end (notify's facts: steps/notify.py `summary`)."""
+    job_id, outcome = str(facts["job_id"]), str(facts["outcome"])
+    lines = []
+    if facts.get("error"):
+        lines.append(f"Error: {facts['error']}: {facts.get('cause')}")
+    if facts.get("metrics"):
+        lines.append("Final metrics: " + ", ".join(f"{k}={v}" for k, v in sorted(facts["metrics"].items())))
+    if facts.get("remaining"):
+        lines.append("Still there (delete by hand): " + ", ".join(str(r) for r in facts["remaining"]))
+    if facts.get("teardown_error"):
+        lines.append(f"Teardown did not finish: {facts['teardown_error']}")
+    if facts.get("budget_usd") is not None:
+        lines.append(f"Budget: ${facts['budget_usd']:,.2f}")
+    registered = job_id if facts.get("spec_name") and not job_id.startswith("the spec ") else None
+    execution = facts.get("execution")
+    return Notice(
+        kind=outcome if outcome in KINDS else "failed",
+        job_id=job_id,
+        title=f"lustrain run {job_id} {outcome}",
+        lines=lines,
+        cost_so_far_usd=cost,
+        model_s3_uri=facts.get("archive_s3_uri"),
+        command=command(settings, registered or str(execution or job_id)),
+        facts={
+            k: facts.get(k) for k in ("outcome", "error", "training_job_name", "execution", "spec_source")
+        },
+    )
