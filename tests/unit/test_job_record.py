@@ -212,3 +212,31 @@ def test_the_warm_ups_runtime_is_the_launch_plans() -> None:
     warming = JobRecord.from_stored(stored(launch={"preload": {"max_runtime_seconds": 36000}}))
     assert warming.preload_max_runtime_s == 36000.0
     assert JobRecord.from_stored(stored()).preload_max_runtime_s == 0.0
+
+
+def test_a_data_preparation_run_is_told_by_its_kind_or_for_a_record_without_one_its_specs() -> None:
+    assert not JobRecord.from_stored(stored()).preparation  # no kind stored: a training run
+    assert not JobRecord.from_stored(stored(kind="train")).preparation
+    prep_spec = {"kind": "prepare", "name": "corpus", "source": "s3://a/text/", "output": "s3://a/shards/"}
+    assert JobRecord.from_stored(stored(kind="prepare", spec=prep_spec)).preparation
+    assert JobRecord.from_stored(stored(spec=prep_spec)).preparation
+
+
+def test_the_notice_sent_is_the_noted_messages_id() -> None:
+    assert JobRecord.from_stored(stored()).notice_sent is None
+    assert JobRecord.from_stored(stored(notified={"outcome": "failed"})).notice_sent is None
+    sent = {"message_id": "m-1", "outcome": "succeeded", "at": "2026-12-01T12:00:00Z"}
+    assert JobRecord.from_stored(stored(notified=sent)).notice_sent == "m-1"
+
+
+def test_a_runs_first_record_writes_its_kind_status_and_empty_ledger() -> None:
+    """The kind is written even when it is a training run's (the default): the state machine and a reader of the
+    table see it stored, as register_job always wrote it."""
+    first = JobRecord.new(job_id="gpt-small-1a2b3c4d", kind=records.TRAIN, created_at="2026-12-01T10:00:00Z")
+    assert first.stored() == {
+        "job_id": "gpt-small-1a2b3c4d",
+        "kind": "train",
+        "status": "RUNNING",
+        "resources": [],
+        "created_at": "2026-12-01T10:00:00Z",
+    }
