@@ -276,7 +276,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     since: int | None = None
     while True:
         # read whether it still runs before the lines: the lines a run writes as it ends are then still printed
-        running = args.follow and find_run(stack, args.run).get("status") == "RUNNING"
+        running = args.follow and not find_run(stack, args.run).finished
         lines = logs(stack, args.run, since_ms=since)
         for line in lines:
             if args.json:
@@ -472,14 +472,14 @@ def _started(args: argparse.Namespace, session: Any, done: Any) -> int:
     if record is None:
         print(f"no run started from it within {args.wait:g} s; lustrain runs --stack {args.stack} lists the runs")
         return EXIT_FAILED
-    if record.get("unrecorded"):
+    if record.unrecorded:
         from lustrain.operate import status
 
-        refused = status(Stack.locate(args.stack, session), str(record["job_id"]))
-        print(f"run {record['job_id']} was refused: {refused.run.error}: {refused.cause}")
+        refused = status(Stack.locate(args.stack, session), record.job_id)
+        print(f"run {record.job_id} was refused: {refused.run.error}: {refused.cause}")
         return EXIT_INVALID
-    print(f"run {record['job_id']} started: execution {record.get('execution')}")
-    print(f"follow it: lustrain watch {record['job_id']} --stack {args.stack}")
+    print(f"run {record.job_id} started: execution {record.execution}")
+    print(f"follow it: lustrain watch {record.job_id} --stack {args.stack}")
     return EXIT_OK
 
 

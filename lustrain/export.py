@@ -86,7 +86,7 @@ def model_uri_of_run(stack: Any, run: str) -> str:
         raise UsageInvalid.one(
             "MODEL",
             run,
-            f"run {record['job_id']} has no completed training job with a model (its attempts: {attempts})",
+            f"run {record.job_id} has no completed training job with a model (its attempts: {attempts})",
         )
     return str(done[-1]["ModelArtifacts"]["S3ModelArtifacts"])
 

@@ -14,6 +14,7 @@ prints and use its stack (lustrain-twin).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -30,7 +31,7 @@ from lustrain_core.steps import prepare, records
 from lustrain_core.steps.budget import cost_so_far_usd
 from lustrain_core.steps.execution_end import CANCEL_ERROR
 from lustrain_core.steps.notify import cause_text
-from lustrain_core.steps.training import training_job_name
+from lustrain_core.steps.records import JobRecord
 from lustrain_trainer.metrics import EVALUATION, STEP
 
 DEFAULT_STACK = "lustrain"
@@ -106,33 +107,28 @@ class RunSummary:
     budget_usd: float | None
     error: str | None
     #: train, or prepare for a data preparation run (kind: prepare: its stages are processing jobs)
-    kind: str = "train"
+    kind: str = records.TRAIN
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-_moment = records.moment
-
-
-def _records(stack: Stack, unrecorded: bool = True) -> list[dict[str, Any]]:
+def _records(stack: Stack, unrecorded: bool = True) -> list[JobRecord]:
     """Every run's record, oldest first: the jobs table's, and (unless told not to) one for each execution that
     recorded no run."""
-    found: list[dict[str, Any]] = []
-    for page in stack.client("dynamodb").get_paginator("scan").paginate(TableName=stack.jobs_table):
-        found += [records.from_item(item) for item in page.get("Items", [])]
+    found = records.scan(stack.client("dynamodb"), stack.jobs_table)
     if unrecorded:
-        found += _unrecorded(stack, {str(r["execution"]) for r in found if r.get("execution")})
-    return sorted(found, key=lambda r: str(r.get("created_at", "")))
+        found += _unrecorded(stack, {r.execution for r in found if r.execution})
+    return sorted(found, key=lambda r: r.created_at)
 
 
-def _unrecorded(stack: Stack, recorded: set[str]) -> list[dict[str, Any]]:
+def _unrecorded(stack: Stack, recorded: set[str]) -> list[JobRecord]:
     """A record for each execution of the stack that register_job never recorded: a spec it refused (the
     execution FAILED with SpecInvalid or SpecForbidden), or one still being registered (RUNNING). The run is named
     by its execution; its error is the execution's, its cause the error's message. An execution that SUCCEEDED
     without a record was a duplicate drop: its run is the first drop's, listed once."""
     sfn = stack.client("stepfunctions")
-    found: list[dict[str, Any]] = []
+    found: list[JobRecord] = []
     try:
         for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=stack.state_machine_arn):
             for listed in page.get("executions", []):
@@ -146,90 +142,79 @@ def _unrecorded(stack: Stack, recorded: set[str]) -> list[dict[str, Any]]:
     return found
 
 
-def _execution_record(execution: dict[str, Any]) -> dict[str, Any]:
+def _execution_record(execution: dict[str, Any]) -> JobRecord:
     """What a run's record would say of an execution that has none: named by the execution and the spec's key."""
     try:
         dropped = json.loads(execution.get("input") or "{}")["detail"]
         bucket, key = str(dropped["bucket"]["name"]), str(dropped["object"]["key"])
     except (ValueError, KeyError, TypeError):
         bucket, key = "", ""
-    record: dict[str, Any] = {
-        "job_id": execution["name"],
-        "execution": execution["name"],
-        "status": "RUNNING",
-        "created_at": _iso(execution["startDate"]),
-        "spec": {"name": key.rsplit("/", 1)[-1].rsplit(".", 1)[0]},
-        "source": {"uri": f"s3://{bucket}/{key}"} if key else {},
-        "resources": [],
-        "unrecorded": True,
-    }
-    if execution["status"] != "RUNNING":
-        record["status"] = "FAILED"
-        record["finished_at"] = _iso(execution.get("stopDate") or execution["startDate"])
-        record["error"] = {
-            "Error": execution.get("error") or execution["status"],
-            "Cause": execution.get("cause") or "",
-        }
-    return record
+    record = JobRecord(
+        job_id=execution["name"],
+        execution=execution["name"],
+        created_at=_iso(execution["startDate"]),
+        spec={"name": key.rsplit("/", 1)[-1].rsplit(".", 1)[0]},
+        source={"uri": f"s3://{bucket}/{key}"} if key else {},
+        unrecorded=True,
+    )
+    if execution["status"] == "RUNNING":
+        return record
+    return dataclasses.replace(
+        record,
+        status="FAILED",
+        finished_at=_iso(execution.get("stopDate") or execution["startDate"]),
+        error={"Error": execution.get("error") or execution["status"], "Cause": execution.get("cause") or ""},
+    )
 
 
-def _execution(stack: Stack, record: dict[str, Any]) -> dict[str, Any] | None:
-    name = record.get("execution")
-    if not name:
+def _execution(stack: Stack, record: JobRecord) -> dict[str, Any] | None:
+    if not record.execution:
         return None
     try:
-        return dict(stack.client("stepfunctions").describe_execution(executionArn=stack.execution_arn(str(name))))
+        return dict(stack.client("stepfunctions").describe_execution(executionArn=stack.execution_arn(record.execution)))
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
             return None
         raise
 
 
-def training_jobs(stack: Stack, record: dict[str, Any]) -> list[dict[str, Any]]:
+def training_jobs(stack: Stack, record: JobRecord) -> list[dict[str, Any]]:
     """Every training attempt of the run, oldest first (attempt n's job is named by start_training's rule)."""
     sagemaker = stack.client("sagemaker")
-    name = str((record.get("spec") or {}).get("name", ""))
     found = []
-    for attempt in range(1, int(record.get("training_attempts") or 0) + 1):
+    for name in record.training_job_names():
         try:
-            found.append(
-                dict(sagemaker.describe_training_job(TrainingJobName=training_job_name(name, str(record["job_id"]), attempt)))
-            )
+            found.append(dict(sagemaker.describe_training_job(TrainingJobName=name)))
         except ClientError as exc:
             if not training_job_missing(exc):
                 raise
     return found
 
 
-def _summary(stack: Stack, record: dict[str, Any], now: float) -> RunSummary:
-    spec = record.get("spec") or {}
-    compute = spec.get("compute") or {}
+def _summary(stack: Stack, record: JobRecord, now: float) -> RunSummary:
     execution = _execution(stack, record)
-    state = str(record.get("status") or "UNKNOWN")
+    state = record.status or "UNKNOWN"
     if execution is not None and execution["status"] != "RUNNING":
         # the execution's end is the truth for a run whose teardown has not written the record yet
-        state = state if state in {"SUCCEEDED", "FAILED"} else str(execution["status"])
-    error = record.get("error")
-    started = _moment(record.get("created_at")) or now
-    ended = _moment(record.get("finished_at")) if state != "RUNNING" else None
-    budget = (spec.get("budget") or {}).get("max_usd")
+        state = state if record.finished else str(execution["status"])
+    started = record.started_at or now
+    ended = record.ended_at if state != "RUNNING" else None
+    # a data preparation run's instances are its processing jobs' (its spec has no compute section)
     preparation = prepare.of_record(record)
-    if preparation is not None:
-        compute = {"instance_count": preparation.instances, "instance_type": preparation.instance_type}
     return RunSummary(
-        job_id=str(record["job_id"]),
-        name=str(spec.get("name", "")),
-        execution=record.get("execution") or None,
+        job_id=record.job_id,
+        name=record.name,
+        execution=record.execution or None,
         state=state,
-        attempt=int(record.get("training_attempts") or 0),
-        instances=int(compute.get("instance_count") or 0),
-        instance_type=str(compute.get("instance_type", "")),
-        created_at=str(record.get("created_at", "")),
+        attempt=record.attempt,
+        instances=preparation.instances if preparation is not None else record.instance_count,
+        instance_type=preparation.instance_type if preparation is not None else record.instance_type,
+        created_at=record.created_at,
         elapsed_s=round((ended or now) - started, 1),
         cost_so_far_usd=cost_so_far_usd(record, training_jobs(stack, record), now),
-        budget_usd=float(budget) if budget is not None else None,
-        error=str(error.get("Error")) if isinstance(error, dict) and error.get("Error") else None,
-        kind="train" if preparation is None else "prepare",
+        budget_usd=record.budget_usd,
+        error=record.error_name,
+        kind=records.TRAIN if preparation is None else records.PREPARE,
     )
 
 
@@ -239,14 +224,14 @@ def runs(stack: Stack, now: float | None = None) -> list[RunSummary]:
     return [_summary(stack, record, moment) for record in _records(stack)]
 
 
-def find_run(stack: Stack, run: str) -> dict[str, Any]:
+def find_run(stack: Stack, run: str) -> JobRecord:
     """The record of the run named `run`: a job id, an execution name or ARN, or a spec name shared by no other.
     The jobs table is asked first; the executions that recorded no run only when it has none so named (`watch`
     asks at each look, and a stack's executions are many more than its refused ones)."""
     recorded = _records(stack, unrecorded=False)
     found = _named(recorded, run)
     if found is None:
-        everything = recorded + _unrecorded(stack, {str(r["execution"]) for r in recorded if r.get("execution")})
+        everything = recorded + _unrecorded(stack, {r.execution for r in recorded if r.execution})
         found = _named(everything, run)
     if found is None:
         raise UsageInvalid.one(
@@ -255,30 +240,29 @@ def find_run(stack: Stack, run: str) -> dict[str, Any]:
     return found
 
 
-def _named(found: list[dict[str, Any]], run: str) -> dict[str, Any] | None:
+def _named(found: list[JobRecord], run: str) -> JobRecord | None:
     execution = run.rsplit(":", 1)[-1] if run.startswith("arn:") else run
-    for key, value in (("job_id", run), ("execution", execution)):
-        exact = [r for r in found if r.get(key) == value]
+    for exact in ([r for r in found if r.job_id == run], [r for r in found if r.execution == execution]):
         if exact:
             return exact[0]
-    named = [r for r in found if (r.get("spec") or {}).get("name") == run]
+    named = [r for r in found if r.name == run]
     if len(named) == 1:
         return named[0]
     if named:
-        listed = ", ".join(f"{r['job_id']} ({r.get('status')}, {r.get('created_at')})" for r in named)
+        listed = ", ".join(f"{r.job_id} ({r.status}, {r.created_at})" for r in named)
         raise UsageInvalid.one("RUN", run, f"is the name of {len(named)} runs; name one by its job id: {listed}")
     return None
 
 
-def started_from(stack: Stack, spec_s3_uri: str, timeout_s: float = 60.0, poll_s: float = 1.0) -> dict[str, Any] | None:
+def started_from(stack: Stack, spec_s3_uri: str, timeout_s: float = 60.0, poll_s: float = 1.0) -> JobRecord | None:
     """The record of the run a dropped spec started (register_job writes it within seconds of the drop; a spec it
     refused is a FAILED run named by its execution, with the refusal as its error), or None when none appeared
     within `timeout_s` (the drop started no execution)."""
     deadline = time.monotonic() + timeout_s
     while True:
         for record in _records(stack):
-            registering = record.get("unrecorded") and record.get("status") == "RUNNING"
-            if (record.get("source") or {}).get("uri") == spec_s3_uri and not registering:
+            registering = record.unrecorded and record.status == "RUNNING"
+            if record.spec_uri == spec_s3_uri and not registering:
                 return record
         if time.monotonic() >= deadline:
             return None
@@ -366,9 +350,9 @@ def timeline(history: list[dict[str, Any]]) -> list[StateSpan]:
     return spans
 
 
-def _training_plan(stack: Stack, record: dict[str, Any]) -> dict[str, Any] | None:
+def _training_plan(stack: Stack, record: JobRecord) -> dict[str, Any] | None:
     """The run's training plan as recorded, and as DescribeTrainingPlan shows it now (when the caller may ask)."""
-    plan = (record.get("launch") or {}).get("training_plan")
+    plan = record.training_plan
     if not plan:
         return None
     shown = dict(plan)
@@ -430,7 +414,7 @@ def evaluation_text(shown: dict[str, Any]) -> str:
     return f"{'final' if shown.get('final') else 'latest'}{where}: {text}"
 
 
-def processing_jobs(stack: Stack, record: dict[str, Any]) -> list[dict[str, Any]]:
+def processing_jobs(stack: Stack, record: JobRecord) -> list[dict[str, Any]]:
     """The stages of a data preparation run that have a processing job, in order; [] for a training run."""
     preparation = prepare.of_record(record)
     if preparation is None:
@@ -475,7 +459,7 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
             "metrics": {m["MetricName"]: m["Value"] for m in latest.get("FinalMetricDataList", [])},
         }
     file_system = None
-    fs_ids = [r["id"] for r in record.get("resources", []) if r.get("type") == "file_system"]
+    fs_ids = record.resources_of(records.FILE_SYSTEM)
     if fs_ids:
         try:
             described = stack.client("fsx").describe_file_systems(FileSystemIds=fs_ids[-1:])["FileSystems"]
@@ -492,22 +476,21 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
                 "deployment_type": lustre.get("DeploymentType"),
                 "storage_gib": fs.get("StorageCapacity"),
             }
-    error = record.get("error")
-    cause = error.get("Cause") if isinstance(error, dict) else (execution or {}).get("cause")
+    cause = record.cause if record.error is not None else (execution or {}).get("cause")
     return RunStatus(
         training_plan=_training_plan(stack, record),
         evaluation=evaluation(jobs),
         run=summary,
         execution_status=(execution or {}).get("status"),
         timeline=timeline(history),
-        quota=dict((record.get("plan") or {}).get("quota") or {}),
-        queue=dict(record.get("queue") or {}),
+        quota=record.quota,
+        queue=dict(record.queue),
         file_system=file_system,
         training_job=training,
         # in words: a Lambda function's error is its message (its stack trace stays in the function's log)
         cause=cause_text(cause) or None,
         # the ledger: what the run created and its teardown has not deleted (all it holds while it runs)
-        resources_left=list(record.get("resources", [])),
+        resources_left=[dict(r) for r in record.resources],
         stages=processing_jobs(stack, record),
     )
 
@@ -515,13 +498,8 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
 def progress(stack: Stack, run: str) -> tuple[int | None, int | None]:
     """(the last step the training log reports, the spec's max_steps hyperparameter): how far the model is."""
     record = find_run(stack, run)
-    steps = [
-        int(found.group(1))
-        for line in logs(stack, str(record["job_id"]))
-        if (found := STEP_IN_LOG.search(line.message))
-    ]
-    wanted = ((record.get("spec") or {}).get("code") or {}).get("hyperparameters", {}).get("max_steps")
-    return (steps[-1] if steps else None), (int(wanted) if isinstance(wanted, int | float | str) and str(wanted).isdigit() else None)
+    steps = [int(found.group(1)) for line in logs(stack, record.job_id) if (found := STEP_IN_LOG.search(line.message))]
+    return (steps[-1] if steps else None), record.max_steps
 
 
 #: How long `watch` waits, after the execution ended, for the run's teardown to write its end (a cancelled run's
@@ -562,22 +540,22 @@ def cancel(stack: Stack, run: str) -> Cancelled:
     """Stop the run's execution; its teardown then starts from the execution's end (on_execution_end), which
     stops the training job and deletes what the run created. The cause names who cancelled it."""
     record = find_run(stack, run)
-    if not record.get("execution"):
-        raise RunNotFound(f"run {record['job_id']} was started by a direct invoke: it has no execution to stop")
-    arn = stack.execution_arn(str(record["execution"]))
+    if not record.execution:
+        raise RunNotFound(f"run {record.job_id} was started by a direct invoke: it has no execution to stop")
+    arn = stack.execution_arn(record.execution)
     sfn = stack.client("stepfunctions")
     try:
         described = sfn.describe_execution(executionArn=arn)
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
-            raise RunNotFound(f"the execution of run {record['job_id']} no longer exists: {arn}") from None
+            raise RunNotFound(f"the execution of run {record.job_id} no longer exists: {arn}") from None
         raise
     caller = stack.client("sts").get_caller_identity()["Arn"]
     cause = f"cancelled by {caller} with lustrain cancel"
     if described["status"] != "RUNNING":
-        return Cancelled(str(record["job_id"]), arn, _iso(described.get("stopDate")), str(described["status"]), cause)
+        return Cancelled(record.job_id, arn, _iso(described.get("stopDate")), str(described["status"]), cause)
     answer = sfn.stop_execution(executionArn=arn, error=CANCEL_ERROR, cause=cause)
-    return Cancelled(str(record["job_id"]), arn, _iso(answer.get("stopDate")), None, cause)
+    return Cancelled(record.job_id, arn, _iso(answer.get("stopDate")), None, cause)
 
 
 #: Where SageMaker writes a training job's output: one stream per host, `<job name>/algo-<n>-<epoch seconds>`.
@@ -600,17 +578,13 @@ class LogLine:
         return {**asdict(self), "host": self.host}
 
 
-def log_streams(record: dict[str, Any]) -> list[tuple[str, str]]:
+def log_streams(record: JobRecord) -> list[tuple[str, str]]:
     """Where a run's jobs log: (log group, stream prefix) of each training attempt, or of each stage of a data
     preparation run (its processing jobs, /aws/sagemaker/ProcessingJobs)."""
     preparation = prepare.of_record(record)
     if preparation is not None:
         return prepare.log_streams(preparation)
-    name = str((record.get("spec") or {}).get("name", ""))
-    return [
-        (TRAINING_LOG_GROUP, training_job_name(name, str(record["job_id"]), attempt) + "/")
-        for attempt in range(1, int(record.get("training_attempts") or 0) + 1)
-    ]
+    return [(TRAINING_LOG_GROUP, name + "/") for name in record.training_job_names()]
 
 
 def logs(stack: Stack, run: str, since_ms: int | None = None) -> list[LogLine]:

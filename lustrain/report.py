@@ -27,6 +27,7 @@ from typing import Any
 
 import regex
 from lustrain_core.steps import records
+from lustrain_core.steps.records import JobRecord
 
 from lustrain import operate
 
@@ -73,7 +74,7 @@ def metric_points(lines: list[operate.LogLine], definitions: list[dict[str, str]
     return points
 
 
-def _definitions(stack: operate.Stack, record: dict[str, Any]) -> list[dict[str, str]]:
+def _definitions(stack: operate.Stack, record: JobRecord) -> list[dict[str, str]]:
     jobs = operate.training_jobs(stack, record)
     if not jobs:
         return []
@@ -98,7 +99,7 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
 
     moment = time.time() if now is None else now
     record = operate.find_run(stack, run)
-    job_id = str(record["job_id"])
+    job_id = record.job_id
     shown = operate.status(stack, job_id, now=moment)
     target = Path(out_dir) / job_id
     target.mkdir(parents=True, exist_ok=True)
@@ -111,18 +112,16 @@ def build(stack: operate.Stack, run: str, out_dir: str | Path, now: float | None
     for span in spans:
         took = span.seconds if span.seconds is not None else moment - _epoch(span.entered_at)
         states.setdefault(span.state, []).append((_epoch(span.entered_at) - start, took))
-    plan = record.get("plan") or {}
-    estimated = float((plan.get("cost") or {}).get("total_usd") or 0.0)
-    fs = plan.get("filesystem") or {}
+    provisioned, demand = record.planned_throughput_mb_s
     series: dict[str, dict[str, list[tuple[float, float]]]] = {
         "loss": {k: v for k, v in losses.items() if v},
         "val_bpb": {k: points[k] for k in ("val_bpb",) if points.get(k)},
         "speed": {k: points[k] for k in ("tokens_per_s_per_gpu", "mfu") if points.get(k)},
         "timeline": states,
-        "cost": {"estimated": [(0, estimated)], "so far": [(1, shown.run.cost_so_far_usd)]},
+        "cost": {"estimated": [(0, record.estimated_usd)], "so far": [(1, shown.run.cost_so_far_usd)]},
         "throughput": {
-            "provisioned": [(0, float(fs.get("throughput_mb_s") or 0.0))],
-            "GPU demand": [(1, float(fs.get("demand_mb_s") or 0.0))],
+            "provisioned": [(0, provisioned)],
+            "GPU demand": [(1, demand)],
         },
     }
 

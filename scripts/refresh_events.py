@@ -17,7 +17,8 @@ from lustrain_core.config import Settings
 from lustrain_core.document import SECTIONS
 from lustrain_core.launch import registered
 from lustrain_core.spec import is_prepare, validate_prepare_spec, validate_spec
-from lustrain_core.steps.job import PREPARE, TRAIN, planned_preparation
+from lustrain_core.steps.job import planned_preparation
+from lustrain_core.steps.records import PREPARE, TRAIN
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 #: the samples' stack: `sam local invoke` runs them under the template's defaults

@@ -160,7 +160,7 @@ def run_on_twin(
             AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
             BillingMode="PAY_PER_REQUEST",
         )
-    records.put_new(ddb, settings.jobs_table, {"job_id": run.job_id})
+    records.put_new(ddb, settings.jobs_table, records.JobRecord(job_id=run.job_id))
     sm = boto3.client("sagemaker", region_name=region)
 
     def request_of(stage: str) -> dict[str, Any]:

@@ -126,11 +126,12 @@ def register(spec_doc: dict[str, Any] | None = None, execution: str = "run-1") -
 
 
 def job_record(table: str, job_id: str) -> dict[str, Any]:
+    """The job record's attributes as the jobs table holds them (JobRecord.stored)."""
     from lustrain_core.steps import records
 
     found = records.get(boto3.client("dynamodb", region_name=REGION), table, job_id)
     assert found is not None, f"no job record for {job_id}"
-    return found
+    return found.stored()
 
 
 def ours(job_id: str) -> list[dict[str, Any]]:

@@ -229,7 +229,7 @@ def test_the_sweeper_takes_ended_and_unknown_runs_out_of_the_line(line):
     dead = run("dead", 1)
     look(dead)  # its execution is gone (no teardown ever ran), its record still RUNNING
 
-    released = queue.prune(line["ddb"], line["settings"], running=lambda record: record["job_id"] != dead["job"]["job_id"])
+    released = queue.prune(line["ddb"], line["settings"], running=lambda record: record.job_id != dead["job"]["job_id"])
 
     assert sorted((r["job_id"], r["reason"]) for r in released) == sorted(
         [
@@ -239,7 +239,7 @@ def test_the_sweeper_takes_ended_and_unknown_runs_out_of_the_line(line):
     )
     assert list(line["pool"]()["waiting"]) == [alive["job"]["job_id"]]
     # a run still queued has no resources: its deadline is past the time it may still wait
-    record = job_record(line["settings"].jobs_table, alive["job"]["job_id"])
+    record = records.JobRecord.from_stored(job_record(line["settings"].jobs_table, alive["job"]["job_id"]))
     assert sweep.deadline(record, 6) > line["clock"].now + 24 * 3600
 
 

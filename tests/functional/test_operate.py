@@ -47,7 +47,7 @@ def stack(aws):
 @pytest.mark.parametrize("name", ["bert-cccccccc", "exec-3", MACHINE.replace("stateMachine", "execution") + ":exec-3",
                                   "bert"])
 def test_a_run_is_found_by_job_id_execution_name_or_arn_or_a_unique_spec_name(stack, name):
-    assert operate.find_run(stack, name)["job_id"] == "bert-cccccccc"
+    assert operate.find_run(stack, name).job_id == "bert-cccccccc"
 
 
 def test_a_spec_name_two_runs_share_is_refused_with_the_candidates(stack):

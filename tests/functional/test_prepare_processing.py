@@ -168,7 +168,7 @@ def test_the_stages_start_one_after_the_other_each_once_and_a_failed_one_ends_th
     with pytest.raises(PrepareFailed, match="prep-work Failed: AlgorithmError: worker algo-3"):
         look(second["done"])
     assert run.job_name("merge") not in sm.created
-    ledger = records.get(ddb, aws.jobs_table, run.job_id)["resources"]
+    ledger = records.get(ddb, aws.jobs_table, run.job_id).resources
     assert [r["id"] for r in ledger] == [run.job_name("plan"), run.job_name("work")]
 
 
@@ -214,7 +214,7 @@ def test_two_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_to
     assert finished.jobs["work"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
     assert len(streams) == 2  # each work instance ran, and logged to a stream of its own
     # each stage was in the run's ledger before it was created: teardown finds them whatever happens
-    assert [r["id"] for r in ledger["resources"]] == [run.job_name(s) for s in ("plan", "work", "merge")]
+    assert [r["id"] for r in ledger.resources] == [run.job_name(s) for s in ("plan", "work", "merge")]
 
     local_src = tmp_path / "src"
     for key, body in CORPUS.items():

@@ -76,7 +76,7 @@ def test_a_run_is_found_by_its_execution_and_a_direct_invoke_records_none(aws):
     by_execution = invoke("register_job", {"execution": "drop-7", "input": drop(spec(data={"size_gib": 5}))})
     direct = invoke("register_job", drop(spec(name="direct", data={"size_gib": 5})))
     ddb = clients.client("dynamodb")
-    assert records.find_by_execution(ddb, aws.jobs_table, "drop-7")["job_id"] == by_execution["job_id"]
+    assert records.find_by_execution(ddb, aws.jobs_table, "drop-7").job_id == by_execution["job_id"]
     assert "execution" not in job_record(aws.jobs_table, direct["job_id"])
     assert records.find_by_execution(ddb, aws.jobs_table, "drop-8") is None
 
@@ -215,6 +215,39 @@ def test_a_file_system_the_stack_does_not_allow_is_forbidden_before_anything_is_
         "filesystem.file_system_id",
     )
     assert records_in(aws.jobs_table) == []
+
+
+def test_the_record_register_job_writes_reads_as_a_job_record_and_writes_back_unchanged(aws):
+    """The model round-trips the stored record: every attribute register_job wrote is a field read as written,
+    and the record written again is the same item."""
+    from lustrain_core import clients
+    from lustrain_core.steps import records
+
+    seed_data()
+    job = invoke("register_job", {"execution": "drop-3", "input": drop(spec(data={"size_gib": 5}))})
+    ddb = clients.client("dynamodb")
+    item = ddb.get_item(TableName=aws.jobs_table, Key={"job_id": {"S": job["job_id"]}})["Item"]
+    record = records.get(ddb, aws.jobs_table, job["job_id"])
+    assert record is not None and not record.other  # the model names every attribute register_job writes
+    assert (record.job_id, record.kind, record.execution, record.status, record.resources) == (
+        job["job_id"],
+        "train",
+        "drop-3",
+        "RUNNING",
+        (),
+    )
+    assert (record.spec, record.plan, record.launch, record.source) == (
+        job["spec"],
+        job["plan"],
+        job["launch"],
+        job["source"],
+    )
+    assert record.stored() == records.from_item(item)
+    ddb.delete_item(TableName=aws.jobs_table, Key={"job_id": {"S": job["job_id"]}})
+    assert records.put_new(ddb, aws.jobs_table, record)
+    again = ddb.get_item(TableName=aws.jobs_table, Key={"job_id": {"S": job["job_id"]}})["Item"]
+    # the same values (a number may come back as 40 where it was written 40.0: DynamoDB holds one number)
+    assert records.from_item(again) == records.from_item(item)
 
 
 # --- data preparation runs (kind: prepare) --------------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_a_run_still_running_past_its_deadline_is_stopped_and_swept(machine, aws
 
     document = run(machine)
     job_id = document["job"]["job_id"]
-    record = job_record(aws.jobs_table, job_id)
+    record = records.JobRecord.from_stored(job_record(aws.jobs_table, job_id))
     # the spec's max_runtime_hours is 1 and the default grace 6 h: a day later the run is stuck
     a_day_later = sweep_step.deadline(record, sweep_step.DEFAULT_GRACE_HOURS) + 17 * 3600
     settings = Settings.from_env()

@@ -207,7 +207,7 @@ def test_a_run_whose_pool_sagemaker_did_not_keep_deletes_its_network_at_once(aws
         Key={
             "pool_name": {
                 "S": warm_pool.OFFER_PREFIX
-                + job_record(aws.jobs_table, first["job"]["job_id"])[warm_pool.SHAPE_FIELD]
+                + job_record(aws.jobs_table, first["job"]["job_id"])["warm_pool_shape"]
             }
         },
     )

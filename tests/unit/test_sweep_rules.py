@@ -9,6 +9,7 @@ import pytest
 from lustrain_core import recovery
 from lustrain_core.config import Settings
 from lustrain_core.steps import sweep
+from lustrain_core.steps.records import JobRecord
 
 STARTED = "2026-05-01T08:00:00Z"
 T0 = datetime(2026, 5, 1, 8, tzinfo=UTC).timestamp()
@@ -26,8 +27,17 @@ def record(status: str = "RUNNING", execution: str = "run-1", **compute: Any) ->
     }
 
 
+def judge(stored: dict[str, Any] | None, *args: Any) -> sweep.Verdict:
+    """The sweeper's verdict on a record stored as `stored`."""
+    return sweep.judge(JobRecord.from_stored(stored) if stored is not None else None, *args)
+
+
+def deadline(stored: dict[str, Any], grace_hours: float) -> float | None:
+    return sweep.deadline(JobRecord.from_stored(stored), grace_hours)
+
+
 def test_a_job_without_a_record_is_an_orphan_and_swept():
-    verdict = sweep.judge(None, None, T0, 6)
+    verdict = judge(None, None, T0, 6)
     assert (verdict.sweep, verdict.stop_execution) == (True, False)
     assert "orphan" in verdict.reason
 
@@ -36,41 +46,41 @@ WAIT = recovery.longest_wait()
 
 
 def test_a_running_execution_is_left_alone_until_its_deadline():
-    within = sweep.judge(record(), "RUNNING", T0 + 29 * HOUR, 6)
+    within = judge(record(), "RUNNING", T0 + 29 * HOUR, 6)
     assert (within.sweep, within.reason) == (False, "its execution run-1 is still running")
-    late = sweep.judge(record(), "RUNNING", T0 + 31 * HOUR, 6)
+    late = judge(record(), "RUNNING", T0 + 31 * HOUR, 6)
     assert (late.sweep, late.stop_execution) == (True, True)
     assert "past its deadline (2026-05-02T14:05:00Z" in late.reason
 
 
 def test_the_deadline_counts_the_spot_wait_the_wait_before_another_attempt_and_the_grace():
-    assert sweep.deadline(record(), 6) == T0 + 30 * HOUR + WAIT
-    assert sweep.deadline(record(spot=True, max_wait_hours=48), 6) == T0 + 54 * HOUR + WAIT
+    assert deadline(record(), 6) == T0 + 30 * HOUR + WAIT
+    assert deadline(record(spot=True, max_wait_hours=48), 6) == T0 + 54 * HOUR + WAIT
     # the last attempt allowed: no wait for another
     last = {**record(max_attempts=2), "training_attempts": 2}
-    assert sweep.deadline(last, 6) == T0 + 30 * HOUR
-    assert sweep.deadline({"status": "RUNNING"}, 6) is None
-    assert sweep.deadline({**record(), "created_at": "yesterday"}, 6) is None
+    assert deadline(last, 6) == T0 + 30 * HOUR
+    assert deadline({"job_id": "gpt-0badc0de", "status": "RUNNING"}, 6) is None
+    assert deadline({**record(), "created_at": "yesterday"}, 6) is None
 
 
 def test_a_run_warming_its_data_up_gets_the_warm_ups_max_runtime_before_its_first_attempt():
     warming = {**record(), "launch": {"preload": {"max_runtime_seconds": 10 * HOUR}}}
-    assert sweep.deadline(warming, 6) == T0 + 40 * HOUR + WAIT
-    assert not sweep.judge(warming, "RUNNING", T0 + 39 * HOUR, 6).sweep
+    assert deadline(warming, 6) == T0 + 40 * HOUR + WAIT
+    assert not judge(warming, "RUNNING", T0 + 39 * HOUR, 6).sweep
     # once an attempt started, the warm-up is behind it
     started = {**warming, "training_attempts": 1, "attempt_started_at": "2026-05-01T20:00:00Z"}
-    assert sweep.deadline(started, 6) == T0 + 12 * HOUR + 30 * HOUR + WAIT
+    assert deadline(started, 6) == T0 + 12 * HOUR + 30 * HOUR + WAIT
 
 
 def test_a_legitimate_second_attempt_is_never_stopped_for_the_time_the_first_one_took():
     # the first attempt trained its whole 24 h and failed (an instance's GPU); the second started at once
     second = {**record(), "training_attempts": 2, "attempt_started_at": "2026-05-02T08:10:00Z"}
     now = T0 + 40 * HOUR  # past the first attempt's deadline, 16 h into the second
-    assert sweep.deadline(record(), 6) < now
-    verdict = sweep.judge(second, "RUNNING", now, 6)
+    assert deadline(record(), 6) < now
+    verdict = judge(second, "RUNNING", now, 6)
     assert (verdict.sweep, verdict.reason) == (False, "its execution run-1 is still running")
     # and the second is held to its own deadline
-    late = sweep.judge(second, "RUNNING", T0 + 24 * HOUR + 10 / 60 * HOUR + 30 * HOUR + WAIT + 1, 6)
+    late = judge(second, "RUNNING", T0 + 24 * HOUR + 10 / 60 * HOUR + 30 * HOUR + WAIT + 1, 6)
     assert (late.sweep, late.stop_execution) == (True, True)
 
 
@@ -80,8 +90,8 @@ def test_a_run_waiting_in_the_capacity_queue_is_given_the_time_it_may_still_wait
         **record(max_queue_hours=20),
         "queue": {"state": "queued", "since": STARTED, "queued_s": 19 * 3600, "left_s": 20 * 3600},
     }
-    assert sweep.deadline(queued, 6) == T0 + 20 * HOUR + 30 * HOUR + WAIT
-    within = sweep.judge(queued, "RUNNING", T0 + 49 * HOUR, 6)
+    assert deadline(queued, 6) == T0 + 20 * HOUR + 30 * HOUR + WAIT
+    within = judge(queued, "RUNNING", T0 + 49 * HOUR, 6)
     assert (within.sweep, within.reason) == (False, "its execution run-1 is still running")
 
 
@@ -91,41 +101,41 @@ def test_a_run_admitted_late_is_held_to_a_deadline_from_its_admission():
         **record(max_queue_hours=24),
         "queue": {"state": "admitted", "queued_s": 20 * 3600, "admitted_at": "2026-05-02T04:00:00Z"},
     }
-    assert sweep.deadline(admitted, 6) == T0 + 20 * HOUR + 30 * HOUR + WAIT
-    assert sweep.judge(admitted, "RUNNING", T0 + 45 * HOUR, 6).sweep is False
-    assert sweep.judge(admitted, "RUNNING", T0 + 51 * HOUR, 6).stop_execution is True
+    assert deadline(admitted, 6) == T0 + 20 * HOUR + 30 * HOUR + WAIT
+    assert judge(admitted, "RUNNING", T0 + 45 * HOUR, 6).sweep is False
+    assert judge(admitted, "RUNNING", T0 + 51 * HOUR, 6).stop_execution is True
 
 
 @pytest.mark.parametrize("status", ["ABORTED", "FAILED", "TIMED_OUT", "SUCCEEDED", "PENDING_REDRIVE"])
 def test_an_execution_that_ended_without_a_teardown_is_swept_at_once(status):
-    verdict = sweep.judge(record(), status, T0 + HOUR, 6)
+    verdict = judge(record(), status, T0 + HOUR, 6)
     assert (verdict.sweep, verdict.stop_execution) == (True, False)
     assert verdict.reason == f"its execution run-1 ended {status} without a teardown"
 
 
 def test_a_finished_record_whose_execution_ended_is_a_teardown_that_gave_up():
-    verdict = sweep.judge(record(status="SUCCEEDED"), "FAILED", T0 + HOUR, 6)
+    verdict = judge(record(status="SUCCEEDED"), "FAILED", T0 + HOUR, 6)
     assert verdict.sweep and verdict.reason.startswith("its teardown did not finish")
 
 
 def test_a_finished_record_whose_execution_still_runs_is_a_teardown_still_retrying():
-    assert not sweep.judge(record(status="FAILED"), "RUNNING", T0 + HOUR, 6).sweep
+    assert not judge(record(status="FAILED"), "RUNNING", T0 + HOUR, 6).sweep
 
 
 def test_an_execution_that_no_longer_exists_is_swept():
-    verdict = sweep.judge(record(), None, T0 + HOUR, 6)
+    verdict = judge(record(), None, T0 + HOUR, 6)
     assert (verdict.sweep, verdict.reason) == (True, "its execution run-1 no longer exists")
 
 
 def test_without_an_execution_the_record_and_the_deadline_decide():
-    assert not sweep.judge(record(execution=""), None, T0 + HOUR, 6).sweep
-    assert sweep.judge(record(execution=""), None, T0 + 31 * HOUR, 6).sweep
-    assert sweep.judge(record(status="FAILED", execution=""), None, T0 + HOUR, 6).sweep
+    assert not judge(record(execution=""), None, T0 + HOUR, 6).sweep
+    assert judge(record(execution=""), None, T0 + 31 * HOUR, 6).sweep
+    assert judge(record(status="FAILED", execution=""), None, T0 + HOUR, 6).sweep
 
 
 def test_without_a_start_time_a_running_execution_is_never_late():
     stuck = {**record(), "created_at": None}
-    assert not sweep.judge(stuck, "RUNNING", T0 + 1000 * HOUR, 6).sweep
+    assert not judge(stuck, "RUNNING", T0 + 1000 * HOUR, 6).sweep
 
 
 def test_the_execution_arn_is_built_from_the_state_machine_and_the_recorded_name():
@@ -160,7 +170,7 @@ def test_a_data_preparation_run_is_stuck_after_its_three_stages_longest_time_and
         "spec": {"kind": "prepare", "name": "corpus", "source": "s3://a/text/", "output": "s3://a/shards/"},
     }
     due = T0 + 3 * (24 * HOUR + 300) + 6 * HOUR
-    assert sweep.deadline(prep, 6) == due
-    assert not sweep.judge(prep, "RUNNING", due - 60, 6).sweep
-    late = sweep.judge(prep, "RUNNING", due + 60, 6)
+    assert deadline(prep, 6) == due
+    assert not judge(prep, "RUNNING", due - 60, 6).sweep
+    late = judge(prep, "RUNNING", due + 60, 6)
     assert (late.sweep, late.stop_execution) == (True, True)

@@ -122,7 +122,7 @@ def next_attempt(
     """The run's attempts with the one that just ended, and whether another starts (and after how long)."""
     run = Run.parse(document, "failure")
     record = records.require(ddb, settings.jobs_table, run.job.job_id)
-    number = int(record.get("training_attempts") or 0)
+    number = record.attempt
     earlier = [a for a in run.recovery.attempts if a.attempt != number]
     attempt = _this_attempt(run, sagemaker, number)
     decided = _decided(run, attempt, earlier, settings)
@@ -130,7 +130,7 @@ def next_attempt(
     if task is not None:
         decided = decided.model_copy(update={"checkpoint_export": task})
     if number >= 1:
-        records.set_fields(ddb, settings.jobs_table, run.job.job_id, {"judged_attempt": number})
+        records.set_fields(ddb, settings.jobs_table, run.job.job_id, judged_attempt=number)
     return decided
 
 

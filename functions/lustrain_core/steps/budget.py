@@ -27,8 +27,8 @@ from typing import Any
 from lustrain_core.config import Settings
 from lustrain_core.document import Run
 from lustrain_core.prices import PriceTable
-from lustrain_core.steps import records
 from lustrain_core.steps.policy import MAX_BUDGET, Policy
+from lustrain_core.steps.records import JobRecord
 
 #: An attempt the budget leaves less training time than this is not started: it would pay for the start of a
 #: fleet that cannot train.
@@ -113,13 +113,11 @@ def attempt_budget(run: Run, spent_usd: float, settings: Settings) -> AttemptBud
     )
 
 
-def cost_so_far_usd(record: dict[str, Any], jobs: list[dict[str, Any]], now: float) -> float:
+def cost_so_far_usd(record: JobRecord, jobs: list[dict[str, Any]], now: float) -> float:
     """What the run has cost until now, at list prices: each training attempt's billable time (or, while it
     trains, the time since it started) x its instances, plus the file system's hours at the plan's hourly rate.
     `jobs` are the attempts' DescribeTrainingJob answers (times as datetimes); `lustrain status` and the run's
     notices (steps/notices.py) both count with it."""
-    spec, plan = record.get("spec") or {}, record.get("plan") or {}
-    compute = spec.get("compute") or {}
     prices = PriceTable()
     total = 0.0
     for job in jobs:
@@ -128,21 +126,14 @@ def cost_so_far_usd(record: dict[str, Any], jobs: list[dict[str, Any]], now: flo
             end = job.get("TrainingEndTime") or datetime.fromtimestamp(now, UTC)
             seconds = max(0.0, (end - job["TrainingStartTime"]).total_seconds())
         billed = prices.billed_compute_usd(
-            str(compute.get("instance_type")), float(compute.get("instance_count", 1)), float(seconds or 0)
+            record.instance_type, float(record.instance_count or 1), float(seconds or 0)
         )
         total += billed or 0.0
     # the file system bills from its creation until its teardown (the record's end): only a run that created one
-    # (its ledger holds it, or its teardown deleted it) pays for it, from its admission out of the capacity queue
-    # (nothing is created before it; a run cancelled while queued created nothing and pays nothing)
-    torn_down = record.get("torn_down") or {}
-    ledger = [*(record.get("resources") or []), *(torn_down.get("deleted") or [])]
-    created = any(r.get("type") == "file_system" for r in ledger) and not (spec.get("filesystem") or {}).get(
-        "file_system_id"
-    )
-    fs_hourly = filesystem_hourly_usd(plan, float(compute.get("max_runtime_hours") or 0))
-    started = records.moment((record.get("queue") or {}).get("admitted_at")) or records.moment(
-        record.get("created_at")
-    )
-    if created and started is not None:
-        total += fs_hourly * max(0.0, (records.moment(record.get("finished_at")) or now) - started) / 3600
+    # pays for it, from its admission out of the capacity queue (nothing is created before it; a run cancelled
+    # while queued created nothing and pays nothing)
+    fs_hourly = filesystem_hourly_usd(record.plan, float(record.compute.get("max_runtime_hours") or 0))
+    started = record.admitted_at or record.started_at
+    if record.created_file_system and started is not None:
+        total += fs_hourly * max(0.0, (record.ended_at or now) - started) / 3600
     return round(total, 2)

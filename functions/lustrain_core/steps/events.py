@@ -45,8 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lustrain_core import recovery
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
-from lustrain_core.errors import EventInvalid, LustrainError
-from lustrain_core.launch_plan import training_job_name
+from lustrain_core.errors import EventInvalid
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import records
 from lustrain_core.steps.archive import MANIFEST, archive_training_job
@@ -186,16 +185,11 @@ def not_current(ddb: Any, settings: Settings, item: dict[str, Any], name: str) -
     record = records.get(ddb, settings.jobs_table, job_id) if job_id else None
     if record is None:
         return f"the tokens item names run {job_id or '(none)'}, which has no job record"
-    attempts = int(record.get("training_attempts") or 0)
-    spec_name = str((record.get("spec") or {}).get("name") or "")
-    try:
-        current = training_job_name(spec_name, job_id, attempts) if attempts >= 1 else None
-    except (ValueError, LustrainError):
-        current = None
+    attempts = record.attempt
+    current = record.current_training_job
     if current != name or int(item.get("attempt") or 0) != attempts:
         return f"{name} is not run {job_id}'s current attempt (attempt {attempts}: {current})"
-    judged = int(record.get("judged_attempt") or 0)
-    if judged >= attempts:
+    if record.attempt_judged:
         return f"attempt {attempts} of run {job_id} was judged already (next_attempt): a replayed event"
     return None
 

@@ -196,15 +196,15 @@ def on_execution_end(
     record = records.find_by_execution(ddb, settings.jobs_table, change.name)
     if record is None:
         return {**base, "action": "none", "reason": "the execution recorded no run, so it created nothing"}
-    job_id = str(record["job_id"])
-    if record.get("status") in records.FINISHED and not record.get("resources"):
+    job_id = record.job_id
+    if record.finished and not record.resources:
         return {
             **base,
             "job_id": job_id,
             "action": "none",
-            "reason": f"the run's teardown already ran (record {record['status']}, nothing left)",
+            "reason": f"the run's teardown already ran (record {record.status}, nothing left)",
         }
-    error = record.get("error") if record.get("status") in records.FINISHED else None
+    error = record.error if record.finished else None
     error = error if isinstance(error, dict) and error.get("Error") else run_error(change)
     result = teardown_job(
         job_id,
@@ -221,13 +221,13 @@ def on_execution_end(
         "execution": change.name,
         "job": {
             "job_id": job_id,
-            "kind": record.get("kind"),
-            "spec": record.get("spec"),
-            "plan": record.get("plan"),
-            "source": record.get("source"),
+            "kind": record.kind,
+            "spec": record.spec or None,
+            "plan": record.plan or None,
+            "source": record.source or None,
         },
         "error": error,
-        "training": {"training_job_name": _latest_training_job(record)},
+        "training": {"training_job_name": record.latest_training_job},
         "teardown": result,
     }
     notice = notify_step.notify(document, sns=sns, settings=settings, ddb=ddb)
@@ -239,12 +239,3 @@ def on_execution_end(
         "teardown": result,
         "notify": notice,
     }
-
-
-def _latest_training_job(record: dict[str, Any]) -> str | None:
-    jobs = [
-        r["id"]
-        for r in record.get("resources", [])
-        if isinstance(r, dict) and r.get("type") == "training_job"
-    ]
-    return str(jobs[-1]) if jobs else None

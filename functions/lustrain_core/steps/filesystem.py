@@ -293,7 +293,7 @@ def _note_export(ddb: Any, settings: Settings, job: Job, file_system_id: str, pa
         ddb,
         settings.jobs_table,
         job.job_id,
-        {"export_on_teardown": {"file_system_id": file_system_id, "paths": paths}},
+        export_on_teardown={"file_system_id": file_system_id, "paths": paths},
     )
 
 

@@ -51,9 +51,6 @@ from lustrain_core.spec import (
 from lustrain_core.steps import records, training_plans, zones
 from lustrain_core.steps.policy import Policy
 
-#: A job record's kind: a training run, or a data preparation run (kind: prepare in its spec)
-TRAIN = "train"
-PREPARE = "prepare"
 #: Measuring a prefix lists every object; beyond this many the user must give data.size_gib.
 MAX_MEASURED_OBJECTS = 2_000_000
 #: S3 keys are 1 to 1024 bytes of UTF-8.
@@ -298,11 +295,11 @@ def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch_
         prefix = ref if ref.endswith("/") else ref + "/"
     else:
         earlier = records.get(ddb, settings.jobs_table, ref)
-        if earlier is None or "launch" not in earlier:
+        if earlier is None or earlier.checkpoint_s3_uri is None:
             raise SpecInvalid.one(
                 field, ref, "no run with this job id in this stack (give the s3:// prefix instead)"
             )
-        prefix = str(earlier["launch"]["checkpoint_s3_uri"])
+        prefix = earlier.checkpoint_s3_uri
     steps = []
     bucket, key_prefix = split_s3_uri(prefix, field)
     try:
@@ -393,7 +390,11 @@ def register_job(
         )
 
     return record_once(
-        ddb, settings, source, job_id, {"kind": TRAIN, "spec": normalised, "plan": plan, "launch": compiled}
+        ddb,
+        settings,
+        source,
+        job_id,
+        {"kind": records.TRAIN, "spec": normalised, "plan": plan, "launch": compiled},
     )
 
 
@@ -403,29 +404,29 @@ def record_once(
     """Write the job record of a checked run once (its kind, spec, plan...: `facts`); $.job for the state machine,
     or {duplicate: true, ...} when another start recorded the same run."""
     started_at = records.now_iso()
-    record = {
-        "job_id": job_id,
-        "source": source.to_dict(),
+    record = records.JobRecord.new(
+        job_id=job_id,
+        source=source.to_dict(),
+        # absent for a direct invoke: DynamoDB refuses an empty string as an index key
+        execution=source.execution or None,
+        created_at=started_at,
         **facts,
-        "status": "RUNNING",
-        "created_at": started_at,
-        "resources": [],
-    }
-    if source.execution:
-        record["execution"] = source.execution
+    )
     if not records.put_new(ddb, settings.jobs_table, record):
-        existing = records.get(ddb, settings.jobs_table, job_id) or {}
-        same_execution = bool(source.execution) and existing.get("execution") == source.execution
-        if not same_execution:
+        existing = records.get(ddb, settings.jobs_table, job_id)
+        same_execution = (
+            existing is not None and bool(source.execution) and existing.execution == source.execution
+        )
+        if existing is None or not same_execution:
             return {
                 "job_id": job_id,
                 "duplicate": True,
                 "kind": facts["kind"],
-                "source": existing.get("source", source.to_dict()),
-                "started_at": existing.get("created_at"),
-                "duplicate_of": existing.get("execution") or None,
+                "source": existing.source if existing is not None else source.to_dict(),
+                "started_at": existing.created_at if existing is not None else None,
+                "duplicate_of": existing.execution if existing is not None else None,
             }
-        started_at = existing.get("created_at", started_at)
+        started_at = existing.created_at or started_at
     return {
         "job_id": job_id,
         "duplicate": False,
@@ -476,5 +477,9 @@ def register_prepare(
     plan = planned_preparation(spec, source_gib)
     policy.check_prepare_plan(plan)
     return record_once(
-        ddb, settings, source, job_id, {"kind": PREPARE, "spec": spec.model_dump(mode="json"), "plan": plan}
+        ddb,
+        settings,
+        source,
+        job_id,
+        {"kind": records.PREPARE, "spec": spec.model_dump(mode="json"), "plan": plan},
     )

@@ -637,15 +637,15 @@ def warm_pool_network(ec2: Any, ddb: Any, job: Job, settings: Settings) -> Netwo
     """The network a warm pool of the run's shape kept (steps/warm_pool.py), claimed for this run (or claimed by
     an earlier try of this step); None when there is none to take, and the run builds its own."""
     record = records.require(ddb, settings.jobs_table, job.job_id)
-    offered = record.get(warm_pool.NETWORK_FIELD)
+    offered = record.warm_pool_network
     if not isinstance(offered, dict):
         pool_shape = warm_pool.shape(job, settings)
         # the shape, for the run's teardown to offer its pool's network under
-        records.set_fields(ddb, settings.jobs_table, job.job_id, {warm_pool.SHAPE_FIELD: pool_shape})
+        records.set_fields(ddb, settings.jobs_table, job.job_id, warm_pool_shape=pool_shape)
         offered = warm_pool.claim(ddb, settings, pool_shape, job.job_id)
         if offered is None:
             return None
-        records.set_fields(ddb, settings.jobs_table, job.job_id, {warm_pool.NETWORK_FIELD: offered})
+        records.set_fields(ddb, settings.jobs_table, job.job_id, warm_pool_network=offered)
     kept = warm_pool.network_of(offered)
     try:
         ec2.describe_subnets(SubnetIds=[kept.subnet_id])

@@ -44,6 +44,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lustrain_core.config import Settings
+from lustrain_core.steps.records import JobRecord
 
 #: the function's setting that names the secret (the ARN; the URL is in the secret)
 SECRET_SETTING = "LUSTRAIN_NOTICE_WEBHOOK_SECRET"  # noqa: S105 (the name of a setting holding an ARN)
@@ -305,11 +306,6 @@ def command(settings: Settings, run: str) -> str:
     return f"lustrain status {run} --stack {settings.stack_name}"
 
 
-def _spec_name(record: dict[str, Any]) -> str:
-    spec = record.get("spec")
-    return str(spec.get("name") or "") if isinstance(spec, dict) else ""
-
-
 def started(execution: str, spec_source: str | None, settings: Settings) -> Notice:
     """The execution began: register_job has not recorded the run yet, so it is named by its execution."""
     lines = [f"Spec: {spec_source}"] if spec_source else []
@@ -328,14 +324,14 @@ def started(execution: str, spec_source: str | None, settings: Settings) -> Noti
 
 def stopped(
     kind: str,
-    record: dict[str, Any],
+    record: JobRecord,
     cause: str | None,
     cost: float | None,
     model: str | None,
     settings: Settings,
 ) -> Notice:
     """The execution was stopped (cancelled) or ran out of time (timed-out): its teardown follows."""
-    job_id = str(record["job_id"])
+    job_id = record.job_id
     if kind == "cancelled":
         who = (
             cause
@@ -355,12 +351,12 @@ def stopped(
         cost_so_far_usd=cost,
         model_s3_uri=model,
         command=command(settings, job_id),
-        facts={"cause": cause, "spec_name": _spec_name(record)},
+        facts={"cause": cause, "spec_name": record.name},
     )
 
 
 def attempt_ended(
-    record: dict[str, Any],
+    record: JobRecord,
     *,
     training_job: str,
     attempt: int,
@@ -371,7 +367,7 @@ def attempt_ended(
     settings: Settings,
 ) -> Notice:
     """One training job (an attempt) ended: Completed, Failed or Stopped, and why."""
-    job_id = str(record["job_id"])
+    job_id = record.job_id
     return Notice(
         kind="attempt-ended",
         job_id=job_id,
@@ -385,7 +381,7 @@ def attempt_ended(
 
 
 def queue_moment(
-    record: dict[str, Any],
+    record: JobRecord,
     *,
     admitted: bool,
     detail: dict[str, Any],
@@ -394,7 +390,7 @@ def queue_moment(
     settings: Settings,
 ) -> Notice:
     """The run waits in its pool's capacity queue, or was admitted after waiting."""
-    job_id = str(record["job_id"])
+    job_id = record.job_id
     pool = detail.get("pool")
     waited = detail.get("queued_s")
     if admitted:

@@ -33,6 +33,7 @@ from lustrain_core.launch_plan import archive_target
 from lustrain_core.prices import PriceTable
 from lustrain_core.steps import budget, notices, queue, records
 from lustrain_core.steps.events import ENDED, TrainingJobStateChange, classify_failure
+from lustrain_core.steps.records import JobRecord
 from lustrain_core.steps.training import describe_training_job, training_job_name
 
 #: SNS subjects: printable ASCII, no line breaks, fewer than 100 characters
@@ -222,13 +223,13 @@ def notify(
     (the notify function's), the end is also posted to the stack's webhook (`chat`: how that went)."""
     facts = summary(document)
     job_id = _registered_job_id(document) if ddb is not None else None
-    record = (records.get(ddb, settings.jobs_table, job_id) or {}) if job_id is not None else {}
-    sent = _object(record.get("notified"))
-    if sent.get("message_id"):
-        return {"message_id": sent["message_id"], "outcome": facts["outcome"], "already_sent": True}
+    record = records.get(ddb, settings.jobs_table, job_id) if job_id is not None else None
+    sent = record.notice_sent if record is not None else None
+    if sent:
+        return {"message_id": sent, "outcome": facts["outcome"], "already_sent": True}
     chat = None
     if secrets is not None and notices.configured(settings):
-        cost = run_cost(record, sagemaker=sagemaker) if record else None
+        cost = run_cost(record, sagemaker=sagemaker) if record is not None else None
         chat = notices.post(
             notices.ended(facts, cost, settings), secrets=secrets, settings=settings
         ).to_dict()
@@ -247,7 +248,7 @@ def notify(
     if job_id is not None:
         note = {"message_id": answer["MessageId"], "outcome": facts["outcome"], "at": records.now_iso()}
         try:
-            records.set_fields(ddb, settings.jobs_table, job_id, {"notified": note})
+            records.set_fields(ddb, settings.jobs_table, job_id, notified=note)
         except ClientError as exc:
             # no record to note it on (a document not from register_job): the message is out all the same
             if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
@@ -256,25 +257,21 @@ def notify(
     return {**published, "chat": chat} if chat is not None else published
 
 
-def run_cost(record: dict[str, Any], *, sagemaker: Any, now: float | None = None) -> float | None:
+def run_cost(record: JobRecord, *, sagemaker: Any, now: float | None = None) -> float | None:
     """The run's cost so far, as `lustrain status` counts it (each attempt's DescribeTrainingJob); None where it
     cannot be told (a notice says "unknown" rather than fail)."""
-    if sagemaker is None or not record.get("job_id"):
+    if sagemaker is None or not record.job_id:
         return None
-    name = str(_object(record.get("spec")).get("name", ""))
     try:
-        jobs = [
-            describe_training_job(sagemaker, training_job_name(name, str(record["job_id"]), attempt))
-            for attempt in range(1, int(record.get("training_attempts") or 0) + 1)
-        ]
+        jobs = [describe_training_job(sagemaker, name) for name in record.training_job_names()]
         return budget.cost_so_far_usd(record, [j for j in jobs if j], time.time() if now is None else now)
     except (ClientError, ValueError, TypeError):
         return None
 
 
-def _model(record: dict[str, Any], settings: Settings) -> str:
+def _model(record: JobRecord, settings: Settings) -> str:
     """Where the run's model is archived (its training jobs upload it there: launch_plan.model_output_path)."""
-    return archive_target(settings, str(record["job_id"]))
+    return archive_target(settings, record.job_id)
 
 
 #: EventBridge's detail types the notify function takes
@@ -348,14 +345,14 @@ def _execution_notice(
     if status == "FAILED":
         # a run that failed through its Catch was announced by the state machine's notify (its record notes the
         # message) before the execution ended; one that died of an error no Catch sees (States.Runtime) was not
-        if _object(record.get("notified")).get("message_id"):
+        if record.notice_sent:
             return "the state machine's notify announced the failure"
         facts = {
-            "job_id": str(record["job_id"]),
+            "job_id": record.job_id,
             "outcome": "failed",
             "error": detail.get("error") or "States.Runtime",
             "cause": cause,
-            "spec_name": _object(record.get("spec")).get("name"),
+            "spec_name": record.name or None,
             "execution": name,
         }
         return notices.ended(facts, run_cost(record, sagemaker=sagemaker), settings)
@@ -378,9 +375,7 @@ def _training_notice(
     # start_training names attempt n of run <spec name>-<8 hex> "<spec name>-<8 hex>-<n>"
     job_id, _, number = change.TrainingJobName.rpartition("-")
     record = records.get(ddb, settings.jobs_table, job_id) if job_id and number.isdigit() else None
-    if record is None or training_job_name(
-        _object(record.get("spec")).get("name", ""), job_id, int(number)
-    ) != (change.TrainingJobName):
+    if record is None or training_job_name(record.name, job_id, int(number)) != change.TrainingJobName:
         return "the training job is no run's of this stack"
     status = change.TrainingJobStatus
     if status == "Completed":

@@ -25,6 +25,7 @@ from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
 from lustrain_core.prepare_plan import STAGES, PrepareRun, next_stage
 from lustrain_core.spec import PrepareSpec, is_prepare, validate_prepare_spec
 from lustrain_core.steps import records
+from lustrain_core.steps.records import JobRecord
 
 #: the resource type a stage's job is recorded under in the run's ledger (teardown stops what is still running)
 RESOURCE_TYPE = registry.PROCESSING_JOB.name
@@ -125,13 +126,12 @@ def run_of(job_id: str, spec: PrepareSpec) -> PrepareRun:
     )
 
 
-def of_record(record: dict[str, Any]) -> PrepareRun | None:
+def of_record(record: JobRecord) -> PrepareRun | None:
     """The preparation run a job record holds (kind: prepare), or None for a training run's: what `lustrain status`
     and `lustrain logs` read of it (its stages' processing jobs, their logs)."""
-    spec = record.get("spec")
-    if not isinstance(spec, dict) or not is_prepare(spec):
+    if not record.preparation:
         return None
-    return run_of(str(record["job_id"]), validate_prepare_spec(spec))
+    return run_of(record.job_id, validate_prepare_spec(record.spec))
 
 
 def log_streams(run: PrepareRun) -> list[tuple[str, str]]:

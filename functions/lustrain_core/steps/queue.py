@@ -222,7 +222,7 @@ def _leave_pool(ddb: Any, table: str, pool: str, job_id: str) -> bool:
 
 
 def prune(
-    ddb: Any, settings: Settings, running: Callable[[dict[str, Any]], bool] = lambda record: True
+    ddb: Any, settings: Settings, running: Callable[[records.JobRecord], bool] = lambda record: True
 ) -> list[dict[str, str]]:
     """The sweeper's part: take out of every line the runs that ended (their record FINISHED, or `running` says
     their execution is no longer RUNNING) or have no record, so a run whose end no teardown saw never blocks the
@@ -237,10 +237,10 @@ def prune(
                     record = records.get(ddb, settings.jobs_table, job_id)
                     if record is None:
                         why = "no job record"
-                    elif record.get("status") in records.FINISHED:
-                        why = f"its run ended {record.get('status')}"
+                    elif record.finished:
+                        why = f"its run ended {record.status}"
                     elif not running(record):
-                        why = f"its execution {record.get('execution')} is no longer running"
+                        why = f"its execution {record.execution} is no longer running"
                     else:
                         continue
                     if _leave_pool(ddb, settings.queue_table, pool, job_id):
@@ -399,7 +399,7 @@ def _answer(
         "pool": answer.pool,
         "queued_s": answer.queued_s,
     }
-    records.set_fields(ddb, settings.jobs_table, run.job.job_id, {"queue": {**place, **record}})
+    records.set_fields(ddb, settings.jobs_table, run.job.job_id, queue={**place, **record})
     return answer
 
 

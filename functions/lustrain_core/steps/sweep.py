@@ -45,7 +45,7 @@ from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
 from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
-from lustrain_core.spec import Compute, is_prepare
+from lustrain_core.spec import Compute
 from lustrain_core.steps import queue, records
 from lustrain_core.steps.teardown import TRAINING_JOB, Clock, teardown_job
 
@@ -137,11 +137,7 @@ class Verdict:
     stop_execution: bool = False
 
 
-def _moment(record: dict[str, Any], key: str) -> float | None:
-    return records.moment(record.get(key))
-
-
-def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
+def deadline(record: records.JobRecord, grace_hours: float) -> float | None:
     """When a run still going counts as stuck (epoch seconds), or None when its record does not say.
 
     A run trains in attempts (the run policy, lustrain_core.recovery): the clock runs from the latest attempt's
@@ -151,60 +147,41 @@ def deadline(record: dict[str, Any], grace_hours: float) -> float | None:
     MaxRuntimeInSeconds). A second attempt is never stopped for the time the first one
     took, nor a run admitted late for the time it queued: while a run waits in the queue (`queue.state` queued),
     the clock starts at the end of the time it may still wait (`queue.since` + `queue.left_s`)."""
-    started = _moment(record, "created_at")
+    started = record.started_at
     if started is None:
         return None
-    if is_prepare(record.get("spec")):
+    if record.preparation:
         # a data preparation run: its stages one after the other, each for at most its MaxRuntimeInSeconds
         stages = len(prepare_plan.STAGES)
         longest_prepare = stages * (prepare_plan.MAX_RUNTIME_SECONDS + prepare_plan.STAGE_OVERHEAD_SECONDS)
         return started + longest_prepare + grace_hours * 3600
-    raw = (record.get("spec") or {}).get("compute") or {}
     try:
-        compute = Compute.model_validate(raw)
+        compute = Compute.model_validate(record.compute)
     except ValidationError:
         return None
-    raw_queue = record.get("queue")
-    queue: dict[str, Any] = raw_queue if isinstance(raw_queue, dict) else {}
-    moments = [started, _moment(record, "attempt_started_at"), records.moment(queue.get("admitted_at"))]
-    if queue.get("state") == "queued":
-        since = records.moment(queue.get("since"))
-        try:
-            left = float(queue.get("left_s") or 0)
-        except (TypeError, ValueError):
-            left = 0.0
-        if since is not None:
-            moments.append(since + left)
+    moments = [
+        started,
+        records.moment(record.attempt_started_at),
+        record.admitted_at,
+        record.queue_wait_ends_at,
+    ]
     anchor = max(m for m in moments if m is not None)
     longest = max(compute.max_runtime_hours, compute.wait_hours or 0) * 3600
-    try:
-        tried = int(record.get("training_attempts") or 0)
-    except (TypeError, ValueError):
-        tried = 0
+    tried = record.attempt
     between = recovery.longest_wait() if tried < compute.max_attempts else 0
-    return anchor + longest + between + _warm_up_seconds(record, tried) + grace_hours * 3600
-
-
-def _warm_up_seconds(record: dict[str, Any], tried: int) -> float:
-    """data.preload's warm-up runs after the admission and before the first attempt, for up to its
-    MaxRuntimeInSeconds (the launch plan's): a run warming its data up is not stuck for that long."""
-    if tried:
-        return 0.0
-    launch = record.get("launch")
-    warm = launch.get("preload") if isinstance(launch, dict) else None
-    try:
-        return float(warm["max_runtime_seconds"]) if isinstance(warm, dict) else 0.0
-    except (KeyError, TypeError, ValueError):
-        return 0.0
+    # data.preload's warm-up runs after the admission and before the first attempt, for up to its
+    # MaxRuntimeInSeconds (the launch plan's): a run warming its data up is not stuck for that long
+    warm_up = 0.0 if tried else record.preload_max_runtime_s
+    return anchor + longest + between + warm_up + grace_hours * 3600
 
 
 def judge(
-    record: dict[str, Any] | None, execution_status: str | None, now: float, grace_hours: float
+    record: records.JobRecord | None, execution_status: str | None, now: float, grace_hours: float
 ) -> Verdict:
     """Sweep or leave one job, from its record and its execution's status (None: none recorded, or gone)."""
     if record is None:
         return Verdict(True, "no job record: an orphan of this stack")
-    execution = str(record.get("execution") or "")
+    execution = record.execution or ""
     due = deadline(record, grace_hours)
     late = due is not None and now > due
     past = (
@@ -218,14 +195,14 @@ def judge(
             return Verdict(True, f"its execution {execution} is still RUNNING {past}", stop_execution=True)
         return Verdict(False, f"its execution {execution} is still running")
     if execution_status is not None:
-        if record.get("status") in FINISHED:
+        if record.finished:
             return Verdict(
                 True, f"its teardown did not finish (execution {execution} ended {execution_status})"
             )
         return Verdict(True, f"its execution {execution} ended {execution_status} without a teardown")
     if execution:
         return Verdict(True, f"its execution {execution} no longer exists")
-    if record.get("status") in FINISHED:
+    if record.finished:
         return Verdict(True, "its teardown did not finish (no execution recorded)")
     if late:
         return Verdict(True, f"no execution recorded and {past}")
@@ -285,8 +262,8 @@ def sweep(
             )
     result = report.to_dict()
 
-    def running(record: dict[str, Any]) -> bool:
-        arn = config.execution_arn(str(record.get("execution") or ""))
+    def running(record: records.JobRecord) -> bool:
+        arn = config.execution_arn(record.execution or "")
         return arn is None or execution_status(sfn, arn) == "RUNNING"
 
     result["released"] = queue.prune(ddb, settings, running)
@@ -307,15 +284,15 @@ def _sweep_job(
 ) -> None:
     """Judge one job and, when it is to go, tear it down; what happened goes into `report`."""
     record = records.get(ddb, settings.jobs_table, job_id)
-    arn = config.execution_arn(str((record or {}).get("execution") or ""))
+    arn = config.execution_arn((record.execution if record is not None else None) or "")
     verdict = judge(record, execution_status(sfn, arn), now, config.grace_hours)
     if not verdict.sweep:
         report.skipped.append({"job_id": job_id, "reason": verdict.reason, "resources": resources})
         return
     if verdict.stop_execution and arn is not None:
         _stop_execution(sfn, arn, verdict.reason)
-    finished = record is not None and record.get("status") in FINISHED
-    status = str(record["status"]) if record is not None and finished else "FAILED"
+    finished = record is not None and record.finished
+    status = record.status if record is not None and finished else "FAILED"
     error = None if finished else {"Error": ABANDONED, "Cause": f"swept: {verdict.reason}"}
     try:
         result = teardown_job(

@@ -150,18 +150,20 @@ def teardown_job(
     """Tear down one job's resources: its ledger, what carries its tags, and `found` (resources a caller found
     by their tags, such as the sweeper's training jobs). The job record, when there is one, gets `status`,
     `error` and the resources still left. TeardownIncomplete while something remains."""
-    record = records.get(ddb, settings.jobs_table, job_id) or {}
-    spec_doc = record.get("spec") or fallback_spec
+    record = records.get(ddb, settings.jobs_table, job_id)
+    spec_doc = (record.spec if record is not None else None) or fallback_spec
     # a data preparation run (kind: prepare) queues for no capacity and has no file system to keep
-    spec = validate_spec(spec_doc) if spec_doc and not is_prepare(spec_doc) else None
+    preparation = (record is not None and record.preparation) or is_prepare(spec_doc)
+    spec = validate_spec(spec_doc) if spec_doc and not preparation else None
     keep = bool(spec.filesystem.keep) if spec is not None else False
     if spec is not None:
         # out of the capacity queue first: a stopped or failed run must not block the runs behind it
         queue.leave(ddb, settings, spec.compute, job_id)
-    export = record.get("export_on_teardown") or {}
+    export = record.export_on_teardown if record is not None else {}
 
     work = Teardown(ec2=ec2, fsx=fsx, job_id=job_id, settings=settings, clock=clock, sagemaker=sagemaker)
-    resources = _unique(list(record.get("resources", [])) + list(found or []) + work.discover())
+    ledger = [dict(r) for r in record.resources] if record is not None else []
+    resources = _unique(ledger + list(found or []) + work.discover())
     problems: list[str] = []
     for entry in resources:
         if entry["type"] == TRAINING_JOB:
@@ -179,7 +181,9 @@ def teardown_job(
         ]
     else:
         pool = (
-            warm_pool.keep_for_pool(sagemaker, ddb, settings, job_id, record, resources) if record else None
+            warm_pool.keep_for_pool(sagemaker, ddb, settings, job_id, record, resources)
+            if record is not None
+            else None
         )
         problems += _delete_storage_and_network(work, resources, keep, export, pool)
 
@@ -191,30 +195,31 @@ def teardown_job(
     work.report.remaining = [r for r in left if (r["type"], r["id"]) not in kept]
     changed = (
         bool(work.report.deleted or work.report.stopped)
-        or record.get("resources") != left
-        or record.get("status") != status
-        or bool(error and record.get("error") != error)
+        or record is None
+        or ledger != left
+        or record.status != status
+        or bool(error and record.error != error)
     )
     # What earlier teardowns of this job deleted and stopped: a retry after a lost answer finds nothing left, and
     # its report must still say what the run's teardown did.
-    previous = record.get("torn_down")
-    earlier: dict[str, Any] = previous if isinstance(previous, dict) else {}
+    earlier = record.torn_down if record is not None else {}
     torn_down = {
         "deleted": _merged(earlier.get("deleted"), work.report.deleted),
         "stopped": _merged(earlier.get("stopped"), work.report.stopped),
     }
-    if record and changed:
+    if record is not None and changed:
         # a teardown that changed nothing (a repeat, or a sweep that found only kept resources) leaves the
         # record, and its finished_at, as they were
-        fields: dict[str, Any] = {
-            "resources": left,
-            "status": status,
-            "finished_at": records.now_iso(),
-            "torn_down": torn_down,
-        }
-        if error:
-            fields["error"] = error
-        records.set_fields(ddb, settings.jobs_table, job_id, fields)
+        records.set_fields(
+            ddb,
+            settings.jobs_table,
+            job_id,
+            resources=left,
+            status=status,
+            finished_at=records.now_iso(),
+            torn_down=torn_down,
+            error=error or None,
+        )
     # deleted/stopped: what this invocation did; torn_down: all the job's teardowns did, for the run's report
     result = {**work.report.to_dict(), "torn_down": torn_down, "job_id": job_id, "status": status}
     if problems:

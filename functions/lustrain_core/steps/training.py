@@ -131,19 +131,6 @@ def get_token_item(ddb: Any, settings: Settings, name: str) -> dict[str, Any] | 
     return records.from_item(item) if item else None
 
 
-def _next_attempt(ddb: Any, settings: Settings, job_id: str) -> int:
-    """Count one more attempt in the job record, and when it started (the sweeper's deadline runs from there)."""
-    answer = ddb.update_item(
-        TableName=settings.jobs_table,
-        Key={"job_id": {"S": job_id}},
-        UpdateExpression="ADD training_attempts :one SET attempt_started_at = :now",
-        ConditionExpression="attribute_exists(job_id)",
-        ExpressionAttributeValues={":one": {"N": "1"}, ":now": {"S": records.now_iso()}},
-        ReturnValues="UPDATED_NEW",
-    )
-    return int(answer["Attributes"]["training_attempts"]["N"])
-
-
 def describe_training_job(sagemaker: Any, name: str) -> dict[str, Any] | None:
     """DescribeTrainingJob's answer, or None where SageMaker knows no such job."""
     try:
@@ -164,13 +151,13 @@ LIVE = frozenset({"InProgress", "Stopping"})
 
 
 def _adopt(
-    ddb: Any, sagemaker: Any, settings: Settings, job: Job, token: str, record: dict[str, Any]
+    ddb: Any, sagemaker: Any, settings: Settings, job: Job, token: str, record: records.JobRecord
 ) -> dict[str, Any] | None:
     """A retried invocation: the job of the latest attempt not yet judged, whatever its state, now answers to this
     task's token (or its answered end is given to this task). None when there is no such job."""
-    attempts = int(record.get("training_attempts") or 0)
-    if attempts < 1 or int(record.get("judged_attempt") or 0) >= attempts:
+    if record.attempt_judged:
         return None
+    attempts = record.attempt
     name = training_job_name(job.spec.name, job.job_id, attempts)
     status = _job_status(sagemaker, name)
     if status is None:
@@ -309,14 +296,14 @@ def start_training(
         queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
         return adopted
 
-    live, spent = _live_jobs(sagemaker, run, int(record.get("training_attempts") or 0))
+    live, spent = _live_jobs(sagemaker, run, record.attempt)
     if live:
         queue.release_hold(ddb, settings, job.spec.compute, job.job_id)
         raise TrainingJobStillRunning(
             f"run {job.job_id} still has {', '.join(live)}: no other training job starts beside a live one",
             training_jobs=live,
         )
-    attempt = _next_attempt(ddb, settings, job.job_id)
+    attempt = records.count_attempt(ddb, settings.jobs_table, job.job_id)
     name = training_job_name(job.spec.name, job.job_id, attempt)
     budget = attempt_budget(run, spent, settings)
     if budget is not None and budget.runtime_seconds < MIN_RUNTIME_SECONDS:

@@ -38,14 +38,6 @@ from lustrain_core.config import Settings
 from lustrain_core.document import Job, Network
 from lustrain_core.steps import records
 
-#: the job record's fields: the run's pool shape (create_network), the kept network it claimed (a retried
-#: create_network finds it there, and its teardown offers it on), and whether its teardown offered its pool
-SHAPE_FIELD = "warm_pool_shape"
-NETWORK_FIELD = "warm_pool_network"
-OFFERED_FIELD = "warm_pool_offered"
-#: the training job whose pool keeps the network (teardown drops an ended job from the ledger; the sweeper's later
-#: looks follow the pool from here)
-JOB_FIELD = "warm_pool_job"
 #: the capacity queue table's items of warm pools are named so (its lines are named `<type>#<purchase option>`)
 OFFER_PREFIX = "warm-pool#"
 #: WarmPoolStatus.Status values of a pool that still holds its instances
@@ -207,7 +199,7 @@ def keep_for_pool(
     ddb: Any,
     settings: Settings,
     job_id: str,
-    record: dict[str, Any],
+    record: records.JobRecord,
     resources: list[dict[str, str]],
 ) -> str | None:
     """Teardown's question for a run with a warm pool: why its network stays (its pool lives), or None (it goes).
@@ -215,12 +207,12 @@ def keep_for_pool(
     While the pool that descends from the run's last training job is held by that job, the network it runs in is
     offered to the next run of the shape, once (a claimed offer is never offered again by a later sweep). When the
     pool has ended, an offer that still names the run's network is withdrawn."""
-    pool_shape = record.get(SHAPE_FIELD)
-    jobs = [r["id"] for r in resources if r["type"] == "training_job"] or [str(record.get(JOB_FIELD) or "")]
+    pool_shape = record.warm_pool_shape
+    jobs = [r["id"] for r in resources if r["type"] == "training_job"] or [record.warm_pool_job or ""]
     if not pool_shape or not jobs[-1] or sagemaker is None:
         return None
     status, holder = pool_status(sagemaker, jobs[-1])
-    claimed = record.get(NETWORK_FIELD)
+    claimed = record.warm_pool_network
     network = dict(claimed["network"]) if isinstance(claimed, dict) else _network_entry(resources)
     if network is None:
         return None
@@ -228,8 +220,8 @@ def keep_for_pool(
         if not isinstance(claimed, dict):
             withdraw(ddb, settings, str(pool_shape), str(network["subnet_id"]))
         return None
-    if holder == jobs[-1] and not record.get(OFFERED_FIELD):
+    if holder == jobs[-1] and not record.warm_pool_offered:
         owner = str(claimed.get("owner")) if isinstance(claimed, dict) else job_id
         offer(ddb, settings, str(pool_shape), owner=owner, training_job=holder, network=network)
-        records.set_fields(ddb, settings.jobs_table, job_id, {OFFERED_FIELD: True, JOB_FIELD: jobs[-1]})
+        records.set_fields(ddb, settings.jobs_table, job_id, warm_pool_offered=True, warm_pool_job=jobs[-1])
     return f"the warm pool of training job {holder} ({status}) runs in it"
