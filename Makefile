@@ -8,7 +8,8 @@ SPEC   ?= examples/tiny.yaml
 
 .PHONY: run test suite install lint validate scan build unit functional e2e bench iam-report clean
 
-# aws-sam-cli pins boto3: it gets a virtualenv of its own.
+# aws-sam-cli pins boto3: it gets a virtualenv of its own, which uv (a dev dependency) fills from PyPI.
+UV := $(BIN)/uv
 SAM_VENV := .venv-sam
 SAM      := SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam
 # checkov pins its own boto3 and conflicts with aws-sam-cli: a virtualenv of its own too.
@@ -32,20 +33,18 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-$(SAM_VENV)/bin/sam:
-	$(PYTHON) -m venv $(SAM_VENV)
-	$(SAM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check aws-sam-cli==1.170.0 2>&1 \
-	  | { grep -v "is ignored: it is neither" || true; }; test $${PIPESTATUS[0]} -eq 0
+$(SAM_VENV)/bin/sam: $(STAMP)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(SAM_VENV)
+	$(UV) pip install --quiet --python $(SAM_VENV)/bin/python aws-sam-cli==1.170.0
 
 ## The template: cfn-lint, then SAM's own validation.
 validate: install $(SAM_VENV)/bin/sam
 	$(BIN)/cfn-lint template.yaml
 	$(SAM) validate --lint --region us-east-1
 
-$(CHECKOV):
-	$(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check checkov==3.3.30 2>&1 \
-	  | { grep -v "is ignored: it is neither" || true; }; test $${PIPESTATUS[0]} -eq 0
+$(CHECKOV): $(STAMP)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(CHECKOV_VENV)
+	$(UV) pip install --quiet --python $(CHECKOV_VENV)/bin/python checkov==3.3.30
 
 ## The scanners: checkov (settings in .checkov.yaml; every skip justified in template.yaml's Metadata).
 scan: install $(CHECKOV)
