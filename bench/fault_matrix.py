@@ -86,6 +86,9 @@ BUSY_TRAINING_S = 30
 #: it gives up only after this long with none at all, four times the longest quiet stretch a case has by design
 #: (a job training BUSY_TRAINING_S with nothing to report), so a busy machine slows the matrix but never fails it
 STALL_S = 4 * BUSY_TRAINING_S
+#: how often the watch looks for progress (every running execution's newest event): a stall is a matter of
+#: minutes, and each look asks Step Functions once per running run
+PROGRESS_LOOK_S = 5.0
 #: the template parameters a twin runs with, per group of cases; the default group's are rehearse's own
 HEARTBEAT_PARAMETERS = {"TrainingHeartbeatSeconds": str(HEARTBEAT_S), "TrainingTimeoutSeconds": "600"}
 
@@ -320,7 +323,7 @@ def watch(
     names: dict[str, str] = {}
     ended: dict[str, Ended] = {}
     progress: tuple[Any, ...] = ()
-    progressed = started
+    progressed = looked = started
     while True:
         executions = [
             e
@@ -358,10 +361,11 @@ def watch(
         if on_poll is not None:
             on_poll(dict(names))
         running = [e["executionArn"] for e in executions if e["status"] == "RUNNING"]
-        now = _progress(sfn, running, len(executions), len(ended))
-        if now != progress:
-            progress, progressed = now, time.monotonic()
-        elif time.monotonic() - progressed > stall_s:
+        if time.monotonic() - looked >= PROGRESS_LOOK_S:
+            now, looked = _progress(sfn, running, len(executions), len(ended)), time.monotonic()
+            if now != progress:
+                progress, progressed = now, looked
+        if time.monotonic() - progressed > stall_s:
             waiting = sorted({names.get(arn, "?") for arn in running})
             missing = sorted(set(specs) - set(names.values()))
             raise TimeoutError(

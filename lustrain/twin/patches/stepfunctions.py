@@ -17,13 +17,14 @@
 - GetExecutionHistory pages as AWS's does: at most maxResults events a call (0 or none: 100; at most 1000), a
   nextToken for the rest (a token of another request is InvalidToken), newest first with reverseOrder. moto answers
   every event in one page, whatever was asked: a watcher that wants only the newest events (`reverseOrder`,
-  `maxResults` 1) had the whole history serialized on every look.
+  `maxResults` 1) had the whole history copied and serialized on every look; only the page answered is copied.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import datetime
 import functools
 import json
@@ -109,13 +110,26 @@ def get_execution_history(self: StepFunctionResponse) -> ActionResult:
     reverse = bool(self._get_param("reverseOrder", False))
     size = min(self._get_int_param("maxResults") or HISTORY_PAGE_DEFAULT, HISTORY_PAGE_MAX)
     offset = _history_offset(self._get_param("nextToken"), arn, reverse)
-    events = list(self.stepfunction_backend.get_execution_history(arn)["events"])
+    events = _events(self.stepfunction_backend, arn)
     if reverse:
         events.reverse()
-    page: dict[str, Any] = {"events": events[offset : offset + size]}
+    page: dict[str, Any] = {"events": copy.deepcopy(events[offset : offset + size])}
     if offset + size < len(events):
         page["nextToken"] = _history_token(arn, reverse, offset + size)
     return ActionResult(page)
+
+
+def _events(backend: Any, arn: str) -> list[Any]:
+    """The execution's events as its history holds them (not copied: the caller copies the page it answers).
+    moto deep-copied the whole history at every look, and a watcher that asks for the newest event alone looks
+    several times a second."""
+    execution = backend.describe_execution(execution_arn=arn)
+    env = execution.exec_worker.env if execution.exec_worker is not None else None
+    if env is None:  # not started yet
+        return []
+    manager = env.event_manager
+    with manager._mutex:
+        return list(manager._history_event_list)
 
 
 def _start_execution(
