@@ -4,6 +4,7 @@ posts each moment of a run to a local receiver (127.0.0.1), formatted for Slack,
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,14 @@ def queue_change(job_id: str, state: str) -> dict[str, Any]:
         "detail-type": "lustrain Run Queue Change",
         "detail": detail,
     }
+
+
+@pytest.fixture
+def caplog(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """The handlers' records from INFO up, whatever level an earlier test's environment gave their logger
+    (Powertools keeps the level the service's first Logger in the process was made with)."""
+    caplog.set_level(logging.INFO, logger="lustrain")
+    return caplog
 
 
 def logged(caplog: pytest.LogCaptureFixture) -> str:

@@ -24,7 +24,7 @@ ACCOUNT = "123456789012"
 BUCKET = "lustrain-prep-data"
 ARTIFACTS = "lustrain-prep-artifacts"
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
-#: about 20 KB in 12 files: 4 KiB parts make several, which the two work instances share
+#: about 20 KB in 12 files: 4 KiB parts make several, which the four work instances share
 CORPUS = {
     f"corpus/d{i % 3}/f{i:02d}.txt": (
         f"document {i}: the quick brown fox jumps over the lazy dog; naïve café, déjà vu.\n" * (12 + 3 * i)
@@ -172,10 +172,10 @@ def test_the_stages_start_one_after_the_other_each_once_and_a_failed_one_ends_th
     assert [r["id"] for r in ledger] == [run.job_name("plan"), run.job_name("work")]
 
 
-def test_two_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_tokenizer(
+def test_four_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_tokenizer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Settings
 ) -> None:
-    """plan (1 instance, trains the BPE once), work (2 instances, each its share of the parts, reading S3 itself),
+    """plan (1 instance, trains the BPE once), work (4 instances, each its share of the parts, reading S3 itself),
     merge (1): the trainer package runs in the twin's processing jobs, in a private subnet, as a role that reads
     the code and SRC and writes OUT only; what lands in OUT is what a local --instances 1 run writes."""
     from lustrain_trainer import prepare as trainer_prepare
@@ -194,7 +194,7 @@ def test_two_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_to
     patches.install()
     previous = simulator.settings()
     simulator.configure(start_delay_s=0.05, work_root=tmp_path / "jobs")
-    run = _run(instances=2, tokenizer="bpe:300", shard_size=4096)
+    run = _run(instances=4, tokenizer="bpe:300", shard_size=4096)
     corpus = [(key.removeprefix("corpus/"), body) for key, body in CORPUS.items()]
     try:
         with mock_aws():
@@ -211,8 +211,8 @@ def test_two_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_to
         simulator.configure(**{f: getattr(previous, f) for f in previous.__dataclass_fields__})
 
     assert [look["stage"] for look in finished.looks] == ["plan", "work", "merge", None]
-    assert finished.jobs["work"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
-    assert len(streams) == 2  # each work instance ran, and logged to a stream of its own
+    assert finished.jobs["work"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 4
+    assert len(streams) == 4  # each work instance ran, and logged to a stream of its own
     # each stage was in the run's ledger before it was created: teardown finds them whatever happens
     assert [r["id"] for r in ledger.resources] == [run.job_name(s) for s in ("plan", "work", "merge")]
 
