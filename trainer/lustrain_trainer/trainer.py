@@ -712,6 +712,12 @@ def main(argv: list[str] | None = None) -> int:
             except checkpoint.CheckpointMismatch as exc:
                 print(f"error: {exc}", file=sys.stderr, flush=True)
                 return 2
+            except DataError as exc:
+                # a shard that is missing or shorter than the index says, found by the rank that opens it: the
+                # data's fault, said in one line; the other ranks may wait in a collective, so no orderly teardown
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                shut_down = False
+                return 2
             except Exception as exc:
                 kind = faults.kind_of(exc)
                 if kind is None:

@@ -331,3 +331,16 @@ def test_the_preflight_all_reduces_across_every_rank_and_logs_its_bus_bandwidth(
 ])
 def test_faults_are_told_from_the_codes_errors(error: BaseException, kind: str | None) -> None:
     assert faults.kind_of(error) == kind
+
+
+def test_a_shard_shorter_than_its_index_says_ends_the_run_with_an_error_naming_it(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sizes come from the index (no rank stats every shard at start): the rank that opens a cut shard says which,
+    and the run exits 2 (the data's fault), not with a traceback."""
+    cut = tmp_path / "data"
+    shutil.copytree(data, cut)
+    shard = sorted(cut.rglob("train*.bin"))[0]
+    shard.write_bytes(shard.read_bytes()[:1000])
+    assert train_in_process(monkeypatch, sagemaker_env(tmp_path, cut), *MICRO, "--max_steps", "2") == 2
+    error = capsys.readouterr().err
+    assert shard.name in error and "Traceback" not in error
