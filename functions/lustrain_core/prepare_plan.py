@@ -39,12 +39,17 @@ MAX_RUNTIME_SECONDS = 24 * 3600
 #: Where the code is unpacked in the container, and its entry point: the bundle is upload_code's sourcedir.tar.gz
 #: (a ProcessingInput is copied, not unpacked); each item of ContainerEntrypoint is at most 256 characters.
 CODE_DIR = "/opt/ml/processing/input/code"
+#: The preparation's scratch files (the plan's spilled listing and file lists, a large object staged to be read in
+#: chunks: about 15 GB at 10^8 files) go to TMPDIR, here on the job's storage volume (VOLUME_GIB, where SageMaker
+#: puts what lies under /opt/ml/processing) rather than the container's own small disk
+SCRATCH_DIR = "/opt/ml/processing/scratch"
 RESOURCE_CONFIG = "/opt/ml/config/resourceconfig.json"
 ENTRY_SCRIPT = (
-    'code="$1"; shift; tar -xzf "$code/sourcedir.tar.gz" -C "$code" || exit 1; '
+    'code="$1"; export TMPDIR="$2"; shift 2; mkdir -p "$TMPDIR" || exit 1; '
+    'tar -xzf "$code/sourcedir.tar.gz" -C "$code" || exit 1; '
     'PYTHONPATH="$code${PYTHONPATH:+:$PYTHONPATH}" exec python3 -m lustrain_trainer.prepare "$@"'
 )
-ENTRYPOINT = ["/bin/sh", "-c", ENTRY_SCRIPT, "prepare", CODE_DIR]
+ENTRYPOINT = ["/bin/sh", "-c", ENTRY_SCRIPT, "prepare", CODE_DIR, SCRATCH_DIR]
 #: A processing job's start (provisioning the instances, pulling the image) and end, per stage: not in the
 #: preparation's own estimate (prepare_estimate), which times the work alone. A round figure, not measured.
 STAGE_OVERHEAD_SECONDS = 300

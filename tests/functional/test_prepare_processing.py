@@ -213,6 +213,10 @@ def test_four_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_t
     assert [look["stage"] for look in finished.looks] == ["plan", "work", "merge", None]
     assert finished.jobs["work"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 4
     assert len(streams) == 4  # each work instance ran, and logged to a stream of its own
+    # each instance's scratch files went to TMPDIR on the job's volume (/opt/ml/processing), not the container's disk
+    scratch = [p.relative_to(tmp_path / "jobs").parts[0] for p in (tmp_path / "jobs").rglob("processing/scratch")]
+    stages = [next(s for s in ("plan", "work", "merge") if job.startswith(run.job_name(s))) for job in scratch]
+    assert sorted(stages) == ["merge", "plan", "work", "work", "work", "work"]
     # each stage was in the run's ledger before it was created: teardown finds them whatever happens
     assert [r["id"] for r in ledger.resources] == [run.job_name(s) for s in ("plan", "work", "merge")]
 
