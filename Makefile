@@ -16,11 +16,9 @@ SAM      := SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam
 CHECKOV_VENV := .venv-checkov
 CHECKOV      := $(CHECKOV_VENV)/bin/checkov
 
-# --no-compile: pip byte-compiled every module of every package (torch's thousands among them), half of the
-# install's CPU; Python compiles what is imported, once, and the import check below does the main ones.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]' 2>&1 \
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' 2>&1 \
 	  | { grep -v "is ignored: it is neither" || true; }; test $${PIPESTATUS[0]} -eq 0
 	$(BIN)/python -c "import lustrain, lustrain_core, lustrain_trainer, torch, moto"
 	touch $(STAMP)

@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 from twinfakes import handlers
-from twinhelpers import ACCOUNT, REGION, client, make_function, make_state_machine, role_arn, wait_execution
+from twinhelpers import (
+    ACCOUNT,
+    REGION,
+    STALL_S,
+    client,
+    make_function,
+    make_state_machine,
+    role_arn,
+    wait_execution,
+)
 
 from lustrain.twin.patches import eventbridge
 
@@ -42,7 +51,7 @@ def test_put_events_invokes_a_lambda_target_asynchronously_with_the_aws_event() 
     rule_to(function_arn, {"source": ["aws.sagemaker"], "detail-type": [TRAINING_EVENT]})
 
     put_training_event("Completed")
-    log = eventbridge.drain(timeout=10)
+    log = eventbridge.drain(timeout=STALL_S)
 
     assert len(handlers.received) == 1
     event = handlers.received[0]
@@ -64,7 +73,7 @@ def test_only_events_matching_the_pattern_are_delivered() -> None:
 
     put_training_event("InProgress")
     put_training_event("Failed")
-    eventbridge.drain(timeout=10)
+    eventbridge.drain(timeout=STALL_S)
 
     assert [e["detail"]["TrainingJobStatus"] for e in handlers.received] == ["Failed"]
 
@@ -76,7 +85,7 @@ def test_a_disabled_rule_delivers_nothing() -> None:
 
     put_training_event("Completed")
 
-    assert eventbridge.drain(timeout=10) == []
+    assert eventbridge.drain(timeout=STALL_S) == []
     assert handlers.received == []
 
 
@@ -92,7 +101,7 @@ def test_emit_delivers_like_an_aws_service_and_input_path_selects_the_payload() 
         account=ACCOUNT,
         resources=["arn:aws:sagemaker:us-east-1:123456789012:training-job/gpt-small-1"],
     )
-    log = eventbridge.drain(timeout=10)
+    log = eventbridge.drain(timeout=STALL_S)
 
     assert handlers.received == [{"TrainingJobName": "gpt-small-1", "TrainingJobStatus": "Stopped"}]
     assert log[0].event_id == event_id
@@ -105,7 +114,7 @@ def test_a_step_functions_target_starts_an_execution_with_the_event() -> None:
     rule_to(machine, {"source": ["aws.sagemaker"]}, RoleArn=role_arn("twin-test-events", service="events.amazonaws.com"))
 
     put_training_event("Completed")
-    log = eventbridge.drain(timeout=10)
+    log = eventbridge.drain(timeout=STALL_S)
 
     assert [d.status for d in log] == ["delivered"]
     execution = wait_execution(log[0].result)
@@ -118,7 +127,7 @@ def test_a_step_functions_target_is_started_as_its_role_and_fails_without_one_th
     rule_to(machine, {"source": ["aws.sagemaker"]}, RoleArn=role_arn("twin-test-lambda-only"))  # trusts lambda
 
     put_training_event("Completed")
-    (delivery,) = eventbridge.drain(timeout=10)
+    (delivery,) = eventbridge.drain(timeout=STALL_S)
 
     assert delivery.status == "failed"
     assert "events.amazonaws.com cannot assume" in delivery.error
@@ -129,7 +138,7 @@ def test_a_failing_lambda_target_is_logged_as_failed() -> None:
     rule_to(function_arn, {"source": ["aws.sagemaker"]})
 
     put_training_event("Completed")
-    log = eventbridge.drain(timeout=10)
+    log = eventbridge.drain(timeout=STALL_S)
 
     assert [d.status for d in log] == ["failed"]
     assert "QuotaExceeded" in log[0].error
@@ -143,7 +152,7 @@ def test_drain_raises_naming_what_is_still_in_flight() -> None:
 
     with pytest.raises(TimeoutError, match=f"{TRAINING_EVENT} -> {function_arn}"):
         eventbridge.drain(timeout=0.05)
-    assert [d.status for d in eventbridge.drain(timeout=10)] == ["delivered"]
+    assert [d.status for d in eventbridge.drain(timeout=STALL_S)] == ["delivered"]
 
 
 def make_bucket(name: str, versioned: bool = False) -> None:
@@ -170,7 +179,7 @@ def test_s3_put_object_emits_aws_object_created_event() -> None:
 
     put = client("s3").put_object(Bucket="jobs", Key="specs/gpt-small.yaml", Body=b"name: gpt-small\n")
     client("s3").put_object(Bucket="jobs", Key="elsewhere/readme.txt", Body=b"not a spec")
-    eventbridge.drain(timeout=10)
+    eventbridge.drain(timeout=STALL_S)
 
     assert len(handlers.received) == 1
     event = handlers.received[0]
@@ -194,7 +203,7 @@ def test_s3_event_of_a_versioned_bucket_names_the_version() -> None:
     make_bucket("versioned-jobs", versioned=True)
 
     put = client("s3").put_object(Bucket="versioned-jobs", Key="specs/a.yaml", Body=b"x")
-    eventbridge.drain(timeout=10)
+    eventbridge.drain(timeout=STALL_S)
 
     assert handlers.received[0]["detail"]["object"]["version-id"] == put["VersionId"]
 
@@ -206,7 +215,7 @@ def test_a_bucket_without_eventbridge_emits_nothing() -> None:
 
     client("s3").put_object(Bucket="quiet", Key="specs/a.yaml", Body=b"x")
 
-    assert eventbridge.drain(timeout=10) == []
+    assert eventbridge.drain(timeout=STALL_S) == []
 
 
 def test_a_rate_schedule_fires_its_targets_at_its_rate_and_a_disabled_one_never() -> None:
@@ -220,12 +229,12 @@ def test_a_rate_schedule_fires_its_targets_at_its_rate_and_a_disabled_one_never(
     stop = threading.Event()
     eventbridge.run_schedules(stop, speedup=60, poll_s=0.05)  # a minute in a second
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + STALL_S
         while len(eventbridge.deliveries()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         stop.set()
-    log = eventbridge.drain(timeout=10)
+    log = eventbridge.drain(timeout=STALL_S)
     assert len(log) >= 2 and {d.rule for d in log} == {"every-minute"}
     assert {d.detail_type for d in log} == {"Scheduled Event"} and {d.status for d in log} == {"delivered"}
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from twinfakes import handlers
-from twinhelpers import client, make_function, make_state_machine, wait_execution
+from twinhelpers import STALL_S, client, make_function, make_state_machine, wait_execution
 
 pytestmark = pytest.mark.usefixtures("moto_twin")
 
@@ -34,7 +34,7 @@ def test_send_task_failure_keeps_error_and_cause() -> None:
     )
     sfn = client("stepfunctions")
     execution_arn = sfn.start_execution(stateMachineArn=machine, input=json.dumps({}))["executionArn"]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + STALL_S
     while not handlers.received and time.monotonic() < deadline:
         time.sleep(0.05)
     assert handlers.received, "the task never invoked its function"
@@ -87,15 +87,16 @@ def test_stop_execution_aborts_at_once_and_runs_no_catch() -> None:
     machine = waiting_machine("stopped")
     sfn = client("stepfunctions")
     arn = sfn.start_execution(stateMachineArn=machine, name="stop-me", input="{}")["executionArn"]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + STALL_S
     while not handlers.received and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert handlers.received, "the task never invoked its function"
 
     sfn.stop_execution(executionArn=arn, error="Cancelled", cause="lustrain cancel")
 
     described = sfn.describe_execution(executionArn=arn)
     assert described["status"] == "ABORTED" and "stopDate" in described
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + STALL_S
     while True:  # the history's last event is written as the execution's worker stops
         events = sfn.get_execution_history(executionArn=arn)["events"]
         aborted = [e for e in events if e["type"] == "ExecutionAborted"]
@@ -124,7 +125,7 @@ def test_each_status_change_is_announced_on_eventbridge_as_aws_does() -> None:
     sfn.stop_execution(executionArn=arn, error="RunCancelled", cause="cancelled by alice")
 
     received: list[dict] = []
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + STALL_S
     while len(received) < 2 and time.monotonic() < deadline:
         received += [json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=queue).get("Messages", [])]
         time.sleep(0.05)

@@ -86,7 +86,12 @@ def run_execution(
     return wait_execution(execution_arn, sfn, timeout)
 
 
-def wait_execution(execution_arn: str, sfn: Any = None, timeout: float = 30) -> dict[str, Any]:
+#: how long a wait of these tests goes on without the event it waits for before it fails: a guard against a stall,
+#: far beyond what the twin takes on a busy machine (each wait ends as soon as its event comes)
+STALL_S = 300.0
+
+
+def wait_execution(execution_arn: str, sfn: Any = None, timeout: float = STALL_S) -> dict[str, Any]:
     sfn = sfn or client("stepfunctions")
     deadline = time.monotonic() + timeout
     while True:
