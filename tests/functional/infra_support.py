@@ -105,6 +105,21 @@ def seed_data(uri: str = SPEC["data"]["s3_uri"], files: dict[str, bytes] | None 
             s3.put_object(Bucket=bucket, Key=prefix + key, Body=body)
 
 
+def prepare_spec() -> dict[str, Any]:
+    """A kind: prepare spec over a one-file corpus put in the twin's S3 (its bucket holds the source, the code's
+    prefix and the output)."""
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="lustrain-test-corpus")
+    s3.put_object(Bucket="lustrain-test-corpus", Key="text/a.txt", Body=b"some text\n")
+    return {
+        "kind": "prepare",
+        "name": "corpus",
+        "source": "s3://lustrain-test-corpus/text/",
+        "output": "s3://lustrain-test-corpus/out/",
+        "code": "s3://lustrain-test-corpus/trainer/",
+    }
+
+
 def invoke(step: str, event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """Call a handler as Lambda would (the module is imported fresh from functions/handlers)."""
     module = importlib.import_module(f"handlers.{step}")

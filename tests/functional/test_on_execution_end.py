@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register
+from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, prepare_spec, register
 from lustrain_core import clients
 from lustrain_core.errors import EventInvalid
 
@@ -264,16 +264,7 @@ def test_a_malformed_event_names_the_event_field(aws, machine, field, value):
 
 def test_a_stopped_data_preparation_run_is_torn_down_and_announced(aws, machine, notices):
     """A kind: prepare record (no training spec) is torn down and its end published as a training run's is."""
-    s3 = boto3.client("s3", region_name=REGION)
-    s3.create_bucket(Bucket="lustrain-test-corpus")
-    s3.put_object(Bucket="lustrain-test-corpus", Key="text/a.txt", Body=b"some text\n")
-    spec = {
-        "kind": "prepare",
-        "name": "corpus",
-        "source": "s3://lustrain-test-corpus/text/",
-        "output": "s3://lustrain-test-corpus/out/",
-        "code": "s3://lustrain-test-corpus/trainer/",
-    }
+    spec = prepare_spec()
     sfn().start_execution(stateMachineArn=machine, name="prep-stopped", input="{}")
     job = invoke("register_job", {"execution": "prep-stopped", "input": {"spec": spec}})
     stop(machine, "prep-stopped", error="RunCancelled", cause="by alice")

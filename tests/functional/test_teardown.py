@@ -6,7 +6,7 @@ from typing import Any
 
 import boto3
 import pytest
-from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register, spec
+from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, prepare_spec, register, spec
 from lustrain_core.steps import records
 from training_support import held_training_jobs, training_input
 
@@ -388,19 +388,7 @@ def test_a_data_preparation_run_is_torn_down_from_its_record_its_processing_job_
     from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
     from lustrain_core.steps import prepare
 
-    s3 = boto3.client("s3", region_name=REGION)
-    s3.create_bucket(Bucket="lustrain-test-corpus")
-    s3.put_object(Bucket="lustrain-test-corpus", Key="text/a.txt", Body=b"some text\n")
-    prep = {
-        "kind": "prepare",
-        "name": "corpus",
-        "source": "s3://lustrain-test-corpus/text/",
-        "code": "s3://lustrain-test-corpus/trainer/",
-    }
-    job = invoke(
-        "register_job",
-        {"execution": "p", "input": {"spec": {**prep, "output": "s3://lustrain-test-corpus/out/"}}},
-    )
+    job = invoke("register_job", {"execution": "p", "input": {"spec": prepare_spec()}})
     job_id = job["job_id"]
     name = f"{job_id}-prep-plan"
     ddb = boto3.client("dynamodb", region_name=REGION)
