@@ -55,6 +55,10 @@ def send_task_failure(self: StepFunctionResponse) -> ActionResult:
     return EmptyResult()
 
 
+#: how long StopExecution waits for a just-started execution's worker to build its environment
+ENVIRONMENT_STALL_S = 300.0
+
+
 def stop_execution(self: StepFunctionResponse) -> ActionResult:
     backend = self.stepfunction_backend
     arn = str(self._get_param("executionArn"))
@@ -67,8 +71,10 @@ def stop_execution(self: StepFunctionResponse) -> ActionResult:
         raise ExecutionDoesNotExist("Execution Does Not Exist: '" + arn + "'")
     if execution.exec_status == ExecutionStatus.RUNNING:
         # moto builds the execution's environment in its worker thread, after parsing the definition: a stop right
-        # after the start would find none (AttributeError); AWS stops an execution at any moment
-        deadline = time.monotonic() + 10
+        # after the start would find none (AttributeError); AWS stops an execution at any moment. The wait ends
+        # when the worker has built it; its bound only guards against a worker that never starts (a busy machine
+        # took more than the 10 s this once allowed, and the stop was lost)
+        deadline = time.monotonic() + ENVIRONMENT_STALL_S
         while getattr(execution.exec_worker, "env", None) is None and time.monotonic() < deadline:
             time.sleep(0.01)
         stopped = datetime.datetime.now(tz=datetime.UTC)

@@ -170,8 +170,13 @@ def test_execution_history_pages_as_aws_does_newest_first_when_asked() -> None:
 def test_executions_of_one_definition_each_retry_on_their_own_and_parse_it_once(monkeypatch) -> None:
     """The twin keeps a definition's parse tree, never an execution's state: each execution retries its failing
     state as many times as the definition says, as if it were the first."""
+    from collections import OrderedDict
+
     from moto.stepfunctions.parser.asl.antlr.runtime.ASLParser import ASLParser
 
+    from lustrain.twin.patches import asl_parse
+
+    monkeypatch.setattr(asl_parse, "_trees", OrderedDict())  # none kept from an earlier test of this process
     parses = []
     parse_tree = ASLParser.state_machine
     monkeypatch.setattr(ASLParser, "state_machine", lambda self: parses.append(1) or parse_tree(self))
