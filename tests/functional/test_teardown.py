@@ -334,16 +334,14 @@ def test_a_training_job_of_another_run_is_never_stopped_even_from_the_ledger(tra
 # --- data preparation's processing jobs (steps/prepare.py records each in the ledger before creating it) ------
 
 
-def test_a_processing_job_still_running_is_stopped_before_anything_is_deleted_and_another_runs_never(aws):
+def endless_processing_job(aws, job_id: str, name: str, instances: int) -> dict:
+    """The CreateProcessingJob request of a stage tagged as the run's, whose container waits until it is stopped."""
     from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
-    from lustrain_core.steps import prepare
 
-    document = built(with_filesystem=False)
-    job_id = document["job"]["job_id"]
-    request = {
-        "ProcessingJobName": f"{job_id}-prep-work",
+    return {
+        "ProcessingJobName": name,
         "ProcessingResources": {
-            "ClusterConfig": {"InstanceCount": 2, "InstanceType": "ml.c5.xlarge", "VolumeSizeInGB": 30}
+            "ClusterConfig": {"InstanceCount": instances, "InstanceType": "ml.c5.xlarge", "VolumeSizeInGB": 30}
         },
         "AppSpecification": {
             "ImageUri": "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:x",
@@ -352,6 +350,14 @@ def test_a_processing_job_still_running_is_stopped_before_anything_is_deleted_an
         "RoleArn": aws.sagemaker_role_arn,
         "Tags": [{"Key": TAG_JOB_ID, "Value": job_id}, {"Key": TAG_CREATED_BY, "Value": aws.stack_name}],
     }
+
+
+def test_a_processing_job_still_running_is_stopped_before_anything_is_deleted_and_another_runs_never(aws):
+    from lustrain_core.steps import prepare
+
+    document = built(with_filesystem=False)
+    job_id = document["job"]["job_id"]
+    request = endless_processing_job(aws, job_id, f"{job_id}-prep-work", instances=2)
     ddb = boto3.client("dynamodb", region_name=REGION)
     records.add_resources(
         ddb, aws.jobs_table, job_id, [{"type": prepare.RESOURCE_TYPE, "id": request["ProcessingJobName"]}]
@@ -385,7 +391,6 @@ def test_a_processing_job_still_running_is_stopped_before_anything_is_deleted_an
 
 def test_a_data_preparation_run_is_torn_down_from_its_record_its_processing_job_stopped(aws):
     """A kind: prepare record holds no training spec: no capacity queue to leave, no file system to keep."""
-    from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
     from lustrain_core.steps import prepare
 
     job = invoke("register_job", {"execution": "p", "input": {"spec": prepare_spec()}})
@@ -393,18 +398,7 @@ def test_a_data_preparation_run_is_torn_down_from_its_record_its_processing_job_
     name = f"{job_id}-prep-plan"
     ddb = boto3.client("dynamodb", region_name=REGION)
     records.add_resources(ddb, aws.jobs_table, job_id, [{"type": prepare.RESOURCE_TYPE, "id": name}])
-    request = {
-        "ProcessingJobName": name,
-        "ProcessingResources": {
-            "ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.c5.xlarge", "VolumeSizeInGB": 30}
-        },
-        "AppSpecification": {
-            "ImageUri": "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:x",
-            "ContainerEntrypoint": ["python3", "-c", "import signal; signal.pause()"],
-        },
-        "RoleArn": aws.sagemaker_role_arn,
-        "Tags": [{"Key": TAG_JOB_ID, "Value": job_id}, {"Key": TAG_CREATED_BY, "Value": aws.stack_name}],
-    }
+    request = endless_processing_job(aws, job_id, name, instances=1)
     assert prepare.start(sagemaker(), request) == "InProgress"
 
     error = {"Error": "PrepareFailed", "Cause": "stopped by hand"}
