@@ -22,13 +22,28 @@ logger = Logger(service="lustrain")
 #: the sources of the EventBridge events the function takes; anything else is a state machine's document (whose
 #: run may have started from S3's "Object Created" event: source aws.s3)
 EVENT_SOURCES = frozenset({"aws.states", "aws.sagemaker", notify.SOURCE})
+#: what a state machine's document always holds (the run's `job`, or the `error` its Catch put in $.error) and an
+#: EventBridge event never does at its top level (version, id, detail-type, source, account, time, region,
+#: resources, detail): a refused start's document is its caller's input plus $.error, so its shape alone (a
+#: source, a detail-type) must never make it an event
+DOCUMENT_KEYS = frozenset({"job", "error"})
+
+
+def is_event(event: Any) -> bool:
+    """An EventBridge event of the notices' rules, not a state machine's document however it is shaped."""
+    return (
+        isinstance(event, dict)
+        and not DOCUMENT_KEYS & event.keys()
+        and event.get("source") in EVENT_SOURCES
+        and "detail-type" in event
+    )
 
 
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     settings = Settings.from_env()
     ddb, sagemaker, secrets = (clients.client(s) for s in ("dynamodb", "sagemaker", "secretsmanager"))
-    if isinstance(event, dict) and event.get("source") in EVENT_SOURCES and "detail-type" in event:
+    if is_event(event):
         result = notify.on_event(event, ddb=ddb, sagemaker=sagemaker, secrets=secrets, settings=settings)
         logger.info("notice", extra={"notice": result})
     else:

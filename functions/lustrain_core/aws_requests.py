@@ -414,6 +414,10 @@ def prepare_job(
             "ContainerArguments": run.arguments(stage),
         },
         "ProcessingInputs": [_processing_input("code", code, prepare_plan.CODE_DIR)],
+        # the container's own boto3 reads SRC and writes OUT: its region is the stack's, so its S3 calls go to
+        # the regional endpoint the run's subnet reaches through its gateway endpoint (no NAT: s3.amazonaws.com,
+        # a client's default without a region, is not reachable from it)
+        "Environment": {"AWS_DEFAULT_REGION": settings.region},
         "NetworkConfig": {
             "VpcConfig": {"Subnets": [subnet_id], "SecurityGroupIds": list(security_group_ids)},
         },

@@ -11,6 +11,7 @@ from typing import Any
 import boto3
 import pytest
 from infra_support import REGION, invoke, register
+from lustrain_core.steps import records
 
 from lustrain.twin.notice_receiver import receiver
 
@@ -56,14 +57,11 @@ def training_change(name: str, status: str, reason: str | None = None) -> dict[s
     return event
 
 
-def queue_change(job_id: str, state: str) -> dict[str, Any]:
-    detail = {
-        "job_id": job_id,
-        "state": state,
-        "pool": "ml.p4d.24xlarge#on-demand",
-        "position": 2,
-        "queued_s": 90,
-    }
+PLACE = {"pool": "ml.p4d.24xlarge#on-demand", "position": 2, "queued_s": 90}
+
+
+def queue_change(job_id: str, state: str, **detail: Any) -> dict[str, Any]:
+    detail = {"job_id": job_id, "state": state, **PLACE, **detail}
     return {
         "version": "0",
         "source": "lustrain",
@@ -104,6 +102,17 @@ def every_moment(job_id: str) -> list[dict[str, Any]]:
     ]
 
 
+def deliver(aws: Any, event: dict[str, Any]) -> dict[str, Any]:
+    """Invoke notify with the event; a queue change comes after check_quota wrote the run's place in its record,
+    as on the stack."""
+    if event.get("source") == "lustrain":
+        place = {"state": event["detail"]["state"], **PLACE}
+        records.set_fields(
+            boto3.client("dynamodb", region_name=REGION), aws.jobs_table, event["detail"]["job_id"], queue=place
+        )
+    return invoke("notify", event)
+
+
 def text_of(fmt: str, body: dict[str, Any]) -> str:
     """What the chat shows of a posted notice."""
     if fmt == "slack":
@@ -129,7 +138,7 @@ def test_every_notice_of_a_run_arrives_formatted_for_its_chat(aws, monkeypatch, 
     job_id = register()["job"]["job_id"]
     with receiver() as hook:
         use_webhook(monkeypatch, json.dumps({"url": hook.url, "format": fmt}))
-        results = [invoke("notify", event) for event in every_moment(job_id)]
+        results = [deliver(aws, event) for event in every_moment(job_id)]
 
     kinds = ["started", "queued", "admitted", "attempt-ended", "attempt-ended", "cancelled", "succeeded"]
     assert [r.get("kind") or r["chat"]["kind"] for r in results] == kinds
@@ -287,3 +296,34 @@ def test_an_execution_that_died_without_its_catch_is_told_and_a_failure_notify_a
     (post,) = hook.posts
     assert (post["kind"], post["job_id"]) == ("failed", job_id)
     assert "Error: States.Runtime: An error occurred while executing" in post["text"]
+
+
+def test_a_queue_change_the_runs_record_does_not_say_is_not_announced(aws, monkeypatch):
+    """Anyone allowed PutEvents on the default bus can put the lustrain source: the notice says the record's place,
+    and an event that disagrees with it (forged, or stale) posts nothing."""
+    job_id = register()["job"]["job_id"]
+    with receiver() as hook:
+        use_webhook(monkeypatch, hook.url)
+        unplaced = invoke("notify", queue_change(job_id, "admitted"))
+        deliver(aws, queue_change(job_id, "queued"))
+        forged = invoke("notify", queue_change(job_id, "admitted", pool="http://phish.example"))
+        told = invoke("notify", queue_change(job_id, "queued", pool="http://phish.example", position=1))
+    assert unplaced["posted"] is False and forged["posted"] is False
+    assert "the run's record" in forged["reason"]
+    assert len(hook.posts) == 2 and "phish" not in json.dumps(hook.posts)
+    assert "place 2" in json.dumps(hook.posts[1]) and told["chat"]["delivered"]
+
+
+def test_a_refused_start_shaped_like_an_event_is_told_as_the_refusal_it_is(aws, monkeypatch):
+    """A refused start's document is its caller's input plus $.error: an input shaped like a queue or execution
+    event must not pass for one."""
+    job_id = register()["job"]["job_id"]
+    document = {
+        **queue_change(job_id, "admitted"),
+        "error": {"Error": "SpecInvalid", "Cause": "spec: field required"},
+    }
+    with receiver() as hook:
+        use_webhook(monkeypatch, hook.url)
+        result = invoke("notify", document)
+    assert "admitted" not in json.dumps(hook.posts)
+    assert result.get("kind") != "admitted" and (result.get("chat") or {}).get("kind") != "admitted"

@@ -71,6 +71,8 @@ def test_every_stage_request_passes_botocores_model(stage: str, settings: Settin
     assert request["NetworkConfig"]["VpcConfig"]["Subnets"] == ["subnet-0123456789abcdef0"]
     assert "huggingface-pytorch-training" in request["AppSpecification"]["ImageUri"]
     assert all(len(item) <= 256 for item in request["AppSpecification"]["ContainerEntrypoint"])
+    # the container's boto3 calls the stack's region, reached through the subnet's gateway endpoint
+    assert request["Environment"] == {"AWS_DEFAULT_REGION": settings.region}
 
 
 def test_the_stages_follow_the_contract() -> None:

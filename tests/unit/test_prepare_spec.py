@@ -95,3 +95,25 @@ def test_a_preparations_subnet_holds_its_instances_and_headroom():
         assert usable_ips(int(cidr.split("/")[1])) >= instances + 5
     assert prepare_plan.subnet_cidr(2) == "10.80.0.0/28"
     assert prepare_plan.subnet_cidr(100) == "10.80.0.0/25"
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [("ValidationException", "Could not find requested job with name x"), ("ResourceNotFound", "no such job")],
+)
+def test_a_stage_that_does_not_exist_is_none_whatever_words_sagemaker_answers_it_with(code: str, message: str) -> None:
+    """DescribeProcessingJob's model lists ResourceNotFound; AWS answers a ValidationException whose text is not
+    a contract: either is a stage not started yet, and any other error is raised."""
+    from botocore.exceptions import ClientError
+    from lustrain_core.steps import prepare
+
+    class SageMaker:
+        def __init__(self, error: str, text: str) -> None:
+            self.error, self.text = error, text
+
+        def describe_processing_job(self, ProcessingJobName: str) -> dict:
+            raise ClientError({"Error": {"Code": self.error, "Message": self.text}}, "DescribeProcessingJob")
+
+    assert prepare.describe(SageMaker(code, message), "x") is None
+    with pytest.raises(ClientError):
+        prepare.describe(SageMaker("ThrottlingException", "slow down"), "x")

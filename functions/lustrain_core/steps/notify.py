@@ -311,12 +311,19 @@ def notice_of(event: dict[str, Any], *, ddb: Any, sagemaker: Any, settings: Sett
         )
         if record is None:
             return "the queue change names no run of this stack"
-        admitted = detail.get("state") == "admitted"
+        # anyone allowed PutEvents on the default bus can put this source: the notice says what the run's own
+        # record says of its place (check_quota writes it before it announces), never the event's words
+        place = record.queue
+        if record.finished or not place or place.get("state") != detail.get("state"):
+            return (
+                f"the queue change says {detail.get('state')!r}, the run's record "
+                f"{'says it has ended' if record.finished else repr(place.get('state'))}: not announced"
+            )
         cost = run_cost(record, sagemaker=sagemaker)
         return notices.queue_moment(
             record,
-            admitted=admitted,
-            detail=detail,
+            admitted=place.get("state") == "admitted",
+            detail=place,
             cost=cost,
             model=_model(record, settings),
             settings=settings,

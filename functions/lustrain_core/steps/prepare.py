@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from lustrain_core import aws_requests
 from lustrain_core import resources as registry
-from lustrain_core.aws_errors import error_code
+from lustrain_core.aws_errors import training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.document import Code, Network, Sections
 from lustrain_core.errors import MISSING, PrepareFailed, SpecInvalid
@@ -50,11 +50,12 @@ MAX_LOOKS = 600
 
 
 def describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
-    """DescribeProcessingJob, or None for a job that does not exist (ValidationException on AWS)."""
+    """DescribeProcessingJob, or None for a job that does not exist (aws_errors.training_job_missing: the model's
+    ResourceNotFound, or the ValidationException AWS answers, whatever its words)."""
     try:
         return dict(sagemaker.describe_processing_job(ProcessingJobName=name))
     except ClientError as error:
-        if error_code(error) == "ValidationException" and "not found" in str(error).lower():
+        if training_job_missing(error):
             return None
         raise
 
