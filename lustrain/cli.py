@@ -411,9 +411,7 @@ def _plan_prepare(args: argparse.Namespace) -> bool:
     size = args.data_gib or spec.size_gib
     if size is None:
         raise SpecInvalid.one("size_gib", None, "the source's size in GiB is needed to plan (or give --data-gib)")
-    itype = PriceTable.load(args.prices).instance_types.get(spec.instance_type)
-    hourly = itype.hourly_usd if itype is not None else None
-    plan = prepare_plan.plan_of(spec.name, spec.tokenizer, spec.instances, spec.instance_type, size, hourly)
+    plan = prepare_plan.planned(spec, size, PriceTable.load(args.prices))
     print(json.dumps(plan, indent=2) if args.json else prepare_plan.render_plan(plan))
     return True
 

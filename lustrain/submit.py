@@ -23,7 +23,6 @@ import yaml
 from lustrain_core import prepare_plan
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.launch import compile_offline
-from lustrain_core.prices import PriceTable
 from lustrain_core.spec import NAME_PATTERN, load_spec_file, validate_prepare_spec
 
 
@@ -124,23 +123,16 @@ def submit_prepare(
     session = session or boto3.Session()
     spec = validate_prepare_spec(doc)
     doc = spec.model_dump(mode="json", exclude_none=True)
+    estimate = None
+    if spec.size_gib is not None:
+        plan = prepare_plan.planned(spec, spec.size_gib)
+        prepare_plan.check_stage_runtimes(plan)
+        cost = plan["cost_usd"]
+        estimate = float(cost) if isinstance(cost, int | float) else None
     code_uri = None
     if spec.code is None:
         code_uri = upload_trainer(artifacts_bucket, session)
         doc["code"] = code_uri
-    estimate = None
-    if spec.size_gib is not None:
-        itype = PriceTable().instance_types.get(spec.instance_type)
-        plan = prepare_plan.plan_of(
-            spec.name,
-            spec.tokenizer,
-            spec.instances,
-            spec.instance_type,
-            spec.size_gib,
-            itype.hourly_usd if itype is not None else None,
-        )
-        cost = plan["cost_usd"]
-        estimate = float(cost) if isinstance(cost, int | float) else None
     return Submission(_drop(session, jobs_bucket, spec.name, doc), code_uri, estimate)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from lustrain_core.config import Settings
 from lustrain_core.document import SECTIONS
 from lustrain_core.launch import registered
+from lustrain_core.prepare_plan import planned
 from lustrain_core.spec import is_prepare, validate_prepare_spec, validate_spec
-from lustrain_core.steps.job import planned_preparation
 from lustrain_core.steps.records import PREPARE, TRAIN
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
@@ -36,7 +36,7 @@ def refreshed(document: dict) -> dict:
         # a data preparation run: its plan, from the source's size it was planned for
         prepared = validate_prepare_spec(job["spec"])
         job.update(kind=PREPARE, spec=prepared.model_dump(mode="json"))
-        job["plan"] = planned_preparation(prepared, float(job.get("plan", {}).get("source_gib") or prepared.size_gib or 1))
+        job["plan"] = planned(prepared, float(job.get("plan", {}).get("source_gib") or prepared.size_gib or 1))
         return document
     spec = validate_spec(job["spec"])
     job["kind"] = TRAIN

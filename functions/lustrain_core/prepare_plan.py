@@ -23,9 +23,15 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from lustrain_core.errors import SpecInvalid
 from lustrain_core.planner import usable_ips
-from lustrain_core.trainer.prepare_estimate import estimate_prepare
+from lustrain_core.prices import PriceTable
+from lustrain_core.trainer.prepare_estimate import PrepareEstimate, estimate_prepare
+
+if TYPE_CHECKING:
+    from lustrain_core.spec import PrepareSpec
 
 #: The stages of a preparation run, in order; plan and merge are small: one instance each, whatever --instances says
 STAGES = ("plan", "work", "merge")
@@ -34,8 +40,11 @@ SINGLE_INSTANCE_STAGES = frozenset({"plan", "merge"})
 DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"
 #: the instance's volume holds the code, the tokenizer's sample and the shards in flight (a shard is 256 MiB)
 VOLUME_GIB = 100
-#: the longest one stage may run (botocore's ProcessingMaxRuntimeInSeconds allows 1..777600)
+#: the longest one stage may run (botocore's ProcessingMaxRuntimeInSeconds allows 1..777600): a stage estimated
+#: longer is refused before anything is created (check_stage_runtimes), not stopped by SageMaker a day in
 MAX_RUNTIME_SECONDS = 24 * 3600
+#: CreateProcessingJob's InstanceCount allows 1..100 (botocore's model; the spec's `instances` says the same)
+MAX_INSTANCES = 100
 #: Where the code is unpacked in the container, and its entry point: the bundle is upload_code's sourcedir.tar.gz
 #: (a ProcessingInput is copied, not unpacked); each item of ContainerEntrypoint is at most 256 characters.
 CODE_DIR = "/opt/ml/processing/input/code"
@@ -139,28 +148,38 @@ def vcpus_of(instance_type: str) -> int | None:
     return 4 * int(found[2] or 1)
 
 
+def _stage_seconds(found: PrepareEstimate) -> dict[str, float]:
+    """Each stage's own run time, what its MaxRuntimeInSeconds bounds (the work stage's: its slowest instance)."""
+    return {"plan": found.plan_seconds, "work": found.work_seconds, "merge": found.merge_seconds}
+
+
 def plan_of(
     name: str, tokenizer: str, instances: int, instance_type: str, source_gib: float, hourly_usd: float | None
 ) -> dict[str, object]:
     """`lustrain plan` of a kind: prepare spec: its stages, wall time, instance-hours and cost, from the
     preparation's own estimate (lustrain_core.trainer.prepare_estimate, a copy of the trainer's) plus each stage's
-    start."""
-    found = estimate_prepare(int(source_gib * 2**30), tokenizer, instances, vcpus_of(instance_type))
+    start; `too_long` says why the run cannot be started as it is (a stage over MAX_RUNTIME_SECONDS), else None."""
+    vcpus = vcpus_of(instance_type)
+    found = estimate_prepare(int(source_gib * 2**30), tokenizer, instances, vcpus)
     overhead = STAGE_OVERHEAD_SECONDS
     seconds = found.seconds + overhead * len(STAGES)
     instance_seconds = (
         found.plan_seconds + found.merge_seconds + found.work_seconds * instances + overhead * (instances + 2)
     )
     instance_hours = instance_seconds / 3600
+    stage_seconds = _stage_seconds(found)
     return {
         "name": name,
         "kind": "prepare",
         "stages": [f"{stage} x{1 if stage in SINGLE_INSTANCE_STAGES else instances}" for stage in STAGES],
         "instance_type": instance_type,
+        "instances": instances,
         "tokenizer": tokenizer,
         "source_gib": source_gib,
         "parts": found.parts,
         "wall_hours": round(seconds / 3600, 2),
+        "stage_hours": {stage: round(s / 3600, 2) for stage, s in stage_seconds.items()},
+        "too_long": _too_long(stage_seconds, tokenizer, instances, vcpus, int(source_gib * 2**30)),
         "instance_hours": round(instance_hours, 2),
         "cost_usd": None if hourly_usd is None else round(instance_hours * hourly_usd, 2),
         "instance_bytes_per_s": found.instance_bytes_per_s,
@@ -168,8 +187,68 @@ def plan_of(
     }
 
 
+def _too_long(
+    stage_seconds: dict[str, float], tokenizer: str, instances: int, vcpus: int | None, text_bytes: int
+) -> dict[str, str] | None:
+    """{"field", "message"} where a stage's estimate is over MAX_RUNTIME_SECONDS: the work stage names the fewest
+    instances that bring it under (the plan and merge stages run on one instance whatever `instances` says)."""
+    limit_h = MAX_RUNTIME_SECONDS / 3600
+    for stage, seconds in stage_seconds.items():
+        if seconds <= MAX_RUNTIME_SECONDS:
+            continue
+        said = f"its {stage} stage is estimated at {seconds / 3600:,.1f} h, over the {limit_h:.0f} h a stage may run"
+        if stage != "work":
+            return {
+                "field": "source",
+                "message": f"{said} on its one instance: split the source into several runs",
+            }
+        enough = next(
+            (
+                n
+                for n in range(instances + 1, MAX_INSTANCES + 1)
+                if estimate_prepare(text_bytes, tokenizer, n, vcpus).work_seconds <= MAX_RUNTIME_SECONDS
+            ),
+            None,
+        )
+        if enough is None:
+            return {
+                "field": "instances",
+                "message": f"{said} on {instances} instances, and would be on {MAX_INSTANCES}: use an instance_type "
+                "with more vCPUs (the work scales with them) or split the source into several runs",
+            }
+        return {"field": "instances", "message": f"{said} on {instances}: use at least {enough} instances"}
+    return None
+
+
+def entry_module_missing(code: str) -> SpecInvalid:
+    """The refusal of a `code` prefix without the preparation's module (register_job and upload_code check it)."""
+    return SpecInvalid.one(
+        "code",
+        code,
+        f"holds no {ENTRY_MODULE_FILE}: the trainer package (trainer/ of lustrain), with lustrain_trainer/ at the "
+        "prefix's root",
+    )
+
+
+def check_stage_runtimes(plan: dict[str, object]) -> None:
+    """SpecInvalid, naming the field to change, where plan_of found a stage too long to run (`too_long`)."""
+    found = plan.get("too_long")
+    if isinstance(found, dict):
+        field = str(found["field"])
+        raise SpecInvalid.one(field, plan.get(field, plan.get("source_gib")), str(found["message"]))
+
+
+def planned(spec: PrepareSpec, source_gib: float, prices: PriceTable | None = None) -> dict[str, object]:
+    """plan_of a spec at the price table's list prices (the package's own table unless given): what `lustrain plan`
+    prints, `lustrain submit` estimates and the stack's register_job records."""
+    itype = (prices or PriceTable()).instance_types.get(spec.instance_type)
+    hourly = itype.hourly_usd if itype is not None else None
+    return plan_of(spec.name, spec.tokenizer, spec.instances, spec.instance_type, source_gib, hourly)
+
+
 def render_plan(plan: dict[str, object]) -> str:
     cost = plan["cost_usd"]
+    too_long = plan.get("too_long")
     stages = plan["stages"]
     assert isinstance(stages, list)
     return "\n".join(
@@ -181,5 +260,10 @@ def render_plan(plan: dict[str, object]) -> str:
             f"  instance-hours: {plan['instance_hours']}",
             f"  cost:           {'unknown (no price for the type)' if cost is None else f'${cost:,.2f}'}",
             f"  (at {plan['instance_bytes_per_s']:,.0f} text bytes/s per instance: {plan['rate_source']})",
+            *(
+                [f"  refused: {too_long['field']}: {too_long['message']}"]
+                if isinstance(too_long, dict)
+                else []
+            ),
         )
     )

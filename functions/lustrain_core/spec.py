@@ -48,6 +48,9 @@ ECR_URI_PATTERN = (
 RESERVED_TAG_PREFIXES = ("aws:", "lustrain:")
 
 S3Uri = Annotated[str, Field(pattern=S3_URI_PATTERN, description="s3://bucket/prefix/")]
+#: An s3:// URI a processing job's container is given as an argument: each item of CreateProcessingJob's
+#: ContainerArguments is at most 256 characters (botocore's model)
+ArgumentS3Uri = Annotated[str, Field(pattern=S3_URI_PATTERN, max_length=256, description="s3://bucket/prefix/")]
 PERSISTENT_THROUGHPUTS = (125, 250, 500, 1000)
 
 
@@ -420,8 +423,8 @@ class PrepareSpec(_Section):
 
     kind: Literal["prepare"]
     name: str = Field(pattern=NAME_PATTERN, description="[a-z0-9-], 1..40 chars; prefixes every AWS name")
-    source: S3Uri
-    output: S3Uri
+    source: ArgumentS3Uri
+    output: ArgumentS3Uri
     #: bytes | bpe:VOCAB | an s3:// tokenizer.json (lustrain_trainer.tokenizer)
     tokenizer: str = Field("bytes", min_length=1, max_length=256)
     #: CreateProcessingJob's InstanceCount: 1..100 (botocore's model)

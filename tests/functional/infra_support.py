@@ -107,10 +107,11 @@ def seed_data(uri: str = SPEC["data"]["s3_uri"], files: dict[str, bytes] | None 
 
 def prepare_spec() -> dict[str, Any]:
     """A kind: prepare spec over a one-file corpus put in the twin's S3 (its bucket holds the source, the code's
-    prefix and the output)."""
+    prefix with the module register_job looks for, and the output)."""
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket="lustrain-test-corpus")
     s3.put_object(Bucket="lustrain-test-corpus", Key="text/a.txt", Body=b"some text\n")
+    s3.put_object(Bucket="lustrain-test-corpus", Key="trainer/lustrain_trainer/prepare.py", Body=b"# entry\n")
     return {
         "kind": "prepare",
         "name": "corpus",

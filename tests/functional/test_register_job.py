@@ -174,7 +174,10 @@ def test_an_empty_data_prefix_fails_at_data_s3_uri(aws):
         ({"output": {"s3_uri": "s3://no-such-results-bucket/x/"}}, "output.s3_uri"),
         ({"checkpoints": {"s3_uri": "s3://no-such-checkpoints-bucket/x/"}}, "checkpoints.s3_uri"),
         ({"checkpoints": {"resume_from": "tiny-0badc0de"}}, "checkpoints.resume_from"),
-        ({"checkpoints": {"resume_from": "s3://lustrain-test-results/tiny/none/"}}, "checkpoints.resume_from"),
+        (
+            {"checkpoints": {"resume_from": "s3://lustrain-test-results/tiny/none/"}},
+            "checkpoints.resume_from",
+        ),
     ],
 )
 def test_every_s3_location_is_checked_before_anything_is_recorded_whether_or_not_size_gib_is_given(
@@ -254,6 +257,7 @@ def test_the_record_register_job_writes_reads_as_a_job_record_and_writes_back_un
 
 CORPUS = "s3://lustrain-test-data/text/"
 SHARDS = "s3://lustrain-test-results/shards/"
+TRAINER_PACKAGE = "s3://lustrain-test-artifacts/uploads/lustrain-trainer/0123456789abcdef/"
 
 
 def prepare_spec(**changed: object) -> dict:
@@ -263,13 +267,14 @@ def prepare_spec(**changed: object) -> dict:
         "source": CORPUS,
         "output": SHARDS,
         "instances": 2,
-        "code": "s3://lustrain-test-artifacts/uploads/lustrain-trainer/0123456789abcdef/",
+        "code": TRAINER_PACKAGE,
         **changed,
     }
 
 
 def seed_corpus() -> None:
     seed_data(CORPUS, {"a.txt": b"hello world\n" * 100, "b.txt": b"the quick brown fox\n" * 50})
+    seed_data(TRAINER_PACKAGE, {"lustrain_trainer/prepare.py": b"# the preparation's entry module\n"})
 
 
 def test_a_prepare_spec_becomes_a_recorded_preparation_and_a_training_one_says_its_kind(aws):
@@ -319,6 +324,25 @@ def test_a_prepare_spec_outside_the_stacks_rules_is_forbidden_before_anything_is
     assert records_in(aws.jobs_table) == []
 
 
+def test_a_stage_too_long_for_sagemaker_names_the_instances_that_fit(aws):
+    seed_corpus()
+    with pytest.raises(
+        SpecInvalid, match=r"work stage is estimated at 281\.4 h, over the 24 h .* at least 24 "
+    ):
+        invoke(
+            "register_job",
+            {"execution": "f", "input": {"spec": prepare_spec(size_gib=2000, tokenizer="bpe:32768")}},
+        )
+    job = invoke(
+        "register_job",
+        {
+            "execution": "f",
+            "input": {"spec": prepare_spec(size_gib=2000, tokenizer="bpe:32768", instances=24)},
+        },
+    )
+    assert job["plan"]["stage_hours"]["work"] <= 24 and job["plan"]["too_long"] is None
+
+
 def test_a_prepare_spec_over_the_stacks_budget_is_forbidden(aws, monkeypatch):
     seed_corpus()
     monkeypatch.setenv("LUSTRAIN_MAX_BUDGET_USD", "0.01")
@@ -336,6 +360,12 @@ def test_a_prepare_spec_over_the_stacks_budget_is_forbidden(aws, monkeypatch):
         ({"instances": 0}, "instances"),
         ({"output": CORPUS + "shards/"}, ""),
         ({"code": None}, "code"),
+        # a prefix without the preparation's module: refused here, not after the run's network exists
+        ({"code": "s3://lustrain-test-data/text/"}, "code"),
+        # each of the container's arguments is at most 256 characters (CreateProcessingJob's ContainerArguments)
+        ({"output": "s3://lustrain-test-results/" + "s" * 230 + "/"}, "output"),
+        # a stage estimated over the day a processing job may run (prepare_plan.MAX_RUNTIME_SECONDS)
+        ({"size_gib": 2000, "tokenizer": "bpe:32768"}, "instances"),
     ],
 )
 def test_a_prepare_spec_that_cannot_run_is_refused_naming_the_field(aws, changed, field):

@@ -70,6 +70,29 @@ def test_plan_estimates_time_and_cost_and_more_instances_shorten_it(
     assert eight["rate_source"].startswith("bench/prepare.py")
 
 
+def test_plan_says_a_stage_over_a_processing_jobs_day_and_the_instances_that_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    two = tmp_path / "two.yaml"
+    two.write_text(EXAMPLE.read_text().replace("instances: 8", "instances: 2"))
+    assert main(["plan", str(two), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["stage_hours"]["work"] > prepare_plan.MAX_RUNTIME_SECONDS / 3600
+    assert plan["too_long"]["field"] == "instances"
+    enough = int(plan["too_long"]["message"].rsplit("at least ", 1)[1].split()[0])
+    fits = prepare_plan.plan_of("c", "bpe:32768", enough, "ml.c5.xlarge", 500.0, None)
+    short = prepare_plan.plan_of("c", "bpe:32768", enough - 1, "ml.c5.xlarge", 500.0, None)
+    assert fits["too_long"] is None and short["too_long"] is not None  # the fewest that fit
+    assert main(["plan", str(two)]) == 0
+    assert "refused: instances: its work stage is estimated at" in capsys.readouterr().out
+    with pytest.raises(SpecInvalid) as exc:
+        prepare_plan.check_stage_runtimes(plan)
+    assert [e.path for e in exc.value.errors] == ["instances"]
+    # past what 100 instances of the type do in a day, the answer is bigger instances or a smaller source
+    huge = prepare_plan.plan_of("c", "bpe:32768", 100, "ml.c5.xlarge", 50_000.0, None)
+    assert "an instance_type with more vCPUs" in huge["too_long"]["message"]
+
+
 def test_plan_without_a_size_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "nosize.yaml"
     spec.write_text(EXAMPLE.read_text().replace("size_gib: 500\n", ""))

@@ -243,12 +243,7 @@ def upload_trainer(document: dict[str, Any], *, s3: Any, settings: Settings) -> 
         )
     files = read_source(s3, spec.code, "code")
     if prepare_plan.ENTRY_MODULE_FILE not in {name for name, _ in files}:
-        raise SpecInvalid.one(
-            "code",
-            spec.code,
-            f"holds no {prepare_plan.ENTRY_MODULE_FILE}: the trainer package (trainer/ of lustrain), with "
-            "lustrain_trainer/ at the prefix's root",
-        )
+        raise prepare_plan.entry_module_missing(spec.code)
     return store_bundle(s3, settings, job_id, files, spec.code, [])
 
 

@@ -37,12 +37,10 @@ from lustrain_core import launch, launch_plan, planner, prepare_plan
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
-from lustrain_core.prices import PriceTable
 from lustrain_core.spec import (
     MAX_SPEC_BYTES,
     S3_URI_PATTERN,
     JobSpec,
-    PrepareSpec,
     is_prepare,
     parse_document,
     validate_prepare_spec,
@@ -436,15 +434,6 @@ def record_once(
     }
 
 
-def planned_preparation(spec: PrepareSpec, source_gib: float) -> dict[str, Any]:
-    """A preparation's plan (prepare_plan.plan_of) at the stack's list prices, as its job record holds it."""
-    itype = PriceTable().instance_types.get(spec.instance_type)
-    hourly = itype.hourly_usd if itype is not None else None
-    return prepare_plan.plan_of(
-        spec.name, spec.tokenizer, spec.instances, spec.instance_type, source_gib, hourly
-    )
-
-
 def register_prepare(
     document: dict[str, Any], source: SpecSource, *, s3: Any, ddb: Any, settings: Settings
 ) -> dict[str, Any]:
@@ -466,6 +455,11 @@ def register_prepare(
         key = split_s3_uri(spec.tokenizer, "tokenizer")[1]
         if not any(o["Key"] == key for o in _listing(s3, spec.tokenizer, "tokenizer", "the tokenizer")):
             raise SpecInvalid.one("tokenizer", spec.tokenizer, "no such object: the tokenizer.json to load")
+    code = spec.code.rstrip("/") + "/" + prepare_plan.ENTRY_MODULE_FILE
+    if not any(
+        o["Key"] == split_s3_uri(code, "code")[1] for o in _listing(s3, code, "code", "the trainer package")
+    ):
+        raise prepare_plan.entry_module_missing(spec.code)
     source_gib = spec.size_gib
     if source_gib is None:
         source_gib, _ = measure_data(s3, spec.source, "source", "size_gib")
@@ -474,7 +468,8 @@ def register_prepare(
             "source", spec.source, "no objects under this prefix: upload the text or fix the URI"
         )
     _listing(s3, spec.output, "output", "the output location", max_keys=0)
-    plan = planned_preparation(spec, source_gib)
+    plan = prepare_plan.planned(spec, source_gib)
+    prepare_plan.check_stage_runtimes(plan)
     policy.check_prepare_plan(plan)
     return record_once(
         ddb,
