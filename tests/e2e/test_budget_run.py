@@ -3,7 +3,10 @@ as what is left of budget.max_usd pays for (less than compute.max_runtime_hours)
 and the run ends BudgetExceeded with what it wrote archived and 0 resources left.
 
 The spec: one ml.p4d.24xlarge for 90 s (0.025 h) with a budget a cent above the plan's estimate; the first attempt
-spends a few seconds of the instance's $37.688/h, so the second gets about 90 s less those.
+spends a few seconds of the instance's $37.688/h, so the second gets about 90 s less those. The trainer is the
+stand-in of checkpointing_trainer/ (the real one's checkpoint, resume, stop and metrics contract, sleeping where it
+would compute): the minute the budget must leave the second attempt costs the suite no CPU. The real trainer's own
+stop within SageMaker's grace is tests/unit/trainer's (test_sigterm_*), under the twin's SageMaker test_cancel's.
 """
 
 from __future__ import annotations
@@ -24,16 +27,19 @@ from lustrain.twin.rehearse import operator_session, rehearse
 pytestmark = pytest.mark.slow
 
 QUICK = Path(__file__).with_name("quick.yaml")
+STAND_IN = Path(__file__).with_name("checkpointing_trainer")
 
 
 def test_a_run_whose_budget_runs_out_ends_budget_exceeded_with_its_work_archived_and_nothing_left(tmp_path):
     doc = yaml.safe_load(QUICK.read_text())
     doc["name"] = "budgeted"
     doc["compute"].update(instance_count=1, max_runtime_hours=0.025)
-    doc["code"]["distribution"] = "none"
-    doc["code"]["hyperparameters"].update(
-        max_steps=1_000_000, eval_interval=1_000_000, checkpoint_interval=10
-    )
+    doc["code"] = {
+        "source": f"{STAND_IN}/",
+        "entry_point": "train.py",
+        "distribution": "none",
+        "hyperparameters": {"step_s": 0.1, "checkpoint_interval": 10},
+    }
     path = tmp_path / "budgeted.yaml"
     path.write_text(yaml.safe_dump(doc))
     # the plan's estimate, to the hundredth of a cent: whatever the first attempt's seconds, the second is cut short
