@@ -57,7 +57,10 @@ build: $(SAM_VENV)/bin/sam
 # Three workers on the machine's two cores: the twin's runs wait (polls, stops, the trainer's start) as well as
 # compute, and a third worker keeps both cores busy meanwhile; a test file stays on one worker, so a module's shared
 # twin is built once.
-PYTEST := $(BIN)/python -m pytest -n 3 --dist loadfile
+# Bytecode is written whatever the environment says (PYTHONDONTWRITEBYTECODE): the workers, and every trainer,
+# torchrun rank and twin job they start, import the same modules, and pytest rewrites the same test files; each is
+# compiled once instead of once per process (bench/suite_cpu.py: about 35 CPU-seconds of the suite's 950).
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n 3 --dist loadfile
 
 # The suite runs beside the checks of the code and the template (lint, then validate and scan, which each install a
 # tool into a virtualenv of its own): from a clean clone those downloads overlap the tests instead of preceding them.
