@@ -86,6 +86,10 @@ BUSY_TRAINING_S = 30
 #: it gives up only after this long with none at all, four times the longest quiet stretch a case has by design
 #: (a job training BUSY_TRAINING_S with nothing to report), so a busy machine slows the matrix but never fails it
 STALL_S = 4 * BUSY_TRAINING_S
+#: How often the watch lists the executions: each look lists every execution of the machine (about 60 in the
+#: matrix), which the twin serializes anew; a second is soon enough for runs that last tens of seconds (looking
+#: every quarter second, the matrix took 125 CPU-seconds instead of 112: bench/suite_cpu.py tests/e2e/test_fault_matrix.py)
+POLL_S = 1.0
 #: how often the watch looks for progress (every running execution's newest event): a stall is a matter of
 #: minutes, and each look asks Step Functions once per running run
 PROGRESS_LOOK_S = 5.0
@@ -372,7 +376,7 @@ def watch(
                 f"no progress for {stall_s:.0f} s ({time.monotonic() - started:.0f} s in all); still running: "
                 f"{', '.join(waiting) or 'none'}; never started: {', '.join(missing) or 'none'}"
             )
-        time.sleep(0.25)
+        time.sleep(POLL_S)
 
 
 def _progress(sfn: Any, running: list[str], executions: int, ended: int) -> tuple[Any, ...]:
