@@ -29,6 +29,7 @@ import datetime
 import functools
 import json
 import logging
+import threading
 import time
 import uuid
 from typing import Any
@@ -82,12 +83,34 @@ def stop_execution(self: StepFunctionResponse) -> ActionResult:
         execution.exec_status = ExecutionStatus.ABORTED
         execution.stop_date = stopped
         # A task waiting for its callback would wait on (moto checks the stop only between states): wake it, so
-        # the worker ends now and writes ExecutionAborted. The program is stopped: no Retry or Catch runs.
+        # the worker ends now and writes ExecutionAborted. The program is stopped: no Retry or Catch runs. A task
+        # the worker enters just after the stop makes its callback later: until the worker has ended, a thread
+        # wakes every callback the execution waits on (a stop is never lost to that moment)
         worker = execution.exec_worker
-        if worker is not None:
-            for endpoint in list(worker.env.callback_pool_manager._pool.values()):
-                endpoint.interrupt_all()
+        if worker is not None and getattr(worker, "env", None) is not None:
+            threading.Thread(
+                target=_wake_until_ended, args=(worker.env,), name=f"stop-{execution.name}", daemon=True
+            ).start()
     return ActionResult({"stopDate": execution.stop_date})
+
+
+#: the history's last event once an execution's worker has ended
+ENDED_EVENTS = frozenset({"ExecutionAborted", "ExecutionFailed", "ExecutionSucceeded", "ExecutionTimedOut"})
+#: how often a stopped execution's callbacks are woken until its worker ends
+WAKE_EVERY_S = 0.02
+
+
+def _wake_until_ended(env: Any) -> None:
+    deadline = time.monotonic() + ENVIRONMENT_STALL_S
+    while time.monotonic() < deadline:
+        for endpoint in list(env.callback_pool_manager._pool.values()):
+            endpoint.interrupt_all()
+        with env.event_manager._mutex:
+            events = env.event_manager._history_event_list
+            last = events[-1].get("type") if events else None
+        if last in ENDED_EVENTS:
+            return
+        time.sleep(WAKE_EVERY_S)
 
 
 #: GetExecutionHistory's page size when maxResults is 0 or absent, and its largest (botocore's PageSize, max 1000)

@@ -62,7 +62,7 @@ def waiting_machine(name: str) -> str:
                 "Wait": {
                     "Type": "Task",
                     "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
-                    "Parameters": {"FunctionName": function_arn, "Payload": {"task_token.$": "$$.Task.Token"}},
+                    "Parameters": {"FunctionName": function_arn, "Payload": {"task_token.$": "$$.Task.Token", "execution.$": "$$.Execution.Id"}},
                     "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "CleanUp"}],
                     "End": True,
                 },
@@ -83,14 +83,36 @@ def test_executions_started_without_a_name_each_get_their_own() -> None:
         sfn.stop_execution(executionArn=arn)
 
 
+def test_a_stop_the_moment_an_execution_starts_still_aborts_it() -> None:
+    """AWS stops an execution at any moment: one stopped before its task has made its callback still ends
+    ABORTED with ExecutionAborted in its history, and its task waits for no callback."""
+    machine = waiting_machine("stopped-early")
+    sfn = client("stepfunctions")
+    arns = [
+        sfn.start_execution(stateMachineArn=machine, name=f"early-{n}", input="{}")["executionArn"] for n in range(3)
+    ]
+    for arn in arns:
+        sfn.stop_execution(executionArn=arn, error="Cancelled", cause="at once")
+    for arn in arns:
+        deadline = time.monotonic() + STALL_S
+        while True:
+            events = sfn.get_execution_history(executionArn=arn)["events"]
+            if events[-1]["type"] == "ExecutionAborted" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert events[-1]["type"] == "ExecutionAborted", [e["type"] for e in events]
+        assert sfn.describe_execution(executionArn=arn)["status"] == "ABORTED"
+
+
 def test_stop_execution_aborts_at_once_and_runs_no_catch() -> None:
     machine = waiting_machine("stopped")
     sfn = client("stepfunctions")
     arn = sfn.start_execution(stateMachineArn=machine, name="stop-me", input="{}")["executionArn"]
     deadline = time.monotonic() + STALL_S
-    while not handlers.received and time.monotonic() < deadline:
+    # this execution's own invocation (another test's stopped executions may still be delivering theirs)
+    while not any(e.get("execution") == arn for e in handlers.received) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert handlers.received, "the task never invoked its function"
+    assert any(e.get("execution") == arn for e in handlers.received), "the task never invoked its function"
 
     sfn.stop_execution(executionArn=arn, error="Cancelled", cause="lustrain cancel")
 
