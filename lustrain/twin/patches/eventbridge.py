@@ -22,6 +22,12 @@ S3: for a bucket whose NotificationConfiguration has EventBridgeConfiguration, m
 AWS's instead: detail {version, bucket {name}, object {key, size, etag, version-id (versioned buckets only),
 sequencer}, request-id, requester, source-ip-address, reason: PutObject | POST Object | CopyObject |
 CompleteMultipartUpload}. moto's direct S3 -> Lambda notifications are made asynchronous too.
+
+PutEvents refuses, entry by entry, a Source that begins with "aws." (NotAuthorizedForSourceException, as AWS's
+PutEventsResultEntry documents): only AWS's services put those, so a caller of the API cannot forge "Step Functions
+Execution Status Change" or "SageMaker Training Job State Change" onto the bus. moto accepts them. The twin's own
+services put theirs with `emit()`, below the API. (A forged event can still reach a function by lambda:Invoke, which
+is what the fault matrix's forged cases do.)
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Any
 
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.events.models import Rule, events_backends
+from moto.events.responses import EventsHandler
 from moto.events.utils import EventTemplateParser
 from moto.s3 import notifications as s3_notifications
 
@@ -298,9 +305,37 @@ def _invoke_s3_notification(account_id: str, event_body: Any, fn_arn: str, regio
     _deliver_async(record, functools.partial(_invoke_lambda, fn_arn, event_body))
 
 
+#: the sources only AWS's services may put on a bus, and what PutEvents answers an entry that gives one
+AWS_SOURCE_PREFIX = "aws."
+NOT_AUTHORIZED_FOR_SOURCE = {
+    "ErrorCode": "NotAuthorizedForSourceException",
+    "ErrorMessage": "Not authorized for the source.",
+}
+
+
+def _put_events(original: Any, handler: EventsHandler) -> str:
+    """EventsHandler.put_events, with each entry of an AWS source refused in its place and not put."""
+    given = handler._get_param("Entries") or []
+    if len(given) > 10 or not any(str((e or {}).get("Source", "")).startswith(AWS_SOURCE_PREFIX) for e in given):
+        return str(original(handler))  # moto's own answer, its ValidationException over 10 entries included
+    allowed = [e for e in given if not str((e or {}).get("Source", "")).startswith(AWS_SOURCE_PREFIX)]
+    put = iter(handler.events_backend.put_events(allowed) if allowed else [])
+    entries = [
+        dict(NOT_AUTHORIZED_FOR_SOURCE) if str((e or {}).get("Source", "")).startswith(AWS_SOURCE_PREFIX) else next(put)
+        for e in given
+    ]
+    return json.dumps({"FailedEntryCount": sum(1 for e in entries if "ErrorCode" in e), "Entries": entries})
+
+
 def install() -> None:
     if getattr(Rule, _PATCHED, False):
         return
+    moto_put_events = EventsHandler.put_events
+
+    def put_events(self: EventsHandler) -> str:
+        return _put_events(moto_put_events, self)
+
+    EventsHandler.put_events = put_events  # type: ignore[method-assign]
     moto_send_to_targets = Rule.send_to_targets
     moto_send_s3_event = s3_notifications._send_event_bridge_message
 

@@ -34,16 +34,28 @@ def rule_to(target_arn: str, pattern: dict[str, Any], name: str = "to-target", *
 
 
 def put_training_event(status: str) -> None:
-    entries = client("events").put_events(
-        Entries=[
-            {
-                "Source": "aws.sagemaker",
-                "DetailType": TRAINING_EVENT,
-                "Detail": json.dumps({"TrainingJobName": "gpt-small-1", "TrainingJobStatus": status}),
-            }
-        ]
+    """SageMaker's event on the bus, put as SageMaker puts it (PutEvents refuses an aws.* source to anyone else)."""
+    eventbridge.emit(
+        "aws.sagemaker", TRAINING_EVENT, {"TrainingJobName": "gpt-small-1", "TrainingJobStatus": status}, REGION
     )
-    assert entries["FailedEntryCount"] == 0
+
+
+def test_put_events_refuses_an_aws_source_entry_by_entry_and_delivers_the_rest() -> None:
+    function_arn = make_function("on-any-event", "twinfakes.handlers.record")
+    rule_to(function_arn, {"source": ["aws.sagemaker", "aws.states", "lustrain"]})
+
+    def entry(source: str) -> dict[str, str]:
+        return {"Source": source, "DetailType": TRAINING_EVENT, "Detail": json.dumps({"TrainingJobName": source})}
+
+    answer = client("events").put_events(Entries=[entry("aws.sagemaker"), entry("lustrain"), entry("aws.states")])
+    log = eventbridge.drain(timeout=STALL_S)
+
+    assert answer["FailedEntryCount"] == 2
+    refused, put, forged = answer["Entries"]
+    assert refused["ErrorCode"] == forged["ErrorCode"] == "NotAuthorizedForSourceException"
+    assert "EventId" in put and "ErrorCode" not in put
+    # only the entry of a source the caller may use reached the rule
+    assert [e["source"] for e in handlers.received] == ["lustrain"] and len(log) == 1
 
 
 def test_put_events_invokes_a_lambda_target_asynchronously_with_the_aws_event() -> None:
