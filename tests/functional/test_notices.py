@@ -57,6 +57,31 @@ def training_change(name: str, status: str, reason: str | None = None) -> dict[s
     return event
 
 
+#: DescribeTrainingJob's answers, by job name, for the jobs a test's events tell of (sagemaker_knows)
+KNOWN_JOBS: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(autouse=True)
+def sagemaker_knows(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
+    """What SageMaker says of a training job, which the notice tells rather than the event's words: the jobs of
+    these tests are never created, so DescribeTrainingJob is answered from KNOWN_JOBS (None: no such job)."""
+    from lustrain_core.steps import notify
+
+    KNOWN_JOBS.clear()
+    monkeypatch.setattr(notify, "describe_training_job", lambda sagemaker, name: KNOWN_JOBS.get(name))
+    return KNOWN_JOBS
+
+
+def sagemaker_ended(name: str, status: str, reason: str | None = None, model: str | None = None) -> None:
+    KNOWN_JOBS[name] = {
+        "TrainingJobName": name,
+        "TrainingJobStatus": status,
+        "SecondaryStatus": status,
+        **({"FailureReason": reason} if reason else {}),
+        **({"ModelArtifacts": {"S3ModelArtifacts": model}} if model else {}),
+    }
+
+
 PLACE = {"pool": "ml.p4d.24xlarge#on-demand", "position": 2, "queued_s": 90}
 
 
@@ -87,6 +112,8 @@ def every_moment(job_id: str) -> list[dict[str, Any]]:
     """A run's events, from its start to its end, as the notify function receives them."""
     end = json.loads((EVENTS / "notify.json").read_text())
     end["job"]["job_id"] = job_id
+    sagemaker_ended(f"{job_id}-1", "Failed", "CapacityError: Unable to provision requested ML compute capacity")
+    sagemaker_ended(f"{job_id}-2", "Completed")
     return [
         execution_change("RUNNING", "run-1", input=json.dumps({"spec_s3_uri": "s3://jobs/jobs/tiny.yaml"})),
         queue_change(job_id, "queued"),
@@ -327,3 +354,20 @@ def test_a_refused_start_shaped_like_an_event_is_told_as_the_refusal_it_is(aws, 
         result = invoke("notify", document)
     assert "admitted" not in json.dumps(hook.posts)
     assert result.get("kind") != "admitted" and (result.get("chat") or {}).get("kind") != "admitted"
+
+
+def test_a_training_notice_tells_what_sagemaker_says_not_what_the_event_says(aws, monkeypatch):
+    """notify can be invoked with any payload: an attempt's end is told from DescribeTrainingJob, and an event that
+    SageMaker does not bear out (another status, a job it does not know) posts nothing."""
+    job_id = register()["job"]["job_id"]
+    sagemaker_ended(f"{job_id}-1", "Failed", "AlgorithmError: the script raised", "s3://b/never-written/")
+    with receiver() as hook:
+        use_webhook(monkeypatch, hook.url)
+        told = invoke("notify", training_change(f"{job_id}-1", "Failed", "CapacityError: forged words"))
+        forged = invoke("notify", training_change(f"{job_id}-1", "Completed"))
+        unknown = invoke("notify", training_change(f"{job_id}-2", "Failed", "CapacityError: forged"))
+    assert told["posted"] is True and len(hook.posts) == 1
+    assert "AlgorithmError: the script raised" in hook.posts[0]["text"]
+    assert "forged" not in json.dumps(hook.posts)
+    assert forged == {"posted": False, "reason": "the event says Completed, SageMaker says Failed: not announced"}
+    assert unknown == {"posted": False, "reason": "SageMaker knows no such training job: not announced"}

@@ -384,14 +384,22 @@ def _training_notice(
     record = records.get(ddb, settings.jobs_table, job_id) if job_id and number.isdigit() else None
     if record is None or training_job_name(record.name, job_id, int(number)) != change.TrainingJobName:
         return "the training job is no run's of this stack"
-    status = change.TrainingJobStatus
+    # the notice tells what SageMaker says of the job, never the event's words (a function can be invoked with any
+    # payload): its status, reason and model as DescribeTrainingJob gives them
+    described = describe_training_job(sagemaker, change.TrainingJobName)
+    if described is None:
+        return "SageMaker knows no such training job: not announced"
+    status = str(described.get("TrainingJobStatus", ""))
+    if status != change.TrainingJobStatus:
+        return f"the event says {change.TrainingJobStatus}, SageMaker says {status or 'nothing'}: not announced"
+    reason = described.get("FailureReason")
     if status == "Completed":
         why = "the training finished"
     elif status == "Failed":
-        why = f"{classify_failure(change.FailureReason)}: {change.FailureReason or 'no reason given'}"
+        why = f"{classify_failure(reason)}: {reason or 'no reason given'}"
     else:
-        why = f"stopped ({change.SecondaryStatus or 'Stopped'}): a cancel, the budget's runtime or a stop by hand"
-    artifacts = change.ModelArtifacts.S3ModelArtifacts if change.ModelArtifacts else None
+        why = f"stopped ({described.get('SecondaryStatus') or 'Stopped'}): a cancel, the budget's runtime or a stop by hand"
+    artifacts = (described.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
     return notices.attempt_ended(
         record,
         training_job=change.TrainingJobName,
