@@ -16,11 +16,18 @@ SAM      := SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam
 CHECKOV_VENV := .venv-checkov
 CHECKOV      := $(CHECKOV_VENV)/bin/checkov
 
+# Bytecode is written whatever the environment says (PYTHONDONTWRITEBYTECODE): the suite's workers, and every
+# trainer, torchrun rank and twin job they start, import the same modules; each is compiled once, when first
+# imported, instead of once per process. So pip compiles nothing at install (--no-compile: torch alone is thousands
+# of files the runs never import); the check below imports what every run needs, compiling it once before the
+# suite's three workers start.
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' 2>&1 \
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]' 2>&1 \
 	  | { grep -v "is ignored: it is neither" || true; }; test $${PIPESTATUS[0]} -eq 0
-	$(BIN)/python -c "import lustrain, lustrain_core, lustrain_trainer, torch, moto"
+	$(BIN)/python -c "import lustrain, lustrain_core, lustrain_trainer, torch, moto, lustrain.twin.rehearse, torch.distributed.checkpoint"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -56,11 +63,9 @@ build: $(SAM_VENV)/bin/sam
 
 # Three workers on the machine's two cores: the twin's runs wait (polls, stops, the trainer's start) as well as
 # compute, and a third worker keeps both cores busy meanwhile; a test file stays on one worker, so a module's shared
-# twin is built once.
-# Bytecode is written whatever the environment says (PYTHONDONTWRITEBYTECODE): the workers, and every trainer,
-# torchrun rank and twin job they start, import the same modules, and pytest rewrites the same test files; each is
-# compiled once instead of once per process (bench/suite_cpu.py: about 35 CPU-seconds of the suite's 950).
-PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n 3 --dist loadfile
+# twin is built once. Writing bytecode (above) keeps pytest's rewritten test files too: about 35 of the suite's 950
+# CPU-seconds (bench/suite_cpu.py).
+PYTEST := $(BIN)/python -m pytest -n 3 --dist loadfile
 
 # The suite runs beside the checks of the code and the template (lint, then validate and scan, which each install a
 # tool into a virtualenv of its own): from a clean clone those downloads overlap the tests instead of preceding them.
