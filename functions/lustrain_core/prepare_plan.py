@@ -211,11 +211,16 @@ def _too_long(
             None,
         )
         if enough is None:
-            return {
-                "field": "instances",
-                "message": f"{said} on {instances} instances, and would be on {MAX_INSTANCES}: use an instance_type "
-                "with more vCPUs (the work scales with them) or split the source into several runs",
-            }
+            most = f", and would be on {MAX_INSTANCES}" if instances < MAX_INSTANCES else ""
+            # the BPE encodes on every core; the byte tokenizer's rate does not grow with them
+            fastest = estimate_prepare(text_bytes, tokenizer, MAX_INSTANCES, vcpus).work_seconds
+            scales = estimate_prepare(text_bytes, tokenizer, MAX_INSTANCES, 2 * (vcpus or 2)).work_seconds < fastest
+            advice = (
+                "use an instance_type with more vCPUs (the work scales with them) or split the source into several runs"
+                if scales
+                else "split the source into several runs"
+            )
+            return {"field": "instances", "message": f"{said} on {instances} instances{most}: {advice}"}
         return {"field": "instances", "message": f"{said} on {instances}: use at least {enough} instances"}
     return None
 

@@ -91,6 +91,14 @@ def test_plan_says_a_stage_over_a_processing_jobs_day_and_the_instances_that_fit
     # past what 100 instances of the type do in a day, the answer is bigger instances or a smaller source
     huge = prepare_plan.plan_of("c", "bpe:32768", 100, "ml.c5.xlarge", 50_000.0, None)
     assert "an instance_type with more vCPUs" in huge["too_long"]["message"]
+    # the byte tokenizer's rate does not grow with vCPUs: only a smaller source helps
+    bytes_only = prepare_plan.plan_of("c", "bytes", 10, "ml.c5.xlarge", 500_000.0, None)
+    assert bytes_only["too_long"]["message"].endswith(
+        "on 10 instances, and would be on 100: split the source into several runs"
+    )
+    # a one-instance stage (plan, merge) too long names the source, which more instances do not shorten
+    merge = prepare_plan._too_long({"plan": 60.0, "work": 3600.0, "merge": 30 * 3600.0}, "bytes", 8, 4, 2**40)
+    assert merge is not None and merge["field"] == "source" and "merge stage" in merge["message"]
 
 
 def test_plan_without_a_size_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -313,17 +313,17 @@ NOT_AUTHORIZED_FOR_SOURCE = {
 }
 
 
+def _of_aws(entry: Any) -> bool:
+    return isinstance(entry, dict) and str(entry.get("Source", "")).startswith(AWS_SOURCE_PREFIX)
+
+
 def _put_events(original: Any, handler: EventsHandler) -> str:
     """EventsHandler.put_events, with each entry of an AWS source refused in its place and not put."""
     given = handler._get_param("Entries") or []
-    if len(given) > 10 or not any(str((e or {}).get("Source", "")).startswith(AWS_SOURCE_PREFIX) for e in given):
+    if len(given) > 10 or not any(_of_aws(e) for e in given):
         return str(original(handler))  # moto's own answer, its ValidationException over 10 entries included
-    allowed = [e for e in given if not str((e or {}).get("Source", "")).startswith(AWS_SOURCE_PREFIX)]
-    put = iter(handler.events_backend.put_events(allowed) if allowed else [])
-    entries = [
-        dict(NOT_AUTHORIZED_FOR_SOURCE) if str((e or {}).get("Source", "")).startswith(AWS_SOURCE_PREFIX) else next(put)
-        for e in given
-    ]
+    put = iter(handler.events_backend.put_events([e for e in given if not _of_aws(e)]))
+    entries = [dict(NOT_AUTHORIZED_FOR_SOURCE) if _of_aws(e) else next(put) for e in given]
     return json.dumps({"FailedEntryCount": sum(1 for e in entries if "ErrorCode" in e), "Entries": entries})
 
 
