@@ -37,6 +37,7 @@ from typing import Any
 from moto.core.responses import ActionResult, EmptyResult
 from moto.stepfunctions.exceptions import ExecutionDoesNotExist, InvalidToken
 from moto.stepfunctions.parser.api import ExecutionStatus
+from moto.stepfunctions.parser.asl.component.program.program import Program
 from moto.stepfunctions.parser.asl.eval.environment import Environment
 from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
 from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication, Execution
@@ -234,6 +235,25 @@ def _announce(execution: Any) -> None:
     )
 
 
+#: set on an execution's environment once its program's body has run (Program._eval_body)
+_BODY_RAN = "_lustrain_body_ran"
+
+
+def _program_body(self: Program, original: Any, env: Environment) -> None:
+    setattr(env, _BODY_RAN, True)
+    original(self, env)
+
+
+def _program_eval(self: Program, original: Any, env: Environment) -> None:
+    """Program.eval, and an execution stopped before its first state still ends with ExecutionAborted: moto's
+    EvalComponent.eval skips the body of a program that is no longer running ("Pruning"), and the body is what
+    writes the termination event, so such an execution's history stopped at ExecutionStarted. AWS stops an
+    execution at any moment; its body is run here once, with no state to run, to write the event."""
+    original(self, env)
+    if not env.is_frame() and not getattr(env, _BODY_RAN, False) and not env.is_running():
+        self._eval_body(env)
+
+
 def _started(self: Execution, original: Any) -> None:
     original(self)
     _announce(self)
@@ -253,6 +273,8 @@ def install() -> None:
         _terminated, BaseExecutionWorkerCommunication.terminated
     )
     Environment.set_error = functools.partialmethod(_set_error, Environment.set_error)  # type: ignore[method-assign,assignment]
+    Program.eval = functools.partialmethod(_program_eval, Program.eval)  # type: ignore[method-assign,assignment]
+    Program._eval_body = functools.partialmethod(_program_body, Program._eval_body)  # type: ignore[method-assign,assignment]
     StepFunctionResponse.send_task_failure = send_task_failure  # type: ignore[method-assign]
     StepFunctionResponse.stop_execution = stop_execution  # type: ignore[method-assign]
     StepFunctionResponse.get_execution_history = get_execution_history  # type: ignore[method-assign]

@@ -84,12 +84,13 @@ def test_executions_started_without_a_name_each_get_their_own() -> None:
 
 
 def test_a_stop_the_moment_an_execution_starts_still_aborts_it() -> None:
-    """AWS stops an execution at any moment: one stopped before its task has made its callback still ends
-    ABORTED with ExecutionAborted in its history, and its task waits for no callback."""
+    """AWS stops an execution at any moment: one stopped before its first state (moto skipped the program's
+    body, and no ExecutionAborted was written) or before its task has made its callback still ends ABORTED with
+    ExecutionAborted in its history, and its task waits for no callback. Eight stops, to land in both moments."""
     machine = waiting_machine("stopped-early")
     sfn = client("stepfunctions")
     arns = [
-        sfn.start_execution(stateMachineArn=machine, name=f"early-{n}", input="{}")["executionArn"] for n in range(3)
+        sfn.start_execution(stateMachineArn=machine, name=f"early-{n}", input="{}")["executionArn"] for n in range(8)
     ]
     for arn in arns:
         sfn.stop_execution(executionArn=arn, error="Cancelled", cause="at once")
