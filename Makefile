@@ -61,6 +61,25 @@ scan: install $(CHECKOV)
 build: $(SAM_VENV)/bin/sam
 	$(SAM) build
 
+# A local MLflow tracking server for the tests of the run's MLflow logging (tests/e2e/test_rehearsal.py): the server
+# (mlflow, with its database and web stack, about 600 MB) stays out of the project's virtualenv, which only talks
+# to it over its REST API.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW      := $(MLFLOW_VENV)/bin/mlflow
+$(MLFLOW): $(STAMP)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(MLFLOW_VENV)
+	$(UV) pip install --quiet --python $(MLFLOW_VENV)/bin/python mlflow==3.17.2
+
+# Debian's Chromium, which the dashboard's test drives headless (tests/e2e/test_dashboard.py, through Playwright,
+# whose own browser download cannot be reached from a private network); elsewhere, set CHROMIUM to a Chromium or
+# Chrome binary.
+CHROMIUM ?= /usr/bin/chromium
+SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
+$(CHROMIUM):
+	@command -v apt-get > /dev/null || { echo "no apt-get: install Chromium and set CHROMIUM to its path" >&2; exit 1; }
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium > /dev/null
+
 # Three workers on the machine's two cores: the twin's runs wait (polls, stops, the trainer's start) as well as
 # compute, and a third worker keeps both cores busy meanwhile; a test file stays on one worker, so a module's shared
 # twin is built once. Writing bytecode (above) keeps pytest's rewritten test files too: about 35 of the suite's 950
@@ -70,11 +89,12 @@ PYTEST := $(BIN)/python -m pytest -n 3 --dist loadfile
 # The suite runs beside the checks of the code and the template (lint, then validate and scan, which each install a
 # tool into a virtualenv of its own): from a clean clone those downloads overlap the tests instead of preceding them.
 # Each part's output is printed whole when it ends; any part failing fails `make test`.
-test: install
+# Chromium's install from Debian overlaps the project's from PyPI.
+test:
 	$(MAKE) --no-print-directory -j 2 --output-sync=target suite lint validate scan
 
-suite: install
-	$(PYTEST)
+suite: $(STAMP) $(CHROMIUM) $(MLFLOW)
+	LUSTRAIN_CHROMIUM=$(CHROMIUM) LUSTRAIN_MLFLOW=$(MLFLOW) $(PYTEST)
 
 unit: install
 	$(PYTEST) tests/unit
@@ -82,8 +102,8 @@ unit: install
 functional: install
 	$(PYTEST) tests/functional
 
-e2e: install
-	$(PYTEST) tests/e2e
+e2e: $(STAMP) $(CHROMIUM) $(MLFLOW)
+	LUSTRAIN_CHROMIUM=$(CHROMIUM) LUSTRAIN_MLFLOW=$(MLFLOW) $(PYTEST) tests/e2e
 
 bench: install
 	$(BIN)/python bench/trainer_data.py
@@ -99,4 +119,4 @@ iam-report: install
 	$(BIN)/python bench/iam_report.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(MLFLOW_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

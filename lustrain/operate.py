@@ -55,6 +55,8 @@ class Stack:
     jobs_bucket: str
     artifacts_bucket: str
     session: Any = field(default=None, compare=False, repr=False)
+    #: the MLflow tracking server the stack logs its runs to (its MlflowTrackingUri output), None where none
+    mlflow_tracking_uri: str | None = None
 
     @classmethod
     def locate(cls, name: str = DEFAULT_STACK, session: Any = None) -> Stack:
@@ -77,10 +79,14 @@ class Stack:
             jobs_bucket=outputs["JobsBucketName"],
             artifacts_bucket=outputs["ArtifactsBucketName"],
             session=session,
+            mlflow_tracking_uri=outputs.get("MlflowTrackingUri") or None,
         )
 
     def client(self, service: str) -> Any:
         return (self.session or boto3.Session()).client(service)
+
+    def session_credentials(self) -> Any:
+        return (self.session or boto3.Session()).get_credentials()
 
     def execution_arn(self, execution: str) -> str:
         arn = records.execution_arn(self.state_machine_arn, execution)
@@ -300,6 +306,8 @@ class RunStatus:
     #: a data preparation run's stages that started: each processing job's stage, name, status, instances and
     #: failure reason (processing_jobs())
     stages: list[dict[str, Any]] = field(default_factory=list)
+    #: where the run's MLflow run is (mlflow_run()), where the stack logs to MLflow
+    mlflow: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -492,7 +500,22 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         # the ledger: what the run created and its teardown has not deleted (all it holds while it runs)
         resources_left=[dict(r) for r in record.resources],
         stages=processing_jobs(stack, record),
+        mlflow=mlflow_run(stack, record),
     )
+
+
+def mlflow_run(stack: Stack, record: JobRecord) -> dict[str, Any] | None:
+    """Where the run's MLflow run is, read with the operator's credentials (they sign the calls to a SageMaker
+    tracking server); what went wrong instead where the server cannot be read. None where the stack names none."""
+    if not stack.mlflow_tracking_uri or record.kind != records.TRAIN:
+        return None
+    from lustrain_core.steps import tracking
+
+    try:
+        server = tracking.Server(tracking.parse_uri(stack.mlflow_tracking_uri), stack.session_credentials())
+        return tracking.where(server, record)
+    except (tracking.TrackingError, OSError, ValueError, KeyError) as exc:
+        return {"tracking_uri": stack.mlflow_tracking_uri, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def progress(stack: Stack, run: str) -> tuple[int | None, int | None]:

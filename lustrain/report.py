@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import regex
+from lustrain_core import metric_lines
 from lustrain_core.steps import records
 from lustrain_core.steps.records import JobRecord
 
 from lustrain import operate
 
-STEP = "step"
+STEP = metric_lines.STEP
 
 
 @dataclass
@@ -57,21 +57,8 @@ class Report:
 
 def metric_points(lines: list[operate.LogLine], definitions: list[dict[str, str]]) -> dict[str, list[tuple[float, float]]]:
     """(step, value) of each metric a line logs beside its step, in time order: the MetricDefinitions' regexes."""
-    patterns = {d["Name"]: regex.compile(d["Regex"]) for d in definitions}
-    step_pattern = patterns.pop(STEP, None)
-    points: dict[str, list[tuple[float, float]]] = {name: [] for name in patterns}
-    if step_pattern is None:
-        return points
-    for line in lines:
-        found = step_pattern.search(line.message)
-        if not found:
-            continue
-        step = float(found.group(1))
-        for name, pattern in patterns.items():
-            value = pattern.search(line.message)
-            if value:
-                points[name].append((step, float(value.group(1))))
-    return points
+    found = metric_lines.points(((line.timestamp_ms, line.message) for line in lines), definitions)
+    return {name: [(p.step, p.value) for p in curve] for name, curve in found.items()}
 
 
 def _definitions(stack: operate.Stack, record: JobRecord) -> list[dict[str, str]]:

@@ -9,13 +9,14 @@ invocation succeeds all the same: a notice never fails nor holds up a run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools import Logger
 from lustrain_core import clients
 from lustrain_core.aws_errors import translate_aws_errors
 from lustrain_core.config import Settings
-from lustrain_core.steps import notify
+from lustrain_core.steps import notify, records, tracking
 
 logger = Logger(service="lustrain")
 
@@ -39,6 +40,27 @@ def is_event(event: Any) -> bool:
     )
 
 
+def _tracking_clients(settings: Settings) -> dict[str, Any]:
+    """What the MLflow logging calls with: the function's logs and S3 clients, and its credentials (which sign the
+    calls to a SageMaker tracking server)."""
+    import boto3
+
+    return {
+        "logs": clients.client("logs"),
+        "s3": clients.client("s3"),
+        "settings": settings,
+        "credentials": boto3.Session().get_credentials(),
+    }
+
+
+def _tracked(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """MLflow never holds up a run nor fails a notice: whatever went wrong is told in the answer and logged."""
+    try:
+        return work()
+    except Exception as exc:  # steps/tracking.py answers the failures it knows; this is for the rest
+        return {"tracked": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
 @translate_aws_errors()
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     settings = Settings.from_env()
@@ -46,11 +68,28 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if is_event(event):
         result = notify.on_event(event, ddb=ddb, sagemaker=sagemaker, secrets=secrets, settings=settings)
         logger.info("notice", extra={"notice": result})
+        if tracking.configured(settings):
+            result["mlflow"] = _tracked(
+                lambda: tracking.on_event(event, ddb=ddb, sagemaker=sagemaker, **_tracking_clients(settings))
+            )
     else:
         result = notify.notify(
             event, sns=clients.client("sns"), settings=settings, ddb=ddb, secrets=secrets, sagemaker=sagemaker
         )
         logger.info("outcome published", extra=result)
+        if tracking.configured(settings):
+            job_id = notify.registered_job_id(event)
+            record = records.get(ddb, settings.jobs_table, job_id) if job_id else None
+            status = tracking.STATUS_OF_OUTCOME.get(str(result.get("outcome")), "FAILED")
+            result["mlflow"] = _tracked(
+                lambda: tracking.on_run_end(
+                    record, status, ddb=ddb, sagemaker=sagemaker, **_tracking_clients(settings)
+                )
+            )
+    mlflow = result.get("mlflow") or {}
+    if mlflow.get("error"):
+        # MLflow is a view of the run: what was not logged is told here, the run goes on
+        logger.warning("mlflow not logged", extra={"mlflow_not_logged": 1, **mlflow})
     chat = result.get("chat") or {}
     if chat and not chat.get("delivered") and not chat.get("skipped"):
         # a metric filter on this line counts the notices lost ({ $.notice_not_delivered = 1 })

@@ -29,10 +29,22 @@ def archive_object(result, name: str) -> bytes:
     return operator_session().client("s3").get_object(Bucket=bucket, Key=prefix + key)["Body"].read()
 
 
-def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind(tmp_path, capsys):
+def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind(tmp_path, capsys, mlflow_server):
     seen: dict = {}
 
     def inspect(stack, result):
+        seen["mlflow_before"] = mlflow_of(mlflow_server, result.job_id)
+        # EventBridge may deliver the attempt's end again: the MLflow run is the same, its history unchanged
+        session = operator_session()
+        (job,) = [j for j in operate.training_jobs(operate.Stack.locate(stack.name, session), operate.find_run(
+            operate.Stack.locate(stack.name, session), result.job_id))]
+        again = {"source": "aws.sagemaker", "detail-type": "SageMaker Training Job State Change", "detail": {
+            "TrainingJobName": job["TrainingJobName"], "TrainingJobStatus": job["TrainingJobStatus"]}}
+        answer = session.client("lambda").invoke(
+            FunctionName=stack.function_names()["notify"], Payload=json.dumps(again).encode()
+        )
+        seen["again"] = json.loads(answer["Payload"].read())
+        seen["mlflow_after"] = mlflow_of(mlflow_server, result.job_id)
         # the final summary in the archive's output.tar.gz, and the evaluation as `status` and `report` show it
         with tarfile.open(fileobj=io.BytesIO(archive_object(result, "/output/output.tar.gz"))) as tar:
             member = tar.extractfile("summary.json")
@@ -43,7 +55,7 @@ def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind(tmp_path, capsy
         seen["status"] = capsys.readouterr().out
         seen["report"] = report.build(operate.Stack.locate(stack.name, operator_session()), result.job_id, tmp_path)
 
-    run = rehearse(QUICK, inspect=inspect)
+    run = rehearse(QUICK, inspect=inspect, parameters={"MlflowTrackingUri": mlflow_server.url})
 
     assert run.status == "SUCCEEDED", (run.error, run.cause)
     assert run.resources_left == 0, run.leftovers
@@ -65,6 +77,40 @@ def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind(tmp_path, capsy
     (first, last) = made.series["val_bpb"]["val_bpb"]
     assert (first[0], last[0]) == (3, 6) and last[1] == pytest.approx(final["val_bpb"], abs=1e-4)
     assert "evaluation, final at step 6" in made.html_path.read_text()
+
+    # the run is an MLflow run: named by its job id, the spec's fields as params, the metrics at their steps,
+    # FINISHED, and the model's S3 location as its artifact
+    logged = seen["mlflow_before"]
+    assert logged["info"]["run_name"] == run.job_id and logged["info"]["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in logged["data"]["params"]}
+    spec = yaml.safe_load(QUICK.read_text())
+    assert params["compute.instance_type"] == spec["compute"]["instance_type"]
+    assert params["code.hyperparameters.max_steps"] == "6"
+    assert logged["val_bpb"] == [(3, pytest.approx(first[1], abs=1e-4)), (6, pytest.approx(last[1], abs=1e-4))]
+    assert logged["train_loss"] == [(s, pytest.approx(v)) for s, v in made.series["loss"]["train_loss"]]
+    assert [step for step, _ in logged["train_loss"]] == [2, 4, 6]  # quick.yaml's log_interval
+    model = json.loads(mlflow_server.artifact(logged["model_artifact"]))
+    assert model["model_s3_uri"].startswith(run.archive) and model["model_s3_uri"].endswith("/model.tar.gz")
+    tags = {t["key"]: t["value"] for t in logged["data"]["tags"]}
+    assert tags["lustrain.model_s3_uri"] == model["model_s3_uri"]
+    assert seen["again"]["mlflow"]["tracked"] is True
+    assert seen["mlflow_after"] == logged, "a second delivery of the attempt's end changed the MLflow run"
+
+
+def mlflow_of(server, job_id: str) -> dict:
+    """The MLflow run of a lustrain run, as a team reads it from its tracking server: the run, its metrics'
+    histories (step, value) and where its model artifact is."""
+    experiments = server.call("POST", "mlflow/experiments/search", {"max_results": 100})["experiments"]
+    found = server.call("POST", "mlflow/runs/search", {
+        "experiment_ids": [e["experiment_id"] for e in experiments], "filter": f"attributes.run_name = '{job_id}'"})
+    (logged,) = found["runs"]
+    run_id = logged["info"]["run_id"]
+    for key in ("train_loss", "val_bpb"):
+        history = server.call("GET", f"mlflow/metrics/get-history?run_id={run_id}&metric_key={key}")["metrics"]
+        logged[key] = sorted((m["step"], m["value"]) for m in history)
+    experiment = logged["info"]["experiment_id"]
+    logged["model_artifact"] = f"{experiment}/{run_id}/artifacts/lustrain/model.json"
+    return logged
 
 
 def test_a_preloaded_run_with_an_uncompressed_model_warms_up_first_and_archives_the_models_files(tmp_path):
@@ -134,3 +180,37 @@ def test_an_invalid_spec_exits_2_before_anything_runs(tmp_path, capsys):
 def test_an_unknown_fault_is_a_usage_error(capsys):
     assert main(["rehearse", str(QUICK), "--inject", "check_quota:meteor"]) == 2
     assert "unknown fault" in capsys.readouterr().err
+
+
+def test_moments_that_log_a_run_to_mlflow_at_once_make_one_mlflow_run(mlflow_server):
+    """An attempt's end and the run's end may both find no MLflow run and make one: the job record keeps the
+    first, and the run has one MLflow run with its params once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+    from lustrain_core.config import Settings
+    from lustrain_core.steps import records, tracking
+    from moto import mock_aws
+
+    settings = Settings(stack_name="lustrain-race", jobs_table="jobs")
+    server = tracking.Server(mlflow_server.url)
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        ddb.create_table(
+            TableName="jobs",
+            KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        record = records.JobRecord(job_id="race-0123abcd", spec={"name": "race", "compute": {"instance_count": 2}})
+        records.put_new(ddb, "jobs", record)
+        with ThreadPoolExecutor(4) as pool:
+            made = list(pool.map(lambda _: tracking.mlflow_run(server, settings, record, ddb)["run_id"], range(4)))
+        kept = records.get(ddb, "jobs", record.job_id).mlflow_run
+    assert set(made) == {kept}
+    experiments = mlflow_server.call("POST", "mlflow/experiments/search", {"max_results": 100})["experiments"]
+    live = mlflow_server.call("POST", "mlflow/runs/search", {
+        "experiment_ids": [e["experiment_id"] for e in experiments], "filter": "attributes.run_name = 'race-0123abcd'"})
+    assert [r["info"]["run_id"] for r in live["runs"]] == [kept]
+    assert {p["key"]: p["value"] for p in live["runs"][0]["data"]["params"]} == {
+        "name": "race", "compute.instance_count": "2"}

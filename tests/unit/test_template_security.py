@@ -608,4 +608,48 @@ def test_only_notify_reads_the_notice_webhook_and_only_where_one_is_named():
     assert not pattern.fullmatch("https://hooks.slack.com/services/T0/B0/x")
     # the notices' rules run only where a webhook is named
     events = RESOURCES["NotifyFunction"]["Properties"]["Events"]
-    assert {e["Properties"]["State"]["Fn::If"][0] for e in events.values()} == {"HasNoticeWebhook"}
+    # the queue's moments are the notices' alone; the execution's and the attempts' are MLflow's too
+    states = {name: e["Properties"]["State"]["Fn::If"][0] for name, e in events.items()}
+    assert states == {
+        "ExecutionStartsAndStops": "TellsRunMoments", "TrainingJobEnds": "TellsRunMoments", "QueueChanges": "HasNoticeWebhook"
+    }
+    assert TEMPLATE["Conditions"]["TellsRunMoments"] == {"Fn::Or": [{"Condition": "HasNoticeWebhook"}, {"Condition": "HasMlflow"}]}
+
+
+@pytest.mark.parametrize(
+    ("uri", "signed"),
+    [
+        ("arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/team", True),
+        ("https://mlflow.example.com", False),
+        ("", False),
+    ],
+)
+def test_notify_may_call_only_the_sagemaker_mlflow_server_the_stack_names_and_write_only_under_its_store(uri, signed):
+    """The MLflow grants of the notify role: sagemaker-mlflow's calls on the named server alone (none for a
+    server called by URL, which IAM does not guard), the attempts' log read only where MLflow is named, and S3
+    writes only under the named artifact store."""
+    from lustrain.twin.stack import _Resolver
+
+    store = "s3://team-mlflow-artifacts/store" if signed else ""
+    resolved = _Resolver(TEMPLATE, "lustrain", "us-east-1", {**template_defaults(), "MlflowTrackingUri": uri,
+                                                             "MlflowArtifactStoreUri": store})
+    assert resolved.conditions["HasSageMakerMlflow"] is signed
+    assert resolved.conditions["HasMlflow"] is bool(uri)
+    statements = {
+        s["Fn::If"][1]["Sid"]: (s["Fn::If"][0], s["Fn::If"][1])
+        for s in TEMPLATE["Resources"]["NotifyFunction"]["Properties"]["Policies"][1]["Statement"]
+        if isinstance(s, dict) and "Fn::If" in s
+    }
+    condition, mlflow = statements["LogRunsToMlflow"]
+    assert condition == "HasSageMakerMlflow" and mlflow["Resource"] == {"Ref": "MlflowTrackingUri"}
+    assert all(action.startswith("sagemaker-mlflow:") for action in mlflow["Action"])
+    condition, put = statements["WriteTheModelsLocationToMlflow"]
+    assert condition == "HasMlflowArtifactStore" and put["Action"] == "s3:PutObject"
+    if signed:
+        assert resolved.resolve(put["Resource"]) == "arn:aws:s3:::team-mlflow-artifacts/store*"
+    assert statements["ReadTheAttemptsLog"][0] == "HasMlflow"
+    assert function_env("NotifyFunction")["LUSTRAIN_MLFLOW_TRACKING_URI"] == {"Ref": "MlflowTrackingUri"}
+
+
+def template_defaults() -> dict[str, Any]:
+    return {name: p.get("Default", "") for name, p in PARAMETERS.items()}

@@ -202,7 +202,7 @@ def message(facts: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n" + json.dumps(facts, indent=2, sort_keys=True, default=str)
 
 
-def _registered_job_id(document: Any) -> str | None:
+def registered_job_id(document: Any) -> str | None:
     job = _object(_object(document).get("job"))
     job_id = job.get("job_id")
     return job_id if isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) else None
@@ -222,7 +222,7 @@ def notify(
     With `ddb`, a run already announced (its record notes the message) is not announced again. With `secrets`
     (the notify function's), the end is also posted to the stack's webhook (`chat`: how that went)."""
     facts = summary(document)
-    job_id = _registered_job_id(document) if ddb is not None else None
+    job_id = registered_job_id(document) if ddb is not None else None
     record = records.get(ddb, settings.jobs_table, job_id) if job_id is not None else None
     sent = record.notice_sent if record is not None else None
     if sent:

@@ -134,6 +134,8 @@ class JobRecord:
     error: dict[str, Any] | None = None
     #: the notice notify sent for the run's end: {message_id, outcome, at}
     notified: dict[str, Any] | None = None
+    #: the run's MLflow run id (steps/tracking.py), claimed once: the first invocation to make one keeps it
+    mlflow_run: str | None = None
     #: steps/warm_pool.py's: the run's pool shape (create_network), the kept network it claimed (a retried
     #: create_network finds it there, and its teardown offers it on), whether its teardown offered its pool, and
     #: the training job whose pool keeps the network (teardown drops an ended job from the ledger; the sweeper's
@@ -506,6 +508,28 @@ def set_fields(
         ExpressionAttributeValues=values,
         ConditionExpression="attribute_exists(job_id)",
     )
+
+
+
+def claim_mlflow_run(ddb: Any, table: str, job_id: str, run_id: str) -> str:
+    """Note `run_id` as the run's MLflow run unless one is noted already; the run id noted (ours, or the one an
+    invocation made first)."""
+    try:
+        ddb.update_item(
+            TableName=table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET mlflow_run = :r",
+            ConditionExpression="attribute_exists(job_id) AND attribute_not_exists(mlflow_run)",
+            ExpressionAttributeValues={":r": {"S": run_id}},
+        )
+        return run_id
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+            raise
+    found = get(ddb, table, job_id)
+    if found is None or not found.mlflow_run:
+        raise ValueError(f"the run {job_id} has no record to note its MLflow run on")
+    return found.mlflow_run
 
 
 def count_attempt(ddb: Any, table: str, job_id: str) -> int:

@@ -1,0 +1,113 @@
+"""The run's MLflow logging (steps/tracking.py) without a server: which tracking URIs a stack may name, how a call
+to SageMaker's managed MLflow is addressed and signed, the spec as params, and that a failure never raises."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+from botocore.credentials import Credentials
+from lustrain_core.config import Settings
+from lustrain_core.steps import tracking
+from lustrain_core.steps.records import JobRecord
+
+ARN = "arn:aws:sagemaker:eu-west-1:123456789012:mlflow-tracking-server/team-server"
+
+
+@pytest.mark.parametrize(
+    "uri", [ARN, "https://mlflow.example.com", "https://mlflow.example.com/prefix/", "http://127.0.0.1:5000"]
+)
+def test_a_stack_may_name_a_sagemaker_server_an_https_server_or_a_local_one(uri):
+    assert tracking.parse_uri(uri) == uri.rstrip("/")
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "http://mlflow.example.com",  # in clear over the internet
+        "http://10.0.0.5:5000",
+        "file:///tmp/mlruns",
+        "arn:aws:sagemaker:eu-west-1:123456789012:training-job/x",
+        "databricks",
+    ],
+)
+def test_any_other_tracking_uri_is_refused_naming_the_setting_and_what_is_allowed(uri):
+    with pytest.raises(ValueError, match=r"LUSTRAIN_MLFLOW_TRACKING_URI=.*a SageMaker MLflow tracking server's ARN"):
+        tracking.parse_uri(uri)
+
+
+class Captured:
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer, self.requests = answer, []
+
+    def __call__(self, request: Any, timeout: float) -> Any:
+        self.requests.append(request)
+        body = json.dumps(self.answer).encode()
+
+        class Answer:
+            status = 200
+
+            def read(self) -> bytes:
+                return body
+
+            def __enter__(self) -> Answer:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
+        return Answer()
+
+
+def test_a_sagemaker_server_is_called_as_the_sagemaker_mlflow_plugin_calls_it(monkeypatch):
+    """https://<region>.experiments.sagemaker.aws, the server's ARN in x-mlflow-sm-tracking-server-arn, and SigV4
+    for the service sagemaker-mlflow in the ARN's region, the body's hash signed with it."""
+    captured = Captured({"experiment": {"experiment_id": "7"}})
+    monkeypatch.setattr(tracking.urllib.request, "urlopen", captured)
+    server = tracking.Server(ARN, Credentials("AKIDEXAMPLE", "secret"))
+    body = {"name": "lustrain"}
+    server.call("POST", "mlflow/experiments/create", body)
+    (request,) = captured.requests
+    headers = {k.lower(): v for k, v in request.header_items()}
+    assert request.full_url == "https://eu-west-1.experiments.sagemaker.aws/api/2.0/mlflow/experiments/create"
+    assert headers["x-mlflow-sm-tracking-server-arn"] == ARN
+    assert "/eu-west-1/sagemaker-mlflow/aws4_request" in headers["authorization"]
+    assert "x-mlflow-sm-tracking-server-arn" in headers["authorization"].split("SignedHeaders=")[1]
+    assert headers["x-amz-content-sha256"] == hashlib.sha256(json.dumps(body).encode()).hexdigest()
+
+
+def test_a_url_server_is_called_unsigned():
+    server = tracking.Server("http://127.0.0.1:5000")
+    assert server.base_url == "http://127.0.0.1:5000" and server.arn is None
+
+
+def test_the_specs_fields_become_params_with_dotted_names_within_mlflows_limits():
+    spec = {
+        "name": "llama",
+        "compute": {"instance_type": "ml.p4d.24xlarge", "instance_count": 50},
+        "code": {"hyperparameters": {"preset": "70b", "lr": 0.0003}, "secrets": ["a", "b"]},
+        "notes": "x" * 7000,
+        "odd": {"key!": 1},
+    }
+    params = tracking.flat_params(spec)
+    assert params["compute.instance_count"] == "50"
+    assert params["code.hyperparameters.preset"] == "70b" and params["code.hyperparameters.lr"] == "0.0003"
+    assert params["code.secrets"] == '["a", "b"]'
+    assert len(params["notes"]) == tracking.MAX_PARAM_VALUE
+    assert "odd.key!" not in params  # a name MLflow refuses is left out rather than fail the whole batch
+
+
+def test_an_unreachable_server_is_told_in_the_answer_and_never_raised():
+    record = JobRecord(job_id="quick-0123abcd", spec={"name": "quick"})
+    settings = Settings(extra={tracking.URI_SETTING: "http://127.0.0.1:9"})  # the discard port: refused
+    told = tracking.on_run_end(record, "FINISHED", ddb=None, sagemaker=None, s3=None, settings=settings, credentials=None)
+    assert told["tracked"] is False and "URLError" in told["error"]
+
+
+def test_a_data_preparation_is_no_mlflow_run():
+    record = JobRecord(job_id="prep-0123abcd", kind="prepare", spec={"name": "prep"})
+    settings = Settings(extra={tracking.URI_SETTING: "http://127.0.0.1:9"})
+    told = tracking.on_run_end(record, "FINISHED", ddb=None, sagemaker=None, s3=None, settings=settings, credentials=None)
+    assert told == {"tracked": False, "reason": "a data preparation trains no model"}
