@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,28 +245,19 @@ def log_metrics(server: Server, run_id: str, found: dict[str, list[metric_lines.
     return len(metrics)
 
 
-def attempt_lines(logs: Any, training_job: str) -> list[tuple[int, str]]:
-    """(timestamp ms, message) of the attempt's first host's log (rank 0 logs the metrics), in order."""
-    lines: list[tuple[int, str]] = []
+def attempt_lines(logs: Any, training_job: str) -> Iterator[tuple[int, str]]:
+    """(timestamp ms, message) of the attempt's first host's log (rank 0 logs the metrics), page by page: a long
+    attempt's log is never held whole."""
+    pages = logs.get_paginator("filter_log_events").paginate(
+        logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{training_job}/algo-1-"
+    )
     try:
-        pages = logs.get_paginator("describe_log_streams").paginate(
-            logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{training_job}/algo-1-"
-        )
-        streams = [s["logStreamName"] for page in pages for s in page.get("logStreams", [])]
+        for page in pages:
+            for event in page.get("events", []):
+                yield int(event["timestamp"]), str(event["message"])
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-            return lines
-        raise
-    for stream in streams:
-        request: dict[str, Any] = {"logGroupName": TRAINING_LOG_GROUP, "logStreamName": stream, "startFromHead": True}
-        while True:
-            page = logs.get_log_events(**request)
-            lines += [(int(e["timestamp"]), str(e["message"])) for e in page.get("events", [])]
-            token = page.get("nextForwardToken")
-            if not page.get("events") or token == request.get("nextToken"):
-                break
-            request["nextToken"] = token
-    return sorted(lines)
+        if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":  # no job has logged yet
+            raise
 
 
 def attempt_ended(
