@@ -277,7 +277,10 @@ def _judge(report: LoadReport, outputs: dict[str, str], sfn: Any) -> None:
     ]
 
 
-def _drive(runs: int, quota: int, tee: _Tee, say: Printer, report: LoadReport) -> None:
+def _drive(
+    runs: int, quota: int, tee: _Tee, say: Printer, report: LoadReport, endpoint: str,
+    while_running: Callable[[str], None] | None,
+) -> None:
     outputs = _outputs(tee.wait_for("Ctrl-C stops the twin.", timeout=120))
     service_quotas.set_quota(INSTANCE_TYPE, quota)
     specs = _specs(runs, _prepare(outputs))
@@ -289,6 +292,13 @@ def _drive(runs: int, quota: int, tee: _Tee, say: Printer, report: LoadReport) -
         boto3.client("s3"),
     )
     say(f"load: {runs} specs dropped at once, quota {quota} x {INSTANCE_TYPE}")
+    beside: list[BaseException] = []
+    onlooker = None
+    if while_running is not None:
+        onlooker = threading.Thread(
+            target=_beside, args=(while_running, endpoint, beside), name="load-onlooker", daemon=True
+        )
+        onlooker.start()
     report.ended = fault_matrix.watch(
         outputs["StateMachineArn"],
         specs,
@@ -296,20 +306,38 @@ def _drive(runs: int, quota: int, tee: _Tee, say: Printer, report: LoadReport) -
         on_end=lambda e: say(f"{time.monotonic() - started:6.1f}s  {e.name}: {e.status} {e.error or ''}"),
     )
     report.wall_s = time.monotonic() - started
+    if onlooker is not None:
+        onlooker.join()
     _judge(report, outputs, sfn)
     report.peak_instances = _peak_instances(boto3.client("sagemaker"))
+    if beside:
+        raise beside[0]
 
 
-def run_load(runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = None) -> LoadReport:
-    """Serve the twin with `lustrain local up` on a free loopback port and drop `runs` specs on it at once."""
+def _beside(while_running: Callable[[str], None], endpoint: str, failure: list[BaseException]) -> None:
+    try:
+        while_running(endpoint)
+    except BaseException as exc:
+        failure.append(exc)
+
+
+def run_load(
+    runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = None,
+    while_running: Callable[[str], None] | None = None,
+) -> LoadReport:
+    """Serve the twin with `lustrain local up` on a free loopback port and drop `runs` specs on it at once.
+    `while_running`, given, is called with the twin's endpoint URL once the specs are dropped, in a thread of its
+    own while the runs go on (a client of the twin watching them: tests/e2e/test_load.py opens the dashboard);
+    the load waits for it before it judges the runs, and raises what it raised."""
     say = printer or (lambda line: None)
+    port = free_port()
     report = LoadReport(runs, quota)
     failure: list[BaseException] = []
     tee = _Tee(sys.stdout)
 
     def drive() -> None:
         try:
-            _drive(runs, quota, tee, say, report)
+            _drive(runs, quota, tee, say, report, f"http://127.0.0.1:{port}", while_running)
         except BaseException as exc:
             failure.append(exc)
         finally:
@@ -319,7 +347,7 @@ def run_load(runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = Non
     driver = threading.Thread(target=drive, name="load-driver", daemon=True)
     driver.start()
     with contextlib.redirect_stdout(tee):
-        code = lustrain(["local", "up", "--port", str(free_port()), "--for-seconds", str(TIMEOUT_S + 180)])
+        code = lustrain(["local", "up", "--port", str(port), "--for-seconds", str(TIMEOUT_S + 180)])
     driver.join(30)
     simulator.reset()
     if failure:

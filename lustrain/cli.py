@@ -106,6 +106,15 @@ def _parser() -> argparse.ArgumentParser:
         _stack_arguments(op)
         op.set_defaults(command=command)
 
+    db = sub.add_parser(
+        "dashboard",
+        help="a local web page following every run live: states, queue, progress, cost; a run's plots and log",
+    )
+    db.add_argument("--port", type=int, default=8765, help="the port on 127.0.0.1 (default 8765; 0: a free one)")
+    db.add_argument("--for-seconds", type=float, help="stop after this long (default: until Ctrl-C)")
+    _stack_arguments(db)
+    db.set_defaults(command=cmd_dashboard)
+
     d = sub.add_parser("data", help="prepare training data").add_subparsers(required=True, metavar="ACTION")
     dp = d.add_parser(
         "prepare", help="turn a tree of text files into token shards for Lustre", add_help=False
@@ -241,6 +250,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("  metrics:     " + ", ".join(f"{k}={v:g}" for k, v in sorted(job["metrics"].items())))
     if found.evaluation:
         print(f"  evaluation:  {evaluation_text(found.evaluation)}")
+    if found.mlflow:
+        print(f"  mlflow:      {_mlflow_text(found.mlflow)}")
     spent = f"${r.cost_so_far_usd:,.2f}" + (f" of a ${r.budget_usd:,.2f} budget" if r.budget_usd is not None else "")
     print(f"  cost so far: {spent} (list prices) after {_ago(r.elapsed_s)}")
     if found.resources_left:
@@ -251,6 +262,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         took = f"{span.seconds:>8.1f} s" if span.seconds is not None else "     (now)"
         print(f"    {span.entered_at}  {took}  {span.state}")
     return EXIT_OK
+
+
+def _mlflow_text(shown: dict[str, Any]) -> str:
+    """Where the run's MLflow run is (operate.mlflow_run)."""
+    if shown.get("error"):
+        return f"{shown['tracking_uri']} could not be read: {shown['error']}"
+    if not shown.get("run_id"):
+        return f"no MLflow run yet on {shown['tracking_uri']} (one is made when the first attempt ends)"
+    if shown.get("url"):
+        return str(shown["url"])
+    return f"run {shown['run_id']} on {shown['tracking_uri']}; open the UI with: {shown['open']}"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -346,6 +368,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         if done.tensorboard_logdir:
             print(f"TensorBoard: tensorboard --logdir {done.tensorboard_logdir}")
     return EXIT_OK
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from lustrain.dashboard import serve
+
+    return serve(_stack(args), port=args.port, for_seconds=args.for_seconds, as_json=args.json)
 
 
 def _add_twin_commands(sub: Any) -> None:

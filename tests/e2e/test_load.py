@@ -4,6 +4,9 @@ The server listens on a free port of 127.0.0.1 only, and the bench stops it when
 its TIMEOUT_S). The runs wait in the capacity queue for the quota: each must end SUCCEEDED with its own model
 archived, none refused; no more instances train at once than the quota, no file system exists while its run
 waits, nothing is left behind, and no archive or resource belongs to another run.
+
+Meanwhile `lustrain dashboard` follows the runs in a headless Chromium: the page must show them waiting, training
+and moving on, and a run's plots and log (tests/e2e/test_dashboard.py says how it is looked at).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from test_dashboard import Seen, watch_the_dashboard  # noqa: E402 - beside this file, on the path pytest gives
+
 from bench import load  # noqa: E402 - the bench lives beside the tests, not in a package
 
 pytestmark = pytest.mark.slow
@@ -26,9 +31,14 @@ RUNS, QUOTA = 6, 3
 
 
 @pytest.fixture(scope="module")
-def report() -> load.LoadReport:
+def seen() -> Seen:
+    return Seen()
+
+
+@pytest.fixture(scope="module")
+def report(seen: Seen) -> load.LoadReport:
     before = dict(os.environ)
-    done = load.run_load(RUNS, QUOTA)
+    done = load.run_load(RUNS, QUOTA, while_running=lambda endpoint: watch_the_dashboard(endpoint, seen))
     assert dict(os.environ) == before, "the bench must leave the process environment as it found it"
     return done
 
@@ -50,3 +60,20 @@ def test_nothing_is_left_and_nothing_crosses_between_runs(report):
     assert report.leaked == 0
     assert report.crossed == []
     assert all(run.leftovers == [] for run in report.ended)
+
+
+def test_the_dashboard_shows_the_runs_waiting_training_and_moving_on(report, seen):
+    assert seen.failure is None, seen.failure
+    assert seen.names == [f"load-{i:02d}" for i in range(1, RUNS + 1)]
+    assert seen.waiting.startswith("waiting in ") and ": place " in seen.waiting
+    assert seen.training.startswith("InProgress")
+    job_id, before, after = seen.progress
+    assert job_id.startswith("load-") and after.startswith("step ") and after != before
+    # the run's own view, at its own address: the report's plots, drawn, and its log's last lines
+    assert seen.run_url.endswith(f"/run/{job_id}") and seen.run_title.startswith(f"run {job_id} ")
+    assert {"loss", "timeline", "cost"} <= set(seen.plots) and min(seen.plots.values()) > 0
+    assert "step=1 train_loss=1.0" in seen.log
+    # a name with markup is shown as the text it is
+    assert seen.hostile_name == "<img src=x onerror=\"document.title='owned'\">"
+    assert seen.hostile_elements == 0
+    assert seen.exit_code == 0  # Ctrl-C stops it cleanly

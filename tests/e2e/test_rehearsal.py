@@ -93,6 +93,8 @@ def test_a_whole_run_succeeds_archives_and_leaves_nothing_behind(tmp_path, capsy
     assert model["model_s3_uri"].startswith(run.archive) and model["model_s3_uri"].endswith("/model.tar.gz")
     tags = {t["key"]: t["value"] for t in logged["data"]["tags"]}
     assert tags["lustrain.model_s3_uri"] == model["model_s3_uri"]
+    experiment, run_id = logged["info"]["experiment_id"], logged["info"]["run_id"]
+    assert f"  mlflow:      {mlflow_server.url}/#/experiments/{experiment}/runs/{run_id}\n" in seen["status"]
     assert seen["again"]["mlflow"]["tracked"] is True
     assert seen["mlflow_after"] == logged, "a second delivery of the attempt's end changed the MLflow run"
 
