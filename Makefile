@@ -94,7 +94,7 @@ test:
 	$(MAKE) --no-print-directory -j 2 --output-sync=target suite lint validate scan
 
 suite: $(STAMP) $(CHROMIUM) $(MLFLOW)
-	LUSTRAIN_CHROMIUM=$(CHROMIUM) LUSTRAIN_MLFLOW=$(MLFLOW) $(PYTEST)
+	LUSTRAIN_CHROMIUM=$(CHROMIUM) LUSTRAIN_MLFLOW=$(abspath $(MLFLOW)) $(PYTEST)
 
 unit: install
 	$(PYTEST) tests/unit
@@ -103,7 +103,7 @@ functional: install
 	$(PYTEST) tests/functional
 
 e2e: $(STAMP) $(CHROMIUM) $(MLFLOW)
-	LUSTRAIN_CHROMIUM=$(CHROMIUM) LUSTRAIN_MLFLOW=$(MLFLOW) $(PYTEST) tests/e2e
+	LUSTRAIN_CHROMIUM=$(CHROMIUM) LUSTRAIN_MLFLOW=$(abspath $(MLFLOW)) $(PYTEST) tests/e2e
 
 bench: install
 	$(BIN)/python bench/trainer_data.py

@@ -99,6 +99,10 @@ class LoadReport:
         }
 
 
+#: how long an onlooker may take to be ready to watch, and to finish once the runs have ended
+ONLOOKER_READY_S = 300.0
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -279,12 +283,22 @@ def _judge(report: LoadReport, outputs: dict[str, str], sfn: Any) -> None:
 
 def _drive(
     runs: int, quota: int, tee: _Tee, say: Printer, report: LoadReport, endpoint: str,
-    while_running: Callable[[str], None] | None,
+    while_running: Callable[[str, threading.Event], None] | None,
 ) -> None:
     outputs = _outputs(tee.wait_for("Ctrl-C stops the twin.", timeout=120))
     service_quotas.set_quota(INSTANCE_TYPE, quota)
     specs = _specs(runs, _prepare(outputs))
     sfn = boto3.client("stepfunctions")
+    beside: list[BaseException] = []
+    onlooker = None
+    if while_running is not None:
+        # the onlooker looks before the specs are dropped, so that it sees the runs from their start
+        ready = threading.Event()
+        onlooker = threading.Thread(
+            target=_beside, args=(while_running, endpoint, ready, beside), name="load-onlooker", daemon=True
+        )
+        onlooker.start()
+        ready.wait(ONLOOKER_READY_S)
     started = time.monotonic()
     fault_matrix.drop_specs(
         outputs["JobsBucketName"],
@@ -292,13 +306,6 @@ def _drive(
         boto3.client("s3"),
     )
     say(f"load: {runs} specs dropped at once, quota {quota} x {INSTANCE_TYPE}")
-    beside: list[BaseException] = []
-    onlooker = None
-    if while_running is not None:
-        onlooker = threading.Thread(
-            target=_beside, args=(while_running, endpoint, beside), name="load-onlooker", daemon=True
-        )
-        onlooker.start()
     report.ended = fault_matrix.watch(
         outputs["StateMachineArn"],
         specs,
@@ -307,28 +314,36 @@ def _drive(
     )
     report.wall_s = time.monotonic() - started
     if onlooker is not None:
-        onlooker.join()
+        onlooker.join(ONLOOKER_READY_S)
     _judge(report, outputs, sfn)
     report.peak_instances = _peak_instances(boto3.client("sagemaker"))
     if beside:
         raise beside[0]
 
 
-def _beside(while_running: Callable[[str], None], endpoint: str, failure: list[BaseException]) -> None:
+def _beside(
+    while_running: Callable[[str, threading.Event], None],
+    endpoint: str,
+    ready: threading.Event,
+    failure: list[BaseException],
+) -> None:
     try:
-        while_running(endpoint)
+        while_running(endpoint, ready)
     except BaseException as exc:
         failure.append(exc)
+    finally:
+        ready.set()  # an onlooker that failed before it was ready holds nothing up
 
 
 def run_load(
     runs: int = RUNS, quota: int = QUOTA, printer: Printer | None = None,
-    while_running: Callable[[str], None] | None = None,
+    while_running: Callable[[str, threading.Event], None] | None = None,
 ) -> LoadReport:
     """Serve the twin with `lustrain local up` on a free loopback port and drop `runs` specs on it at once.
-    `while_running`, given, is called with the twin's endpoint URL once the specs are dropped, in a thread of its
-    own while the runs go on (a client of the twin watching them: tests/e2e/test_load.py opens the dashboard);
-    the load waits for it before it judges the runs, and raises what it raised."""
+    `while_running`, given, is called with the twin's endpoint URL and an event, in a thread of its own, before
+    the specs are dropped (a client of the twin watching the runs: tests/e2e/test_load.py opens the dashboard);
+    the specs are dropped once it sets the event (it is ready to see them from their start; at most
+    ONLOOKER_READY_S), and the load waits for it before it judges the runs, and raises what it raised."""
     say = printer or (lambda line: None)
     port = free_port()
     report = LoadReport(runs, quota)

@@ -199,7 +199,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from lustrain.operate import as_json, evaluation_text, status
 
-    found = status(_stack(args), args.run)
+    found = status(_stack(args), args.run, with_mlflow=True)
     if args.json:
         print(as_json(found))
         return EXIT_OK

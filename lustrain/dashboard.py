@@ -7,10 +7,12 @@ machine's state it is in, attempt, place in the capacity queue, training job, st
 view (/run/<job id>) adds `lustrain report`'s plots and the last lines of its log.
 
 What it asks of AWS: one look per REFRESH_S, however many pages are open. A look lists the runs (as `lustrain runs`)
-and reads the status of each run still going, and its log from where the last look stopped (a long run's log is
-not read again from its start); a run that had ended before the dashboard started is read only when its view is
+and reads the status of each run still going, and its current job's first host's log (rank 0's, which logs the
+steps) from where the last look stopped, its last lines at the first look (operate.log_tail: one stream whatever
+the hosts, never a long log from its start); a run that had ended before the dashboard started is read only when its view is
 opened, one that ends while it watches once more, then never again. A run's plots are drawn when its view is open,
-again at most every PLOTS_EVERY_S while the run goes on, and once more when it has ended. An AWS error is shown on
+again at most every PLOTS_EVERY_S while the run goes on, and once more when it has ended (from its whole log, as
+`lustrain report` draws them). An AWS error is shown on
 the page (beside what the last good look read) and the server serves on.
 """
 
@@ -124,7 +126,7 @@ class Dashboard:
             "queue_place": now.queue,
             "training_job": now.training_job,
         }
-        lines = operate.logs(self.stack, job_id, since_ms=followed.since_ms)
+        lines = operate.log_tail(self.stack, job_id, since_ms=followed.since_ms, limit=LOG_TAIL)
         for line in lines:
             found = operate.STEP_IN_LOG.search(line.message)
             followed.step = int(found.group(1)) if found else followed.step

@@ -444,8 +444,10 @@ def processing_jobs(stack: Stack, record: JobRecord) -> list[dict[str, Any]]:
     return found
 
 
-def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
-    """One run: its summary, the state-by-state timeline, its quota, file system, training job and last metrics."""
+def status(stack: Stack, run: str, now: float | None = None, with_mlflow: bool = False) -> RunStatus:
+    """One run: its summary, the state-by-state timeline, its quota, file system, training job and last metrics;
+    `with_mlflow`, where its MLflow run is (a call to the tracking server: `lustrain status` asks, the dashboard's
+    looks and the report do not)."""
     moment = time.time() if now is None else now
     record = find_run(stack, run)
     summary = _summary(stack, record, moment)
@@ -500,7 +502,7 @@ def status(stack: Stack, run: str, now: float | None = None) -> RunStatus:
         # the ledger: what the run created and its teardown has not deleted (all it holds while it runs)
         resources_left=[dict(r) for r in record.resources],
         stages=processing_jobs(stack, record),
-        mlflow=mlflow_run(stack, record),
+        mlflow=mlflow_run(stack, record) if with_mlflow else None,
     )
 
 
@@ -640,6 +642,39 @@ def logs(stack: Stack, run: str, since_ms: int | None = None) -> list[LogLine]:
                     break
                 request["nextToken"] = token
     return sorted(lines, key=lambda line: (line.timestamp_ms, line.stream))
+
+
+def log_tail(stack: Stack, run: str, since_ms: int | None = None, limit: int = 50) -> list[LogLine]:
+    """The lines of the run's current job's first host (rank 0, which logs the steps and metrics): its last
+    `limit` lines, or those after `since_ms` when given. What a live view reads at each look: one stream,
+    however many hosts the run has and however long its log already is."""
+    record = find_run(stack, run)
+    client = stack.client("logs")
+    for group, prefix in reversed(log_streams(record)):
+        try:
+            listed = client.describe_log_streams(logGroupName=group, logStreamNamePrefix=prefix)["logStreams"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+                continue
+            raise
+        names = sorted(stream["logStreamName"] for stream in listed)
+        if not names:
+            continue  # this attempt or stage has written nothing yet: the one before it is the one going
+        first = next((n for n in names if n[len(prefix) :].startswith("algo-1-")), names[0])
+        request: dict[str, Any] = {"logGroupName": group, "logStreamName": first}
+        if since_ms is None:
+            page = client.get_log_events(**request, startFromHead=False, limit=limit)
+            return [LogLine(int(e["timestamp"]), first, str(e["message"])) for e in page.get("events", [])]
+        lines: list[LogLine] = []
+        request.update(startTime=since_ms + 1, startFromHead=True)
+        while True:
+            page = client.get_log_events(**request)
+            lines += [LogLine(int(e["timestamp"]), first, str(e["message"])) for e in page.get("events", [])]
+            token = page.get("nextForwardToken")
+            if not page.get("events") or token == request.get("nextToken"):
+                return lines
+            request["nextToken"] = token
+    return []
 
 
 def as_json(value: Any) -> str:

@@ -9,6 +9,7 @@ invocation succeeds all the same: a notice never fails nor holds up a run.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from aws_lambda_powertools import Logger
 from lustrain_core import clients
 from lustrain_core.aws_errors import translate_aws_errors
 from lustrain_core.config import Settings
-from lustrain_core.steps import notify, records, tracking
+from lustrain_core.steps import notices, notify, records, tracking
 
 logger = Logger(service="lustrain")
 
@@ -40,16 +41,23 @@ def is_event(event: Any) -> bool:
     )
 
 
-def _tracking_clients(settings: Settings) -> dict[str, Any]:
-    """What the MLflow logging calls with: the function's logs and S3 clients, and its credentials (which sign the
-    calls to a SageMaker tracking server)."""
+#: the seconds of the function's time MLflow's calls leave for the rest of the invocation
+MLFLOW_MARGIN_S = 5.0
+
+
+def _tracking_clients(settings: Settings, context: Any) -> dict[str, Any]:
+    """What the MLflow logging calls with: the function's logs and S3 clients, its credentials (which sign the
+    calls to a SageMaker tracking server), and the moment its calls must have ended by (the invocation's time,
+    less a margin: an attempt's metrics cut short are read again at the run's end)."""
     import boto3
 
+    remaining_ms = getattr(context, "get_remaining_time_in_millis", None)
     return {
         "logs": clients.client("logs"),
         "s3": clients.client("s3"),
         "settings": settings,
         "credentials": boto3.Session().get_credentials(),
+        "deadline": time.monotonic() + remaining_ms() / 1000 - MLFLOW_MARGIN_S if remaining_ms else None,
     }
 
 
@@ -66,11 +74,16 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     settings = Settings.from_env()
     ddb, sagemaker, secrets = (clients.client(s) for s in ("dynamodb", "sagemaker", "secretsmanager"))
     if is_event(event):
-        result = notify.on_event(event, ddb=ddb, sagemaker=sagemaker, secrets=secrets, settings=settings)
+        result = (
+            notify.on_event(event, ddb=ddb, sagemaker=sagemaker, secrets=secrets, settings=settings)
+            if notices.configured(settings)
+            # a stack that logs to MLflow without a webhook: no notice is made to be dropped
+            else {"posted": False, "chat": {"delivered": False, "skipped": f"no {notices.SECRET_SETTING}"}}
+        )
         logger.info("notice", extra={"notice": result})
         if tracking.configured(settings):
             result["mlflow"] = _tracked(
-                lambda: tracking.on_event(event, ddb=ddb, sagemaker=sagemaker, **_tracking_clients(settings))
+                lambda: tracking.on_event(event, ddb=ddb, sagemaker=sagemaker, **_tracking_clients(settings, context))
             )
     else:
         result = notify.notify(
@@ -83,7 +96,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             status = tracking.STATUS_OF_OUTCOME.get(str(result.get("outcome")), "FAILED")
             result["mlflow"] = _tracked(
                 lambda: tracking.on_run_end(
-                    record, status, ddb=ddb, sagemaker=sagemaker, **_tracking_clients(settings)
+                    record, status, ddb=ddb, sagemaker=sagemaker, **_tracking_clients(settings, context)
                 )
             )
     mlflow = result.get("mlflow") or {}

@@ -73,14 +73,15 @@ class MlflowServer:
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """A real MLflow tracking server on 127.0.0.1 (`mlflow server`, from the virtualenv `make test` makes for it),
     serving its artifacts as a team's server does; answering once its /health does."""
-    executable = os.environ.get("LUSTRAIN_MLFLOW") or str(Path(__file__).resolve().parents[2] / ".venv-mlflow/bin/mlflow")
-    assert Path(executable).exists(), f"no MLflow server at {executable}: `make test` installs it (.venv-mlflow)"
+    root = Path(__file__).resolve().parents[2]
+    executable = (root / os.environ.get("LUSTRAIN_MLFLOW", ".venv-mlflow/bin/mlflow")).absolute()
+    assert executable.exists(), f"no MLflow server at {executable}: `make test` installs it (.venv-mlflow)"
     home = tmp_path_factory.mktemp("mlflow")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [executable, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        [str(executable), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}", "--artifacts-destination", str(home / "artifacts")],
         cwd=home,
         stdout=(home / "server.log").open("wb"),

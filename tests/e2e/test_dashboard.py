@@ -66,9 +66,10 @@ class Seen:
     failure: str | None = None
 
 
-def watch_the_dashboard(endpoint: str, seen: Seen) -> None:
-    """Serve `lustrain dashboard` against the twin at `endpoint`, look at its page until it has shown every
-    thing `Seen` holds, then stop it with Ctrl-C. Never raises: a failure is kept, with what the page showed."""
+def watch_the_dashboard(endpoint: str, ready: threading.Event, seen: Seen) -> None:
+    """Serve `lustrain dashboard` against the twin at `endpoint`, and once its page shows its first look at the
+    stack, set `ready` (the runs start then); look at the page until it has shown every thing `Seen` holds, then
+    stop it with Ctrl-C. Never raises: a failure is kept, with what the page showed."""
     shown = ""
     try:
         if not Path(CHROMIUM).is_file():
@@ -86,6 +87,11 @@ def watch_the_dashboard(endpoint: str, seen: Seen) -> None:
                 page = browser.new_page()
                 try:
                     page.goto(url)
+                    page.wait_for_function(
+                        "() => document.getElementById('read').textContent.startsWith('read at')",
+                        timeout=SHOWS_WITHIN_MS,
+                    )
+                    ready.set()
                     _look(page, seen)
                 except BaseException:
                     shown = page.inner_text("body")

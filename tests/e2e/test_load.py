@@ -38,7 +38,7 @@ def seen() -> Seen:
 @pytest.fixture(scope="module")
 def report(seen: Seen) -> load.LoadReport:
     before = dict(os.environ)
-    done = load.run_load(RUNS, QUOTA, while_running=lambda endpoint: watch_the_dashboard(endpoint, seen))
+    done = load.run_load(RUNS, QUOTA, while_running=lambda endpoint, ready: watch_the_dashboard(endpoint, ready, seen))
     assert dict(os.environ) == before, "the bench must leave the process environment as it found it"
     return done
 

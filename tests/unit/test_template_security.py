@@ -646,10 +646,36 @@ def test_notify_may_call_only_the_sagemaker_mlflow_server_the_stack_names_and_wr
     condition, put = statements["WriteTheModelsLocationToMlflow"]
     assert condition == "HasMlflowArtifactStore" and put["Action"] == "s3:PutObject"
     if signed:
-        assert resolved.resolve(put["Resource"]) == "arn:aws:s3:::team-mlflow-artifacts/store*"
+        assert resolved.resolve(put["Resource"]) == "arn:aws:s3:::team-mlflow-artifacts/store/*"
+    store_pattern = re.compile(PARAMETERS["MlflowArtifactStoreUri"]["AllowedPattern"])
+    assert store_pattern.fullmatch("s3://team-mlflow-artifacts") and store_pattern.fullmatch("s3://b-1/store/x")
+    assert not store_pattern.fullmatch("s3://team-mlflow-artifacts/store/")  # would grant store//*
     assert statements["ReadTheAttemptsLog"][0] == "HasMlflow"
     assert function_env("NotifyFunction")["LUSTRAIN_MLFLOW_TRACKING_URI"] == {"Ref": "MlflowTrackingUri"}
 
 
 def template_defaults() -> dict[str, Any]:
     return {name: p.get("Default", "") for name, p in PARAMETERS.items()}
+
+
+def test_the_mlflow_grant_is_exactly_the_calls_tracking_makes():
+    """Each MLflow REST call of steps/tracking.py, by the sagemaker-mlflow action that authorizes it on a
+    SageMaker server (the Service Authorization Reference's names): the grant holds those and no other."""
+    action_of = {
+        "experiments/get-by-name": "GetExperimentByName",
+        "experiments/create": "CreateExperiment",
+        "runs/create": "CreateRun",
+        "runs/get": "GetRun",
+        "runs/delete": "DeleteRun",
+        "runs/log-batch": "LogBatch",
+        "runs/update": "UpdateRun",
+    }
+    source = (ROOT / "functions/lustrain_core/steps/tracking.py").read_text()
+    called = set(re.findall(r'"mlflow/([a-z-]+/[a-z-]+)"', source))
+    assert called and called <= set(action_of), called - set(action_of)
+    (grant,) = [
+        s["Fn::If"][1]
+        for s in TEMPLATE["Resources"]["NotifyFunction"]["Properties"]["Policies"][1]["Statement"]
+        if isinstance(s, dict) and "Fn::If" in s and s["Fn::If"][1].get("Sid") == "LogRunsToMlflow"
+    ]
+    assert set(grant["Action"]) == {f"sagemaker-mlflow:{action_of[path]}" for path in called}

@@ -111,3 +111,34 @@ def test_a_data_preparation_is_no_mlflow_run():
     settings = Settings(extra={tracking.URI_SETTING: "http://127.0.0.1:9"})
     told = tracking.on_run_end(record, "FINISHED", ddb=None, sagemaker=None, s3=None, settings=settings, credentials=None)
     assert told == {"tracked": False, "reason": "a data preparation trains no model"}
+
+
+class Recorded:
+    """An MLflow server that answers every call and keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, query: Any = None) -> dict[str, Any]:
+        self.calls.append((method, path, body or {}))
+        return {}
+
+
+def test_an_attempts_points_are_logged_a_batch_at_a_time_and_what_mlflow_cannot_take_is_made_fit_or_skipped():
+    definitions = [
+        {"Name": "step", "Regex": r"step=(\d+)"},
+        {"Name": "train:loss", "Regex": r"loss=([^ ]+)"},  # a SageMaker-style name; nan and inf are logged
+        {"Name": "grad norm!", "Regex": r"gn=([0-9.]+)"},  # a character MLflow refuses
+        {"Name": "broken", "Regex": r"loss=[0-9.]+"},  # captures nothing: no point, no failure
+        {"Name": "bad regex", "Regex": r"(unclosed"},
+    ]
+    lines = [(1000 + i, f"step={i} loss={1.0 / (i + 1)} gn=0.5") for i in range(1, 1201)]
+    lines += [(5000, "step=1201 loss=nan gn=x"), (5001, "step=1202 loss=inf gn=1"), (5002, "no step here loss=1")]
+    server = Recorded()
+    logged = tracking.log_metrics(server, "run-1", iter(lines), definitions)  # type: ignore[arg-type]
+    batches = [body["metrics"] for _, path, body in server.calls if path == "mlflow/runs/log-batch"]
+    assert [len(b) for b in batches] == [1000, 1000, 403] and logged == 2403
+    sent = [m for b in batches for m in b]
+    assert {m["key"] for m in sent} == {"train:loss", "grad norm_"}
+    assert [m["value"] for m in sent if m["step"] >= 1201 and m["key"] == "train:loss"] == ["NaN", "Infinity"]
+    json.dumps(batches, allow_nan=False)  # what goes over the wire is JSON (which has no NaN)

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,17 @@ class Server:
 
     uri: str
     credentials: Any = None
+    #: time.monotonic() by which every call must have ended (the function's own time, less a margin); None: none
+    deadline: float | None = None
+
+    def timeout(self) -> float:
+        """How long the next call may take: TIMEOUT_S, or what is left of the function's time."""
+        if self.deadline is None:
+            return TIMEOUT_S
+        left = self.deadline - time.monotonic()
+        if left < 1.0:
+            raise TrackingError("out of time: the function's time is nearly spent, the rest is not logged")
+        return min(TIMEOUT_S, left)
 
     @property
     def arn(self) -> re.Match[str] | None:
@@ -132,7 +144,7 @@ class Server:
             headers = dict(signed.headers.items())
         request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 (parse_uri)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=self.timeout()) as answer:  # noqa: S310
                 return bytes(answer.read())
         except urllib.error.HTTPError as exc:
             with exc:
@@ -230,19 +242,38 @@ def mlflow_run(server: Server, settings: Settings, record: JobRecord, ddb: Any) 
     return dict(made)
 
 
-def log_metrics(server: Server, run_id: str, found: dict[str, list[metric_lines.Point]]) -> int:
-    """Log each point at its step and time; the same point logged twice (an event delivered twice) is one entry
-    of the metric's history. The number of points logged."""
-    metrics = [
-        {"key": name, "value": p.value, "timestamp": p.timestamp_ms, "step": int(p.step)}
-        for name, curve in sorted(found.items())
-        for p in curve
-    ]
-    for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-        server.call(
-            "POST", "mlflow/runs/log-batch", {"run_id": run_id, "metrics": metrics[start : start + MAX_METRICS_PER_BATCH]}
-        )
-    return len(metrics)
+def metric_key(name: str) -> str | None:
+    """A MetricDefinition's name as an MLflow metric key: a character MLflow's names refuse becomes "_" (a SageMaker
+    name such as `train:loss` may hold one), at most MLflow's 250; None for an empty one."""
+    key = re.sub(r"[^\w./ :-]", "_", name)[:250]
+    return key or None
+
+
+def _value(value: float) -> float | str:
+    """A metric's value in MLflow's JSON: a non-finite one as protobuf's JSON spells it (JSON has no NaN)."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def log_metrics(server: Server, run_id: str, lines: Iterable[tuple[int, str]], definitions: list[Any]) -> int:
+    """Log each point of the lines at its step and time, a batch at a time as the lines are read (a long attempt's
+    points are never held together); the same point logged twice (an event delivered twice, the run's end reading
+    the last attempt again) is one entry of the metric's history. The number of points logged."""
+    batch: list[dict[str, Any]] = []
+    logged = 0
+    for name, point in metric_lines.each_point(lines, definitions):
+        key = metric_key(name)
+        if key is None:
+            continue
+        batch.append({"key": key, "value": _value(point.value), "timestamp": point.timestamp_ms, "step": int(point.step)})
+        if len(batch) == MAX_METRICS_PER_BATCH:
+            server.call("POST", "mlflow/runs/log-batch", {"run_id": run_id, "metrics": batch})
+            logged, batch = logged + len(batch), []
+    if batch:
+        server.call("POST", "mlflow/runs/log-batch", {"run_id": run_id, "metrics": batch})
+        logged += len(batch)
+    return logged
 
 
 def attempt_lines(logs: Any, training_job: str) -> Iterator[tuple[int, str]]:
@@ -268,7 +299,7 @@ def attempt_ended(
     name = str(described["TrainingJobName"])
     attempt = name.rpartition("-")[2]
     definitions = (described.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
-    logged = log_metrics(server, run["run_id"], metric_lines.points(attempt_lines(logs, name), definitions))
+    logged = log_metrics(server, run["run_id"], attempt_lines(logs, name), definitions)
     tags = [
         {"key": f"lustrain.attempt.{attempt}.training_job", "value": name},
         {"key": f"lustrain.attempt.{attempt}.status", "value": str(described.get("TrainingJobStatus", ""))},
@@ -286,7 +317,7 @@ def _artifact_store(settings: Settings) -> tuple[str, str] | None:
     if not raw.startswith("s3://"):
         return None
     bucket, _, prefix = raw[len("s3://") :].partition("/")
-    return bucket, prefix
+    return bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""
 
 
 def put_artifact(server: Server, settings: Settings, run: dict[str, Any], body: bytes, *, s3: Any) -> str:
@@ -311,10 +342,23 @@ def put_artifact(server: Server, settings: Settings, run: dict[str, Any], body: 
 
 
 def run_ended(
-    server: Server, settings: Settings, record: JobRecord, status: str, *, sagemaker: Any, s3: Any, ddb: Any
+    server: Server,
+    settings: Settings,
+    record: JobRecord,
+    status: str,
+    *,
+    sagemaker: Any,
+    s3: Any,
+    ddb: Any,
+    logs: Any = None,
 ) -> dict[str, Any]:
     """End the run's MLflow run with `status` (MLflow's RunStatus), and note where its model is."""
     run = mlflow_run(server, settings, record, ddb)
+    names = record.training_job_names()
+    if logs is not None and names:
+        described = describe_training_job(sagemaker, names[-1]) or {}
+        definitions = (described.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+        log_metrics(server, run["run_id"], attempt_lines(logs, names[-1]), definitions)
     model = _model_location(record, settings, sagemaker)
     written = put_artifact(
         server,
@@ -365,12 +409,19 @@ def where(server: Server, record: JobRecord) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ the run's moments
 
 
-def server_of(settings: Settings, credentials: Any) -> Server:
-    return Server(parse_uri(settings.extra[URI_SETTING]), credentials)
+def server_of(settings: Settings, credentials: Any, deadline: float | None = None) -> Server:
+    return Server(parse_uri(settings.extra[URI_SETTING]), credentials, deadline)
 
 
 def on_training_change(
-    change: Any, *, ddb: Any, sagemaker: Any, logs: Any, settings: Settings, credentials: Any
+    change: Any,
+    *,
+    ddb: Any,
+    sagemaker: Any,
+    logs: Any,
+    settings: Settings,
+    credentials: Any,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """An attempt's end, as SageMaker bears it out: logged to the run's MLflow run. What was done, or why not."""
     job_id, _, number = change.TrainingJobName.rpartition("-")
@@ -381,12 +432,22 @@ def on_training_change(
     if described is None or described.get("TrainingJobStatus") != change.TrainingJobStatus:
         return {"tracked": False, "reason": "SageMaker does not bear the event out"}
     return _safely(
-        lambda: attempt_ended(server_of(settings, credentials), settings, record, described, logs=logs, ddb=ddb)
+        lambda: attempt_ended(
+            server_of(settings, credentials, deadline), settings, record, described, logs=logs, ddb=ddb
+        )
     )
 
 
 def on_event(
-    event: dict[str, Any], *, ddb: Any, sagemaker: Any, logs: Any, s3: Any, settings: Settings, credentials: Any
+    event: dict[str, Any],
+    *,
+    ddb: Any,
+    sagemaker: Any,
+    logs: Any,
+    s3: Any,
+    settings: Settings,
+    credentials: Any,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """An EventBridge event of the notify function's rules, told to MLflow where it is a moment MLflow keeps: an
     attempt's end, or an execution's end that the state machine's own notify does not see."""
@@ -400,7 +461,13 @@ def on_event(
         if change.TrainingJobStatus not in ENDED:
             return {"tracked": False, "reason": f"the training job is {change.TrainingJobStatus}, not ended"}
         return on_training_change(
-            change, ddb=ddb, sagemaker=sagemaker, logs=logs, settings=settings, credentials=credentials
+            change,
+            ddb=ddb,
+            sagemaker=sagemaker,
+            logs=logs,
+            settings=settings,
+            credentials=credentials,
+            deadline=deadline,
         )
     status, name = detail.get("status"), detail.get("name")
     if event.get("source") == "aws.states" and status in STATUS_OF_EXECUTION and isinstance(name, str) and name:
@@ -415,6 +482,8 @@ def on_event(
             s3=s3,
             settings=settings,
             credentials=credentials,
+            logs=logs,
+            deadline=deadline,
         )
     return {"tracked": False, "reason": "not a moment MLflow keeps"}
 
@@ -429,16 +498,25 @@ def on_run_end(
     settings: Settings,
     credentials: Any,
     logs: Any = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """The run's end (`status`, MLflow's RunStatus): its MLflow run ended, its model's location noted."""
-    del logs  # an ended run's metrics were logged at each attempt's end
+    """The run's end (`status`, MLflow's RunStatus): its MLflow run ended, its model's location noted, and its last
+    attempt's metrics read again (CloudWatch may not have had its last lines searchable when the attempt's end
+    was told; the points logged then are kept once)."""
     if record is None:
         return {"tracked": False, "reason": "no run was registered"}
     if record.kind != records.TRAIN:
         return {"tracked": False, "reason": "a data preparation trains no model"}
     return _safely(
         lambda: run_ended(
-            server_of(settings, credentials), settings, record, status, sagemaker=sagemaker, s3=s3, ddb=ddb
+            server_of(settings, credentials, deadline),
+            settings,
+            record,
+            status,
+            sagemaker=sagemaker,
+            s3=s3,
+            ddb=ddb,
+            logs=logs,
         )
     )
 
