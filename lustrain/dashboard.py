@@ -292,17 +292,23 @@ def serve(stack: operate.Stack, port: int, for_seconds: float | None = None, as_
         stop.daemon = True
         if for_seconds:
             stop.start()
-        # a process manager's stop ends it as Ctrl-C does (its temporary directory removed)
+        # a process manager's stop ends it as Ctrl-C does (its temporary directory removed); and Ctrl-C stops it even
+        # where whatever started it ignores SIGINT (a shell's background job, a test runner's worker), which Python
+        # would otherwise keep ignoring
         on_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if on_main else None
+        previous = (
+            {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+            if on_main
+            else {}
+        )
         try:
             server.serve_forever(poll_interval=0.5)
         except KeyboardInterrupt:
             pass
         finally:
             stop.cancel()
-            if on_main:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             server.server_close()
     return 0
 
