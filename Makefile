@@ -6,6 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SPEC   ?= examples/tiny.yaml
 
+.DEFAULT_GOAL := install
 .PHONY: run test suite install lint validate scan build unit functional e2e bench iam-report clean
 
 # aws-sam-cli pins boto3: it gets a virtualenv of its own, which uv (a dev dependency) fills from PyPI.
@@ -23,8 +24,14 @@ CHECKOV      := $(CHECKOV_VENV)/bin/checkov
 # suite's three workers start.
 unexport PYTHONDONTWRITEBYTECODE
 
-$(STAMP): pyproject.toml
+# uv first, at pyproject.toml's pin: the virtualenvs of the tools it fills (below) are then made while pip installs
+# the project.
+UV_PIN := $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
+$(BIN)/uv:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile $(UV_PIN)
+
+$(STAMP): pyproject.toml $(BIN)/uv
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]' 2>&1 \
 	  | { grep -v "is ignored: it is neither" || true; }; test $${PIPESTATUS[0]} -eq 0
 	$(BIN)/python -c "import lustrain, lustrain_core, lustrain_trainer, torch, moto, lustrain.twin.rehearse, torch.distributed.checkpoint"
@@ -63,12 +70,13 @@ build: $(SAM_VENV)/bin/sam
 
 # A local MLflow tracking server for the tests of the run's MLflow logging (tests/e2e/test_rehearsal.py): the server
 # (mlflow, with its database and web stack, about 600 MB) stays out of the project's virtualenv, which only talks
-# to it over its REST API.
+# to it over its REST API. Made while pip installs the project; what the server imports is compiled here, once.
 MLFLOW_VENV := .venv-mlflow
 MLFLOW      := $(MLFLOW_VENV)/bin/mlflow
-$(MLFLOW): $(STAMP)
+$(MLFLOW): $(BIN)/uv
 	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(MLFLOW_VENV)
 	$(UV) pip install --quiet --python $(MLFLOW_VENV)/bin/python mlflow==3.17.2
+	$(MLFLOW_VENV)/bin/python -c "import mlflow.cli, mlflow.server.fastapi_app"
 
 # Debian's Chromium, which the dashboard's test drives headless (tests/e2e/test_dashboard.py, through Playwright,
 # whose own browser download cannot be reached from a private network); elsewhere, set CHROMIUM to a Chromium or
