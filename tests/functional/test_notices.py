@@ -65,10 +65,12 @@ KNOWN_JOBS: dict[str, dict[str, Any]] = {}
 def sagemaker_knows(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
     """What SageMaker says of a training job, which the notice tells rather than the event's words: the jobs of
     these tests are never created, so DescribeTrainingJob is answered from KNOWN_JOBS (None: no such job)."""
-    from lustrain_core.steps import notify
+    from lustrain_core.steps import notify, training
 
     KNOWN_JOBS.clear()
-    monkeypatch.setattr(notify, "describe_training_job", lambda sagemaker, name: KNOWN_JOBS.get(name))
+    # the attempt's check (training.ended_attempt) and the cost of the run (notify) both ask
+    for module in (notify, training):
+        monkeypatch.setattr(module, "describe_training_job", lambda sagemaker, name: KNOWN_JOBS.get(name))
     return KNOWN_JOBS
 
 

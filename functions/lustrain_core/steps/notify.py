@@ -34,7 +34,7 @@ from lustrain_core.prices import PriceTable
 from lustrain_core.steps import budget, notices, queue, records
 from lustrain_core.steps.events import ENDED, TrainingJobStateChange, classify_failure
 from lustrain_core.steps.records import JobRecord
-from lustrain_core.steps.training import describe_training_job, training_job_name
+from lustrain_core.steps.training import describe_training_job, ended_attempt
 
 #: SNS subjects: printable ASCII, no line breaks, fewer than 100 characters
 MAX_SUBJECT = 99
@@ -379,19 +379,14 @@ def _training_notice(
         return "not a SageMaker training job's state change"
     if change.TrainingJobStatus not in ENDED:
         return f"the training job is {change.TrainingJobStatus}, not ended"
-    # start_training names attempt n of run <spec name>-<8 hex> "<spec name>-<8 hex>-<n>"
-    job_id, _, number = change.TrainingJobName.rpartition("-")
-    record = records.get(ddb, settings.jobs_table, job_id) if job_id and number.isdigit() else None
-    if record is None or training_job_name(record.name, job_id, int(number)) != change.TrainingJobName:
-        return "the training job is no run's of this stack"
-    # the notice tells what SageMaker says of the job, never the event's words (a function can be invoked with any
-    # payload): its status, reason and model as DescribeTrainingJob gives them
-    described = describe_training_job(sagemaker, change.TrainingJobName)
-    if described is None:
-        return "SageMaker knows no such training job: not announced"
-    status = str(described.get("TrainingJobStatus", ""))
-    if status != change.TrainingJobStatus:
-        return f"the event says {change.TrainingJobStatus}, SageMaker says {status or 'nothing'}: not announced"
+    found = ended_attempt(
+        change.TrainingJobName, change.TrainingJobStatus, ddb=ddb, sagemaker=sagemaker, settings=settings
+    )
+    if isinstance(found, str):
+        return found
+    record, described = found
+    status = str(described["TrainingJobStatus"])
+    number = change.TrainingJobName.rpartition("-")[2]
     reason = described.get("FailureReason")
     if status == "Completed":
         why = "the training finished"

@@ -44,7 +44,7 @@ from lustrain_core.config import Settings
 from lustrain_core.steps import records
 from lustrain_core.steps.events import ENDED, TrainingJobStateChange
 from lustrain_core.steps.records import JobRecord
-from lustrain_core.steps.training import describe_training_job, training_job_name
+from lustrain_core.steps.training import describe_training_job, ended_attempt
 
 #: the stack's setting (template.yaml: MlflowTrackingUri) and the bucket and prefix where a server's artifact store
 #: lets the function write (MlflowArtifactStoreUri)
@@ -424,13 +424,12 @@ def on_training_change(
     deadline: float | None = None,
 ) -> dict[str, Any]:
     """An attempt's end, as SageMaker bears it out: logged to the run's MLflow run. What was done, or why not."""
-    job_id, _, number = change.TrainingJobName.rpartition("-")
-    record = records.get(ddb, settings.jobs_table, job_id) if job_id and number.isdigit() else None
-    if record is None or training_job_name(record.name, job_id, int(number)) != change.TrainingJobName:
-        return {"tracked": False, "reason": "the training job is no run's of this stack"}
-    described = describe_training_job(sagemaker, change.TrainingJobName)
-    if described is None or described.get("TrainingJobStatus") != change.TrainingJobStatus:
-        return {"tracked": False, "reason": "SageMaker does not bear the event out"}
+    found = ended_attempt(
+        change.TrainingJobName, change.TrainingJobStatus, ddb=ddb, sagemaker=sagemaker, settings=settings
+    )
+    if isinstance(found, str):
+        return {"tracked": False, "reason": found}
+    record, described = found
     return _safely(
         lambda: attempt_ended(
             server_of(settings, credentials, deadline), settings, record, described, logs=logs, ddb=ddb

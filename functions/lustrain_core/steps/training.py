@@ -141,6 +141,26 @@ def describe_training_job(sagemaker: Any, name: str) -> dict[str, Any] | None:
         raise
 
 
+def ended_attempt(
+    training_job: str, status: str, *, ddb: Any, sagemaker: Any, settings: Settings
+) -> tuple[records.JobRecord, dict[str, Any]] | str:
+    """The run and DescribeTrainingJob's answer of an attempt an event says ended with `status`, once both bear it
+    out: the job is attempt n of a run of this stack (start_training names it "<spec name>-<8 hex>-<n>"), and
+    SageMaker says that status. Otherwise why not, in words. A function can be invoked with any payload: what it
+    tells of an attempt is what SageMaker says, never the event's words."""
+    job_id, _, number = training_job.rpartition("-")
+    record = records.get(ddb, settings.jobs_table, job_id) if job_id and number.isdigit() else None
+    if record is None or training_job_name(record.name, job_id, int(number)) != training_job:
+        return "the training job is no run's of this stack"
+    described = describe_training_job(sagemaker, training_job)
+    if described is None:
+        return "SageMaker knows no such training job: not announced"
+    said = str(described.get("TrainingJobStatus", ""))
+    if said != status:
+        return f"the event says {status}, SageMaker says {said or 'nothing'}: not announced"
+    return record, described
+
+
 def _job_status(sagemaker: Any, name: str) -> str | None:
     description = describe_training_job(sagemaker, name)
     return None if description is None else str(description["TrainingJobStatus"])
