@@ -142,3 +142,41 @@ def test_an_attempts_points_are_logged_a_batch_at_a_time_and_what_mlflow_cannot_
     assert {m["key"] for m in sent} == {"train:loss", "grad norm_"}
     assert [m["value"] for m in sent if m["step"] >= 1201 and m["key"] == "train:loss"] == ["NaN", "Infinity"]
     json.dumps(batches, allow_nan=False)  # what goes over the wire is JSON (which has no NaN)
+
+
+class Bucket:
+    def __init__(self) -> None:
+        self.put: list[tuple[str, str]] = []
+
+    def put_object(self, Bucket: str, Key: str, **_: Any) -> None:
+        self.put.append((Bucket, Key))
+
+
+@pytest.mark.parametrize(
+    ("store", "artifact_uri", "written"),
+    [
+        ("s3://team-mlflow/store", "s3://team-mlflow/store/3/abc/artifacts", True),
+        ("s3://team-mlflow", "s3://team-mlflow/3/abc/artifacts", True),
+        ("s3://team-mlflow/store", "s3://team-mlflow/store-prod/3/abc/artifacts", False),  # a sibling prefix
+        ("s3://team-mlflow/store", "s3://other-bucket/store/3/abc/artifacts", False),
+        ("", "s3://team-mlflow/store/3/abc/artifacts", False),  # no store named: no grant to write with
+    ],
+)
+def test_the_model_file_goes_into_s3_only_under_the_artifact_store_the_stack_names(store, artifact_uri, written):
+    s3 = Bucket()
+    settings = Settings(extra={tracking.ARTIFACT_STORE_SETTING: store})
+    where = tracking.put_artifact(Recorded(), settings, {"artifact_uri": artifact_uri}, b"{}", s3=s3)  # type: ignore[arg-type]
+    if written:
+        bucket, _, key = artifact_uri.removeprefix("s3://").partition("/")
+        assert s3.put == [(bucket, f"{key}/{tracking.MODEL_ARTIFACT}")] and where.startswith("s3://")
+    else:
+        assert s3.put == [] and where.startswith("not written")
+
+
+def test_calls_stop_before_the_functions_time_is_spent_and_say_so():
+    import time
+
+    server = tracking.Server("http://127.0.0.1:9", deadline=time.monotonic() + 0.5)
+    with pytest.raises(tracking.TrackingError, match="out of time"):
+        server.call("GET", "mlflow/experiments/get-by-name", query={"experiment_name": "x"})
+    assert tracking.Server("http://127.0.0.1:9", deadline=time.monotonic() + 30).timeout() == tracking.TIMEOUT_S

@@ -64,7 +64,7 @@ MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, MAX_PARAM_VALUE = 1000, 100, 6000
 #: which logs the metrics, is on algo-1
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 #: a run's end, as the state machine's notify or its execution's status tells it, in MLflow's RunStatus
-STATUS_OF_OUTCOME = {"succeeded": "FINISHED", "failed": "FAILED", "refused": "FAILED", "cancelled": "KILLED"}
+STATUS_OF_OUTCOME = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 STATUS_OF_EXECUTION = {"ABORTED": "KILLED", "TIMED_OUT": "FAILED", "FAILED": "FAILED"}
 
 
