@@ -24,6 +24,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     result = prepare.look(
         event,
         sagemaker=clients.client("sagemaker"),
+        iam=clients.client("iam"),
         ddb=clients.client("dynamodb"),
         settings=Settings.from_env(),
     )

@@ -1,6 +1,7 @@
 """A data preparation run on the twin's SageMaker Processing, with what the stack would give it: a private subnet
-that reaches S3 through a gateway endpoint, the trainer package's bundle as the code, a role SageMaker may assume
-that reads the code and the source and writes the output only, and the stages driven by steps/prepare.advance.
+that reaches S3 through a gateway endpoint, the trainer package's bundle as the code, the run's own role
+(steps/prepare_role: it reads the code and the source and writes the output only), and the stages driven by
+steps/prepare.advance.
 
 Used by the test that holds a two-instance run to a local one (tests/functional/test_prepare_processing.py) and by
 the twin's benchmark (bench/prepare_twin.py). The caller has moto's mock (or server) and the twin's patches in
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,15 @@ import boto3
 from lustrain_core import aws_requests, prepare_plan
 from lustrain_core.config import Settings
 from lustrain_core.images import prepare_image
-from lustrain_core.steps import prepare, records
+from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
+from lustrain_core.steps import prepare, prepare_role, records
 from lustrain_core.steps.code import build_bundle
 
 from lustrain.twin.patches import processing
-from lustrain.twin.patches.sagemaker import VPC_ACTIONS
 
 ACCOUNT = "123456789012"
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
-ROLE_NAME = "lustrain-prepare"
+BOUNDARY_NAME = "lustrain-twin-prepare-boundary"
 
 
 @dataclass
@@ -61,58 +62,18 @@ def _split(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _role(iam: Any, run: prepare_plan.PrepareRun, code_bucket: str, code_prefix: str) -> str:
-    src_bucket, src_prefix = _split(run.source)
-    out_bucket, out_prefix = _split(run.output)
-    trust = {
+def boundary_policy(iam: Any) -> str:
+    """A permissions boundary for the run's role as wide as the stack's PrepareProcessingBoundary is at most: the
+    role's own policy (steps/prepare_role) is what scopes it."""
+    document = {
         "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": "sagemaker.amazonaws.com"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
+        "Statement": [{"Effect": "Allow", "Action": ["s3:*", "logs:*", "ec2:*", "ecr:*", "kms:*"], "Resource": "*"}],
     }
     try:
-        arn = str(
-            iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
-        )
+        found = iam.create_policy(PolicyName=BOUNDARY_NAME, PolicyDocument=json.dumps(document))
     except iam.exceptions.EntityAlreadyExistsException:
-        arn = str(iam.get_role(RoleName=ROLE_NAME)["Role"]["Arn"])
-    buckets = sorted({src_bucket, out_bucket, code_bucket})
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": "s3:ListBucket",
-                "Resource": [f"arn:aws:s3:::{b}" for b in buckets],
-            },
-            {
-                "Effect": "Allow",
-                "Action": "s3:GetObject",
-                "Resource": [
-                    f"arn:aws:s3:::{src_bucket}/{src_prefix}*",
-                    f"arn:aws:s3:::{out_bucket}/{out_prefix}*",
-                    f"arn:aws:s3:::{code_bucket}/{code_prefix}*",
-                ],
-            },
-            {
-                "Effect": "Allow",
-                "Action": ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                "Resource": f"arn:aws:s3:::{out_bucket}/{out_prefix}*",
-            },
-            {
-                "Effect": "Allow",
-                "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                "Resource": "arn:aws:logs:*:*:log-group:/aws/sagemaker/ProcessingJobs*",
-            },
-            {"Effect": "Allow", "Action": [f"ec2:{a}" for a in VPC_ACTIONS], "Resource": "*"},
-        ],
-    }
-    iam.put_role_policy(RoleName=ROLE_NAME, PolicyName="prepare", PolicyDocument=json.dumps(policy))
-    return arn
+        return f"arn:aws:iam::{ACCOUNT}:policy/{BOUNDARY_NAME}"
+    return str(found["Policy"]["Arn"])
 
 
 def run_on_twin(
@@ -150,7 +111,10 @@ def run_on_twin(
         VpcEndpointType="Gateway",
         RouteTableIds=[table["RouteTableId"]],
     )
-    role = _role(boto3.client("iam", region_name=region), run, code_bucket, code_prefix)
+    iam = boto3.client("iam", region_name=region)
+    settings = replace(settings, extra={**settings.extra, prepare_role.BOUNDARY_SETTING: boundary_policy(iam)})
+    code_uri = f"s3://{code_bucket}/{code_key}"
+    tags = [{"Key": TAG_JOB_ID, "Value": run.job_id}, {"Key": TAG_CREATED_BY, "Value": settings.stack_name}]
 
     ddb = boto3.client("dynamodb", region_name=region)
     if settings.jobs_table not in ddb.list_tables()["TableNames"]:
@@ -163,21 +127,33 @@ def run_on_twin(
     records.put_new(ddb, settings.jobs_table, records.JobRecord(job_id=run.job_id))
     sm = boto3.client("sagemaker", region_name=region)
 
-    def request_of(stage: str) -> dict[str, Any]:
+    def role_of() -> str:
+        # the run's own role, as the stack's first look makes it; the twin's IAM has no delay to wait out
+        arn, _ = prepare_role.ensure(
+            iam, ddb, run, code_s3_uri=code_uri, image_uri=prepare_image(region), tags=tags, settings=settings
+        )
+        return arn
+
+    def request_of(stage: str, role: str) -> dict[str, Any]:
         return aws_requests.prepare_job(
             run,
             stage,
             role_arn=role,
             image_uri=prepare_image(region),
-            code_s3_uri=f"s3://{code_bucket}/{code_key}",
+            code_s3_uri=code_uri,
             subnet_id=subnet,
             security_group_ids=[group],
-            tags=[{"Key": "lustrain:job-id", "Value": run.job_id}],
+            tags=tags,
             settings=settings,
         )
 
+    def advance(done: list[str]) -> dict[str, Any]:
+        return prepare.advance(
+            run, done, sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of, role_of=role_of
+        )
+
     finished = Finished()
-    look = prepare.advance(run, [], sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of)
+    look = advance([])
     finished.looks.append(look)
     while look["stage"] is not None:
         stage = str(look["stage"])
@@ -185,9 +161,7 @@ def run_on_twin(
         if not processing.jobs(ACCOUNT, region)[name]._done.wait(timeout_s):
             raise TimeoutError(f"{name} did not end in {timeout_s} s")
         finished.jobs[stage] = dict(sm.describe_processing_job(ProcessingJobName=name))
-        look = prepare.advance(
-            run, look["done"], sagemaker=sm, ddb=ddb, settings=settings, request_of=request_of
-        )
+        look = advance(look["done"])
         finished.looks.append(look)
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=out_bucket, Prefix=out_prefix):
         for item in page.get("Contents", []):

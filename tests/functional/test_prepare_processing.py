@@ -15,7 +15,7 @@ from lustrain_core import aws_requests, limits, prepare_plan
 from lustrain_core.config import Settings
 from lustrain_core.errors import PrepareFailed
 from lustrain_core.images import prepare_image
-from lustrain_core.steps import prepare, records
+from lustrain_core.steps import prepare, prepare_role, records
 
 from lustrain.twin import simulator
 
@@ -45,11 +45,17 @@ def _run(**overrides: Any) -> prepare_plan.PrepareRun:
     return prepare_plan.PrepareRun(**given)
 
 
-def _request(run: prepare_plan.PrepareRun, stage: str, settings: Settings, **network: Any) -> dict[str, Any]:
+def _request(
+    run: prepare_plan.PrepareRun,
+    stage: str,
+    settings: Settings,
+    role: str = f"arn:aws:iam::{ACCOUNT}:role/lustrain-prepare",
+    **network: Any,
+) -> dict[str, Any]:
     return aws_requests.prepare_job(
         run,
         stage,
-        role_arn=f"arn:aws:iam::{ACCOUNT}:role/lustrain-prepare",
+        role_arn=role,
         image_uri=prepare_image(REGION),
         code_s3_uri=f"s3://{ARTIFACTS}/code/{run.job_id}/abc/sourcedir.tar.gz",
         subnet_id=network.get("subnet_id", "subnet-0123456789abcdef0"),
@@ -151,12 +157,22 @@ def test_the_stages_start_one_after_the_other_each_once_and_a_failed_one_ends_th
     run = _run(tokenizer="bpe:4096")
     records.put_new(ddb, aws.jobs_table, {"job_id": run.job_id})
     sm = _Stages()
+    # the run's role: just made on the first look (IAM may not have spread it yet), ready on the later ones
+    roles: list[str | None] = [None, "arn:aws:iam::123456789012:role/lustrain/us-east-1/s/prep"]
 
     def look(done: list[str]) -> dict[str, Any]:
         return prepare.advance(
-            run, done, sagemaker=sm, ddb=ddb, settings=aws, request_of=lambda stage: _request(run, stage, aws)
+            run,
+            done,
+            sagemaker=sm,
+            ddb=ddb,
+            settings=aws,
+            request_of=lambda stage, role: _request(run, stage, aws, role),
+            role_of=lambda: roles.pop(0) if len(roles) > 1 else roles[0],
         )
 
+    pending = look([])
+    assert (pending["stage"], pending["status"], sm.created) == ("plan", "Pending", [])
     first = look([])
     assert (first["stage"], first["status"], sm.created) == ("plan", "InProgress", [run.job_name("plan")])
     assert look([])["stage"] == "plan" and len(sm.created) == 1  # the work waits for the plan
@@ -219,8 +235,11 @@ def test_four_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_t
     scratch = [p.relative_to(tmp_path / "jobs").parts[0] for p in (tmp_path / "jobs").rglob("processing/scratch")]
     stages = [next(s for s in ("plan", "work", "merge") if job.startswith(run.job_name(s))) for job in scratch]
     assert sorted(stages) == ["merge", "plan", "work", "work", "work", "work"]
-    # each stage was in the run's ledger before it was created: teardown finds them whatever happens
-    assert [r["id"] for r in ledger.resources] == [run.job_name(s) for s in ("plan", "work", "merge")]
+    # the run's own role, then each stage, was in the run's ledger before it was created: teardown finds them
+    assert [r["id"] for r in ledger.resources] == [
+        prepare_role.role_name(run.job_id),
+        *(run.job_name(s) for s in ("plan", "work", "merge")),
+    ]
 
     local_src = tmp_path / "src"
     for key, body in CORPUS.items():

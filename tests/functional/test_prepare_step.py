@@ -1,7 +1,7 @@
 """The prepare handler (steps/prepare.look) on the twin: a registered kind: prepare run, in the network
 create_network built for it and with the trainer package's bundle upload_code made of its spec's `code`, is looked at
 until every stage's processing job Completed, and writes its shards and index under OUT; a document that is not a
-preparation's, a spec without the trainer package, or a stack without the processing role, is refused before
+preparation's, a spec without the trainer package, or a stack without the preparation roles' boundary, is refused before
 anything is created."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 
 import boto3
 import pytest
-from infra_support import REGION, any_role, invoke
+from infra_support import REGION, invoke
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.steps.code import build_bundle
 
 from lustrain.twin import simulator
 from lustrain.twin.patches import processing
-from lustrain.twin.prepare_run import trainer_files
+from lustrain.twin.prepare_run import boundary_policy, trainer_files
 
 ACCOUNT = "123456789012"
 BUCKET = "lustrain-test-corpus"
@@ -42,10 +42,7 @@ SPEC = {
 def twin(aws: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     previous = simulator.settings()
     simulator.configure(start_delay_s=0.05, work_root=tmp_path / "jobs")
-    role = any_role(
-        boto3.client("iam", region_name=REGION), "lustrain-test-prepare", "sagemaker.amazonaws.com"
-    )
-    monkeypatch.setenv("LUSTRAIN_PREPARE_ROLE_ARN", role)
+    monkeypatch.setenv("LUSTRAIN_PREPARE_BOUNDARY_ARN", boundary_policy(boto3.client("iam", region_name=REGION)))
     try:
         yield aws
     finally:
@@ -97,7 +94,11 @@ def test_a_registered_preparation_is_looked_at_until_every_stage_completed(twin)
     job_id = document["job"]["job_id"]
     sm = boto3.client("sagemaker", region_name=REGION)
 
-    looks = [invoke("prepare", document)]
+    # the first look makes the run's own role and starts nothing: IAM may not have spread it yet
+    made = invoke("prepare", document)
+    assert (made["stage"], made["status"], made["wait_seconds"] > 0) == ("plan", "Pending", True)
+    assert sm.list_processing_jobs()["ProcessingJobSummaries"] == []
+    looks = [invoke("prepare", {**document, "prepare": made})]
     while looks[-1]["stage"] is not None:
         look = looks[-1]
         assert look["wait_seconds"] > 0 and look["status"] == "InProgress"
@@ -110,12 +111,13 @@ def test_a_registered_preparation_is_looked_at_until_every_stage_completed(twin)
         "done": ["plan", "work", "merge"],
         "stage": None,
         "status": "Completed",
-        "looks": len(looks),
+        "looks": len(looks) + 1,
         "stage_looks": 1,
         "wait_seconds": 0,
     }
     # each look counts the looks at its stage: the waits grow after a stage's first quarter hour
-    assert [look["looks"] for look in looks] == list(range(1, len(looks) + 1))
+    assert [look["looks"] for look in looks] == list(range(2, len(looks) + 2))
+    assert looks[0]["stage_looks"] == 2  # the look that made the role was the plan stage's first
     work = sm.describe_processing_job(ProcessingJobName=f"{job_id}-prep-work")
     assert work["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
     assert work["NetworkConfig"]["VpcConfig"]["Subnets"] == [document["network"]["subnet_id"]]
@@ -128,7 +130,7 @@ def test_a_registered_preparation_is_looked_at_until_every_stage_completed(twin)
     assert any(key.endswith(".bin") for key in written)
 
 
-def test_a_training_document_or_a_stack_without_the_processing_role_is_refused_before_anything_starts(
+def test_a_training_document_or_a_stack_without_the_roles_boundary_is_refused_before_anything_starts(
     twin, monkeypatch
 ):
     document = registered()
@@ -139,9 +141,10 @@ def test_a_training_document_or_a_stack_without_the_processing_role_is_refused_b
     with pytest.raises(SpecInvalid) as exc:
         invoke("prepare", {**document, "prepare": {"done": ["train"]}})
     assert [e.path for e in exc.value.errors] == ["prepare.done"]
-    monkeypatch.delenv("LUSTRAIN_PREPARE_ROLE_ARN")
-    with pytest.raises(ValueError, match="LUSTRAIN_PREPARE_ROLE_ARN"):
+    monkeypatch.delenv("LUSTRAIN_PREPARE_BOUNDARY_ARN")
+    with pytest.raises(ValueError, match="LUSTRAIN_PREPARE_BOUNDARY_ARN"):
         invoke("prepare", document)
     assert (
         boto3.client("sagemaker", region_name=REGION).list_processing_jobs()["ProcessingJobSummaries"] == []
     )
+    assert boto3.client("iam", region_name=REGION).list_roles(PathPrefix="/lustrain/")["Roles"] == []

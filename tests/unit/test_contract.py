@@ -431,17 +431,6 @@ def test_no_allow_statement_grants_every_action() -> None:
             assert action != "*" and not str(action).endswith(":*"), f"{logical_id}: Action {action!r}"
 
 
-def test_pass_role_is_for_the_training_role_and_sagemaker_only() -> None:
-    # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining); the
-    # prepare function hands the processing role to a data preparation's processing jobs
-    passing = [(lid, s) for lid, s in policy_statements() if "iam:PassRole" in _listed(s["Action"])]
-    passed = {"LauncherRole": "SageMakerExecutionRole", "PrepareFunction": "PrepareProcessingRole"}
-    assert [lid for lid, _ in passing] == list(passed)
-    for lid, statement in passing:
-        assert statement["Resource"] == {"Fn::GetAtt": [passed[lid], "Arn"]}
-        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
-
-
 def test_deletes_are_limited_to_what_runs_of_this_stack_created() -> None:
     # Task tokens, log deliveries, and the network interfaces SageMaker itself manages in VPC mode; and an MLflow
     # run (no AWS resource: no tags) the notify function made a moment before as a duplicate (steps/tracking.py:
@@ -450,7 +439,7 @@ def test_deletes_are_limited_to_what_runs_of_this_stack_created() -> None:
     checked = 0
     for logical_id, statement in policy_statements():
         deletes = [a for a in _listed(statement["Action"]) if ":Delete" in a and not a.startswith(exempt)]
-        if logical_id == "PrepareProcessingRole" and deletes == ["s3:DeleteObject"]:
+        if logical_id == "PrepareProcessingBoundary" and deletes == ["s3:DeleteObject"]:
             # a data preparation clears a part's leftovers under its output, within the stack's output prefixes
             # (S3 objects carry no lustrain tags)
             continue

@@ -162,15 +162,53 @@ def test_no_statement_names_every_action_and_only_the_key_policy_a_whole_service
             }
 
 
+PREPARATION_ROLES = {
+    "Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:role/lustrain/${AWS::Region}/${AWS::StackName}/*"
+}
+
+
 def test_pass_role_is_only_for_the_training_role_and_only_to_sagemaker():
     passing = allowing(r"iam:(PassRole|Pass\*|\*)")
     # start_training creates the job in a session of LauncherRole tagged with the run (session tag chaining); the
-    # prepare function hands the processing role to a data preparation's processing jobs
-    passed = {"LauncherRole": "SageMakerExecutionRole", "PrepareFunction": "PrepareProcessingRole"}
+    # prepare function hands each data preparation's own role (under the stack's path) to its processing jobs
+    passed = {"LauncherRole": {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}, "PrepareFunction": PREPARATION_ROLES}
     assert [lid for lid, _ in passing] == list(passed)
     for lid, statement in passing:
-        assert statement["Resource"] == {"Fn::GetAtt": [passed[lid], "Arn"]}
+        assert statement["Resource"] == passed[lid]
         assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+
+
+def test_a_preparations_role_is_made_and_deleted_only_under_the_stacks_path_and_with_its_boundary():
+    # the one function that makes roles may give them no more than PrepareProcessingBoundary: CreateRole and
+    # PutRolePolicy hold iam:PermissionsBoundary, and nothing may attach a policy to it or change its boundary
+    bounded = {"StringEquals": {"iam:PermissionsBoundary": {"Ref": "PrepareProcessingBoundary"}}}
+    writes = [
+        (lid, s)
+        for lid, s in allowing(r"iam:(Create|Put|Attach|Delete|Detach|Tag|Update)\w*")
+        # FSx's service-linked roles, whose policies only AWS defines (tested with the file system's grants)
+        if "aws-service-role" not in json.dumps(s["Resource"]) and "iam:AWSServiceName" not in json.dumps(s)
+    ]
+    assert {(lid, a) for lid, s in writes for a in listed(s["Action"])} == {
+        ("PrepareFunction", "iam:CreateRole"),
+        ("PrepareFunction", "iam:PutRolePolicy"),
+        ("PrepareFunction", "iam:TagRole"),
+        ("TeardownPolicy", "iam:DeleteRolePolicy"),
+        ("TeardownPolicy", "iam:DeleteRole"),
+    }
+    for lid, statement in writes:
+        assert statement["Resource"] == PREPARATION_ROLES, lid
+        if "iam:TagRole" in listed(statement["Action"]):
+            assert statement["Condition"] == {
+                "StringEquals": {"aws:RequestTag/lustrain:created-by": {"Ref": "AWS::StackName"}}
+            }
+        elif lid == "TeardownPolicy":
+            # and only a role tagged as a run of this stack's
+            assert statement["Condition"] == {
+                "StringEquals": {**bounded["StringEquals"], **THIS_STACKS_RUNS["StringEquals"]},
+                "Null": THIS_STACKS_RUNS["Null"],
+            }
+        else:
+            assert statement["Condition"] == bounded, lid
 
 
 def test_the_training_role_trusts_only_sagemaker_for_this_account():
@@ -231,8 +269,11 @@ def test_the_run_key_is_granted_only_for_aws_resources_and_rotates_when_the_stac
     key = RESOURCES["RunDataKey"]
     assert key["Condition"] == "CreateKmsKey" and key["Properties"]["EnableKeyRotation"] is True
     assert key["DeletionPolicy"] == "Retain"
-    (grant,) = allowing(r"kms:CreateGrant")
-    assert grant[1]["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": "true"}}
+    grants = allowing(r"kms:CreateGrant")
+    # the run key's policy, and the boundary of the preparations' roles (whose own policy asks the same)
+    assert sorted(lid for lid, _ in grants) == ["PrepareProcessingBoundary", "RunKeyUsePolicy"]
+    for _, grant in grants:
+        assert grant["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": "true"}}
     users = {
         "SageMakerExecutionRole",
         "CreateFilesystemFunction",
@@ -240,8 +281,8 @@ def test_the_run_key_is_granted_only_for_aws_resources_and_rotates_when_the_stac
         "CheckFilesystemFunction",
         "StartTrainingFunction",
         "OnTrainingEventFunction",
-        # a data preparation's processing jobs (their volumes) and the function that starts them
-        "PrepareProcessingRole",
+        # the function that starts a data preparation's processing jobs (their volumes; each one's own role is
+        # granted the key by its policy, within PrepareProcessingBoundary)
         "PrepareFunction",
     }
     attached = {

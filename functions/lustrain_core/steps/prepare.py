@@ -24,7 +24,7 @@ from lustrain_core.images import prepare_image
 from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID
 from lustrain_core.prepare_plan import STAGES, PrepareRun, next_stage
 from lustrain_core.spec import PrepareSpec, is_prepare, validate_prepare_spec
-from lustrain_core.steps import records
+from lustrain_core.steps import prepare_role, records
 from lustrain_core.steps.records import JobRecord
 
 #: the resource type a stage's job is recorded under in the run's ledger (teardown stops what is still running)
@@ -33,8 +33,6 @@ EVENT_DETAIL_TYPE = "SageMaker Processing Job State Change"
 #: the CloudWatch Logs group SageMaker writes every processing job's container output to
 LOG_GROUP = "/aws/sagemaker/ProcessingJobs"
 RUNNING = frozenset({"InProgress", "Stopping"})
-#: The stack setting naming the processing jobs' execution role (template.yaml's PrepareProcessingRole)
-ROLE_SETTING = "LUSTRAIN_PREPARE_ROLE_ARN"
 #: The state machine's wait between two looks at a running stage; SageMaker bills a processing job by the second,
 #: and a stage takes minutes to start (prepare_plan.STAGE_OVERHEAD_SECONDS): a minute's wait loses little
 LOOK_EVERY_SECONDS = 60
@@ -93,18 +91,24 @@ def advance(
     sagemaker: Any,
     ddb: Any,
     settings: Settings,
-    request_of: Callable[[str], dict[str, Any]],
+    request_of: Callable[[str, str], dict[str, Any]],
+    role_of: Callable[[], str | None],
 ) -> dict[str, Any]:
     """One look at a preparation run: its next stage's job is started (recorded in the run's ledger before it is
     created, so that teardown stops it whatever happens next), or the running one is read; a stage that Completed
-    is added to `done` and the next one started at once. Returns {"done", "stage", "status"}: stage None and
-    status Completed once every stage has; PrepareFailed for a stage that Failed or was Stopped."""
+    is added to `done` and the next one started at once. `role_of` gives the role a job is started with, or None
+    while it is not ready (just made: status Pending, look again). `request_of(stage, role)` is the stage's
+    CreateProcessingJob request. Returns {"done", "stage", "status"}: stage None and status Completed once every
+    stage has; PrepareFailed for a stage that Failed or was Stopped."""
     done = list(done)
     while (stage := next_stage(run, done)) is not None:
-        request = request_of(stage)
-        name = request["ProcessingJobName"]
+        name = run.job_name(stage)
         found = describe(sagemaker, name)
         if found is None:
+            role = role_of()
+            if role is None:
+                return {"done": done, "stage": stage, "status": "Pending"}
+            request = request_of(stage, role)
             records.add_resources(ddb, settings.jobs_table, run.job_id, [{"type": RESOURCE_TYPE, "id": name}])
             status = start(sagemaker, request)
         else:
@@ -177,7 +181,7 @@ def wait_after(stage_looks: int, every: int = LOOK_EVERY_SECONDS) -> int:
     return every if stage_looks < QUICK_LOOKS else every * LATER_FACTOR
 
 
-def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
+def look(document: Any, *, sagemaker: Any, iam: Any, ddb: Any, settings: Settings) -> dict[str, Any]:
     """$.prepare, one look of the state machine's loop at a data preparation run: the state document's job (a
     kind: prepare run register_job recorded), $.network (its subnet and group), $.code (upload_code's bundle of the
     trainer package) and the previous look ($.prepare: the stages already done, the looks so far). Returns
@@ -199,18 +203,23 @@ def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise SpecInvalid.one(f"prepare.{key}", count, "a count of looks, a whole number of at least 0")
     every = settings.whole_seconds(LOOK_SETTING, least=1) or LOOK_EVERY_SECONDS
-    role = settings.extra.get(ROLE_SETTING, "").strip()
-    if not role:
-        raise ValueError(f"stack setting {ROLE_SETTING} is not set: the processing jobs' execution role")
+    prepare_role.boundary_arn(settings)  # a stack without it is refused before anything is made
     run = run_of(job_id, spec)
     tags = run_tags(job_id, spec, settings.stack_name)
+    image = prepare_image(settings.region)
 
-    def request_of(stage: str) -> dict[str, Any]:
+    def role_of() -> str | None:
+        arn, changed = prepare_role.ensure(
+            iam, ddb, run, code_s3_uri=code.submit_directory, image_uri=image, tags=tags, settings=settings
+        )
+        return None if changed else arn
+
+    def request_of(stage: str, role: str) -> dict[str, Any]:
         return aws_requests.prepare_job(
             run,
             stage,
             role_arn=role,
-            image_uri=prepare_image(settings.region),
+            image_uri=image,
             code_s3_uri=code.submit_directory,
             subnet_id=network.subnet_id,
             security_group_ids=list(network.security_group_ids),
@@ -218,7 +227,9 @@ def look(document: Any, *, sagemaker: Any, ddb: Any, settings: Settings) -> dict
             settings=settings,
         )
 
-    found = advance(run, list(done), sagemaker=sagemaker, ddb=ddb, settings=settings, request_of=request_of)
+    found = advance(
+        run, list(done), sagemaker=sagemaker, ddb=ddb, settings=settings, request_of=request_of, role_of=role_of
+    )
     stage_looks = counts["stage_looks"] + 1 if found["stage"] == previous.get("stage") else 1
     return {
         **found,

@@ -22,6 +22,8 @@ Order, as AWS's dependencies dictate:
    the S3 endpoint, the route table (disassociated first), the subnet, the VPC. DependencyViolation means
    network interfaces are still draining (SageMaker's take minutes): each is retried until the step's time
    budget runs out, then TeardownIncomplete lists what remains so that the state machine retries the step.
+3. a data preparation's own IAM role (steps/prepare_role), once its network is gone: SageMaker deletes its
+   processing instances' network interfaces with it.
 The job record ends with status SUCCEEDED or FAILED (from $.error) and the resources still left.
 
 `teardown` is the state machine's step; `teardown_job` is the same work for one job id, which the sweeper
@@ -52,6 +54,7 @@ from lustrain_core.steps.teardown_base import (
     clock_for,
 )
 from lustrain_core.steps.teardown_compute import TrainingJobs
+from lustrain_core.steps.teardown_identity import ROLE, Roles
 from lustrain_core.steps.teardown_network import Network
 from lustrain_core.steps.teardown_storage import FileSystems
 
@@ -70,8 +73,9 @@ __all__ = [
 ]
 
 
-class Teardown(TrainingJobs, FileSystems, Network):
-    """One job's teardown, family by family (teardown_compute, teardown_storage, teardown_network)."""
+class Teardown(TrainingJobs, FileSystems, Network, Roles):
+    """One job's teardown, family by family (teardown_compute, teardown_storage, teardown_network,
+    teardown_identity)."""
 
     def discover(self) -> list[dict[str, str]]:
         """Resources carrying this run's tags (whether or not the ledger has them)."""
@@ -163,7 +167,7 @@ def teardown_job(
 
     work = Teardown(ec2=ec2, fsx=fsx, job_id=job_id, settings=settings, clock=clock, sagemaker=sagemaker)
     ledger = [dict(r) for r in record.resources] if record is not None else []
-    resources = _unique(ledger + list(found or []) + work.discover())
+    resources = _unique(ledger + list(found or []) + work.discover() + (work.discover_role() if preparation else []))
     problems: list[str] = []
     for entry in resources:
         if entry["type"] == TRAINING_JOB:
@@ -186,6 +190,13 @@ def teardown_job(
             else None
         )
         problems += _delete_storage_and_network(work, resources, keep, export, pool)
+        roles = [r for r in resources if r["type"] == ROLE]
+        if problems:
+            # SageMaker deletes the processing instances' network interfaces with the run's role
+            problems += [f"{r['type']} {r['id']} (waits for the network)" for r in roles]
+        else:
+            for entry in roles:
+                work.delete_role(entry["id"])
 
     gone = {
         (r["type"], r["id"]) for r in work.report.deleted + work.report.already_gone + work.report.stopped

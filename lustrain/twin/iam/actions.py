@@ -588,6 +588,10 @@ class ResourceFinder:
     def tags(self, arn: str) -> dict[str, str] | None:
         return None
 
+    def role(self, name: str) -> tuple[str, str | None] | None:
+        """An existing role's ARN (with its path) and its permissions boundary's ARN, by the role's name."""
+        return None
+
 
 def special_cases(finder: ResourceFinder) -> dict[tuple[str, str], Callable[[Call], list[Need]]]:
     """(botocore service, operation) -> the authorizations of calls that need more than their own name."""
@@ -621,7 +625,53 @@ def special_cases(finder: ResourceFinder) -> dict[tuple[str, str], Callable[[Cal
         ("sts", "AssumeRole"): _sts_assume_role,
         **{("ecr", op): _ecr_image for op in ECR_PULLS},
         ("cloudwatch", "PutMetricData"): _put_metric_data,
+        ("iam", "CreateRole"): _iam_create_role,
+        **{("iam", op): _iam_on_a_role(op, finder) for op in IAM_ROLE_CALLS},
     }
+
+
+#: The IAM calls on one existing role (named by RoleName) that a run's roles make
+IAM_ROLE_CALLS = (
+    "GetRole", "PutRolePolicy", "GetRolePolicy", "DeleteRolePolicy", "ListRolePolicies", "DeleteRole",
+    "ListRoleTags", "TagRole", "UntagRole", "ListAttachedRolePolicies",
+)  # fmt: skip
+
+
+def _iam_create_role(call: Call) -> list[Need]:
+    # A role is authorized against its ARN with its path (arn:aws:iam::ACCOUNT:role/PATH/NAME: IAM User Guide, "IAM
+    # identifiers"), with the boundary it is created with as iam:PermissionsBoundary and its tags as aws:RequestTag;
+    # creating it with tags takes iam:TagRole on it too (IAM User Guide, "Tagging IAM resources": permission to
+    # create the resource and to tag it).
+    path = str(call.params.get("Path") or "/")
+    arn = f"arn:{call.partition}:iam::{call.account}:role{path}{call.params['RoleName']}"
+    tags = request_tags(call.params)
+    context = tag_context(tags)
+    boundary = call.params.get("PermissionsBoundary")
+    if boundary:
+        context["iam:PermissionsBoundary"] = str(boundary)
+    needs = [Need("iam:CreateRole", arn, context)]
+    if tags:
+        needs.append(Need("iam:TagRole", arn, tag_context(tags)))
+    return needs
+
+
+def _iam_on_a_role(operation: str, finder: ResourceFinder) -> Callable[[Call], list[Need]]:
+    # The role's ARN is its path's (a policy naming role/lustrain/* matches no role/NAME), and iam:PermissionsBoundary
+    # is the boundary the role has (Service Authorization Reference: the key of PutRolePolicy, DeleteRolePolicy,
+    # DeleteRole, GetRole); TagRole sets aws:RequestTag. A role that does not exist is named by its name alone.
+    def needs(call: Call) -> list[Need]:
+        info = _require(f"iam:{operation}")
+        name = str(call.params.get("RoleName", ""))
+        found = finder.role(name)
+        arn = found[0] if found else f"arn:{call.partition}:iam::{call.account}:role/{name}"
+        context: dict[str, ContextValue] = {}
+        if found and found[1] and "iam:PermissionsBoundary" in info.condition_keys:
+            context["iam:PermissionsBoundary"] = found[1]
+        if operation == "TagRole":
+            context.update(tag_context(request_tags(call.params)))
+        return [Need(info.action, arn, context)]
+
+    return needs
 
 
 #: What pulling an image takes, besides ecr:GetAuthorizationToken (ECR User Guide, "Private repository policies").

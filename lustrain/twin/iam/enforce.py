@@ -282,6 +282,11 @@ def decide(
     request = Request(principal, need.action, need.resource, _context(principal, region, need))
     identity = world.role_policies(principal.role_arn) if principal.role_arn else []
     decision = evaluate(request, identity, _resource_policies(principal, need))
+    boundary = world.permissions_boundary(principal.role_arn) if principal.role_arn else None
+    if boundary is not None and decision.allowed:
+        capped = evaluate(request, (boundary,))
+        if not capped.allowed:
+            decision = Decision(False, "boundary-deny" if capped.reason == "identity" else "boundary", capped.statements)
     for gate in gates:
         if not decision.allowed:
             break

@@ -456,8 +456,11 @@ class Decision:
 
     allowed: bool
     #: "allowed", "implicit" (nothing allows it), "identity" or "resource" (an explicit Deny there), "endpoint"
-    #: (the VPC endpoint the call goes through has a policy that does not allow it)
-    reason: Literal["allowed", "implicit", "identity", "resource", "endpoint", "endpoint-deny"]
+    #: (the VPC endpoint the call goes through has a policy that does not allow it), "boundary" (the role's
+    #: permissions boundary does not allow it) or "boundary-deny" (an explicit Deny there)
+    reason: Literal[
+        "allowed", "implicit", "identity", "resource", "endpoint", "endpoint-deny", "boundary", "boundary-deny"
+    ]
     statements: tuple[StatementRef, ...]
 
 
@@ -493,6 +496,10 @@ def denial_message(request: Request, decision: Decision, *, quote_resource: bool
         why = f"because no VPC endpoint policy allows the {action} action"
     elif decision.reason == "endpoint-deny":
         why = "with an explicit deny in a VPC endpoint policy"
+    elif decision.reason == "boundary":
+        why = f"because no permissions boundary allows the {action} action"
+    elif decision.reason == "boundary-deny":
+        why = "with an explicit deny in a permissions boundary"
     else:
         why = "with an explicit deny in a resource-based policy"
     return f"User: {request.principal.arn} is not authorized to perform: {action}{where} {why}"

@@ -70,6 +70,21 @@ def role_policies(role_arn: str) -> list[Policy]:
     return found
 
 
+def permissions_boundary(role_arn: str) -> Policy | None:
+    """A role's permissions boundary (a managed policy), or None where it has none: what the role's policies
+    grant counts only where the boundary allows it too (IAM User Guide, "Permissions boundaries for IAM
+    entities")."""
+    role = find_role(role_arn)
+    arn = getattr(role, "permissions_boundary_arn", None) if role is not None else None
+    if not arn:
+        return None
+    policy = _iam(role_arn.split(":")[4]).managed_policies.get(arn)
+    if policy is None:
+        # a boundary whose policy is gone allows nothing (IAM would refuse such a role's every call)
+        return Policy.parse(f"{arn} (missing)", {"Version": "2012-10-17", "Statement": []})
+    return Policy.parse(arn, _default_document(policy))
+
+
 def trust_policy(role_arn: str) -> Policy | None:
     role = find_role(role_arn)
     if role is None:
@@ -115,6 +130,12 @@ class MotoState(ResourceFinder):
 
         return association_file_system(self.account, region, association_id)
 
+    def role(self, name: str) -> tuple[str, str | None] | None:
+        role = next((r for r in _iam(self.account).roles.values() if r.name == name), None)
+        if role is None:
+            return None
+        return str(role.arn), getattr(role, "permissions_boundary_arn", None) or None
+
     def tags(self, arn: str) -> dict[str, str] | None:
         parts = arn.split(":", 5)
         if len(parts) != 6 or "*" in arn:
@@ -131,6 +152,12 @@ class MotoState(ResourceFinder):
 
             listed = fsx_backends[self.account][region].list_tags_for_resource(arn)
             return {t["Key"]: t["Value"] for t in listed} if listed else None
+        if service == "iam" and resource.startswith("role/"):
+            role = find_role(arn)
+            if role is None or not role.tags:
+                return None
+            listed = role.tags.values() if isinstance(role.tags, dict) else role.tags
+            return {str(t["Key"]): str(t["Value"]) for t in listed}
         if service == "sagemaker" and resource.startswith("training-job/"):
             from moto.sagemaker.models import sagemaker_backends
 
