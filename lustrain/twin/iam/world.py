@@ -156,8 +156,8 @@ class MotoState(ResourceFinder):
             role = find_role(arn)
             if role is None or not role.tags:
                 return None
-            listed = role.tags.values() if isinstance(role.tags, dict) else role.tags
-            return {str(t["Key"]): str(t["Value"]) for t in listed}
+            held: list[Any] = list(role.tags.values() if isinstance(role.tags, dict) else role.tags)
+            return {str(t["Key"]): str(t["Value"]) for t in held}
         if service == "sagemaker" and resource.startswith("training-job/"):
             from moto.sagemaker.models import sagemaker_backends
 
