@@ -1,0 +1,186 @@
+"""A data preparation run's own IAM role (steps/prepare_role) on the twin's IAM: it reaches its own code, source and
+output and nothing of another run's, stays within the stack's boundary whatever its policy says, is refused when a
+role of its name is not this run's, and its run's teardown deletes it (and only it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import boto3
+import pytest
+from infra_support import REGION, MinuteLeft
+from lustrain_core.config import Settings
+from lustrain_core.errors import SpecInvalid
+from lustrain_core.images import prepare_image
+from lustrain_core.prepare_plan import PrepareRun
+from lustrain_core.steps import prepare_role, records, teardown
+
+from lustrain.twin.iam import enforce
+from lustrain.twin.iam.actions import Need
+from lustrain.twin.iam.policy import Principal
+
+ACCOUNT = "123456789012"
+CODE = "s3://lustrain-test-artifacts/code/corpus-0123abcd/5e5e/sourcedir.tar.gz"
+# the stack's most: data under s3://data/, outputs under s3://out/ (PrepareProcessingBoundary's shape)
+BOUNDARY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": ["arn:aws:s3:::data/*", "arn:aws:s3:::out/*"]},
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::lustrain-test-artifacts/code/*"},
+        {
+            "Effect": "Allow",
+            "Action": ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+            "Resource": "arn:aws:s3:::out/*",
+        },
+        {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::*"},
+        {"Effect": "Allow", "Action": ["ec2:*", "logs:*", "ecr:*"], "Resource": "*"},
+    ],
+}
+
+
+def _run(job_id: str = "corpus-0123abcd", output: str = "s3://out/team-a/shards/") -> PrepareRun:
+    return PrepareRun(
+        job_id=job_id,
+        source="s3://data/team-a/text/",
+        output=output,
+        tokenizer="bpe:4096",
+        instances=2,
+        instance_type="ml.c5.xlarge",
+    )
+
+
+@pytest.fixture
+def stack(aws: Settings) -> Settings:
+    iam = boto3.client("iam", region_name=REGION)
+    arn = iam.create_policy(PolicyName="boundary", PolicyDocument=json.dumps(BOUNDARY))["Policy"]["Arn"]
+    return dataclasses.replace(aws, extra={**aws.extra, prepare_role.BOUNDARY_SETTING: arn})
+
+
+def _made(settings: Settings, run: PrepareRun) -> tuple[str, bool]:
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    if records.get(ddb, settings.jobs_table, run.job_id) is None:
+        records.put_new(ddb, settings.jobs_table, records.JobRecord(job_id=run.job_id))
+    tags = [
+        {"Key": "lustrain:job-id", "Value": run.job_id},
+        {"Key": "lustrain:created-by", "Value": settings.stack_name},
+    ]
+    return prepare_role.ensure(
+        boto3.client("iam", region_name=REGION),
+        ddb,
+        run,
+        code_s3_uri=CODE,
+        image_uri=prepare_image(REGION),
+        tags=tags,
+        settings=settings,
+    )
+
+
+def _allowed(role: str, action: str, resource: str, **context: Any) -> bool:
+    principal = Principal.role_session(role, "SageMaker")
+    _, decision = enforce.decide(
+        principal, Need(action, resource, context), region=REGION, service=action.split(":")[0], operation="check"
+    )
+    return decision.allowed
+
+
+def test_the_role_reaches_its_own_code_source_and_output_and_nothing_of_another_run(stack: Settings) -> None:
+    run = _run()
+    role, made = _made(stack, run)
+    assert made  # a new role: the look that made it starts no job
+    assert role == f"arn:aws:iam::{ACCOUNT}:role/lustrain/{REGION}/{stack.stack_name}/corpus-0123abcd-prep"
+    assert _allowed(role, "s3:GetObject", "arn:aws:s3:::lustrain-test-artifacts/code/corpus-0123abcd/5e5e/x.py")
+    assert _allowed(role, "s3:GetObject", "arn:aws:s3:::data/team-a/text/f00.txt")
+    assert _allowed(role, "s3:PutObject", "arn:aws:s3:::out/team-a/shards/part-00000.bin")
+    assert _allowed(role, "s3:DeleteObject", "arn:aws:s3:::out/team-a/shards/parts/part-00000.json")
+    # another run's output, checkpoints, code and data: all within the stack's boundary, none this run's
+    assert not _allowed(role, "s3:PutObject", "arn:aws:s3:::out/team-b/run-9/checkpoints/step-100/x")
+    assert not _allowed(role, "s3:GetObject", "arn:aws:s3:::out/team-b/run-9/checkpoints/step-100/x")
+    assert not _allowed(role, "s3:DeleteObject", "arn:aws:s3:::out/team-a/shards-old/index.json")
+    assert not _allowed(role, "s3:GetObject", "arn:aws:s3:::lustrain-test-artifacts/code/other-run/5e5e/x.py")
+    assert not _allowed(role, "s3:GetObject", "arn:aws:s3:::data/team-b/private.txt")
+    assert not _allowed(role, "s3:PutObject", "arn:aws:s3:::data/team-a/text/planted.txt")
+    # looked at again, it is the same role and the same policy: ready to start a job with
+    assert _made(stack, run) == (role, False)
+
+
+def test_the_stacks_boundary_holds_whatever_the_roles_policy_grants(stack: Settings) -> None:
+    # an output outside the stack's output prefixes: the role's own policy names it, the boundary does not
+    role, _ = _made(stack, _run(output="s3://elsewhere/shards/"))
+    assert not _allowed(role, "s3:PutObject", "arn:aws:s3:::elsewhere/shards/part-00000.bin")
+    principal = Principal.role_session(role, "SageMaker")
+    request, decision = enforce.decide(
+        principal,
+        Need("s3:PutObject", "arn:aws:s3:::elsewhere/shards/part-00000.bin"),
+        region=REGION,
+        service="s3",
+        operation="PutObject",
+    )
+    message = enforce.denial_message(request, decision)
+    assert message.endswith("because no permissions boundary allows the s3:PutObject action"), message
+    # and a policy written to reach further is still held by it
+    iam = boto3.client("iam", region_name=REGION)
+    wide = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+    iam.put_role_policy(RoleName=role.rsplit("/", 1)[1], PolicyName="wide", PolicyDocument=json.dumps(wide))
+    assert not _allowed(role, "s3:PutObject", "arn:aws:s3:::lustrain-test-artifacts/archive/run-9/model.tar.gz")
+    assert _allowed(role, "s3:PutObject", "arn:aws:s3:::out/anything")
+
+
+def test_a_role_of_that_name_that_is_not_this_runs_is_refused_and_left_alone(stack: Settings) -> None:
+    run = _run()
+    iam = boto3.client("iam", region_name=REGION)
+    trust = json.dumps(prepare_role.trust_policy(ACCOUNT))
+    iam.create_role(
+        RoleName=prepare_role.role_name(run.job_id),
+        Path=prepare_role.role_path(stack),
+        AssumeRolePolicyDocument=trust,
+        Tags=[{"Key": "lustrain:job-id", "Value": "someone-else"}],
+    )
+    with pytest.raises(SpecInvalid) as exc:
+        _made(stack, run)
+    assert [e.path for e in exc.value.errors] == ["name"]
+    assert "is not this run's" in str(exc.value)
+    assert iam.list_role_policies(RoleName=prepare_role.role_name(run.job_id))["PolicyNames"] == []
+    # and teardown keeps it
+    assert prepare_role.delete(iam, prepare_role.role_name(run.job_id), run.job_id, stack) == "foreign"
+
+
+def test_a_long_job_id_gets_a_role_name_iam_takes_and_two_runs_never_share_one() -> None:
+    a, b = "x" * 50 + "-0123abcd", "x" * 50 + "-4567ef01"
+    assert len(prepare_role.role_name(a)) <= 64 and prepare_role.role_name(a) != prepare_role.role_name(b)
+    assert prepare_role.role_name("corpus-0123abcd") == "corpus-0123abcd-prep"
+
+
+def test_teardown_deletes_the_runs_role_after_its_network_and_reports_it(stack: Settings) -> None:
+    run = _run()
+    role, _ = _made(stack, run)
+    name = role.rsplit("/", 1)[1]
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.set_fields(ddb, stack.jobs_table, run.job_id, spec={"kind": "prepare", "name": "corpus"})
+    result = teardown.teardown_job(
+        run.job_id,
+        status="SUCCEEDED",
+        error=None,
+        ec2=boto3.client("ec2", region_name=REGION),
+        fsx=boto3.client("fsx", region_name=REGION),
+        ddb=ddb,
+        settings=stack,
+        clock=teardown.clock_for(MinuteLeft(), stack),
+    )
+    assert {"type": "iam_role", "id": name} in result["deleted"]
+    iam = boto3.client("iam", region_name=REGION)
+    assert iam.list_roles(PathPrefix="/lustrain/")["Roles"] == []
+    assert list(records.get(ddb, stack.jobs_table, run.job_id).resources) == []
+    # a second teardown finds it gone
+    again = teardown.teardown_job(
+        run.job_id,
+        status="SUCCEEDED",
+        error=None,
+        ec2=boto3.client("ec2", region_name=REGION),
+        fsx=boto3.client("fsx", region_name=REGION),
+        ddb=ddb,
+        settings=stack,
+        clock=teardown.clock_for(MinuteLeft(), stack),
+    )
+    assert again["deleted"] == []
