@@ -119,6 +119,15 @@ def broadcast_object(value: Any, info: Dist) -> Any:
     return box[0]
 
 
+def all_gather_lists(items: list[Any], info: Dist) -> list[Any]:
+    """Every rank's (small, picklable) list, joined in rank order, on every rank."""
+    if not info.active:
+        return list(items)
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, items)
+    return [item for part in gathered for item in part]
+
+
 #: NCCL and EFA settings for p4d that SageMaker's launcher does not set (and only where it set nothing: a spec's
 #: environment wins). SageMaker's training toolkit (sagemaker-training-toolkit, torch_distributed.py) already sets
 #: FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, RDMAV_FORK_SAFE=1, NCCL_SOCKET_IFNAME and NCCL_PROTO=simple on p4d,

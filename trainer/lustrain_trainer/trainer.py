@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from . import checkpoint, distributed, faults, plan
+from . import checkpoint, distributed, faults, plan, shards
 from . import tokenizer as tok
 from .data import Batch, BatchPlan, Prefetcher, ShardReader
 from .distributed import Dist
@@ -694,6 +694,13 @@ def main(argv: list[str] | None = None) -> int:
                 return faults.report(faults.kind_of(exc) or "preflight", exc)
             if info.is_main:
                 say(check.line())
+            # every shard's size against the index, once, each rank its share: bad data ends the run now, on every
+            # rank alike (an orderly exit), not hours in on the one rank that opens a cut shard
+            bad = distributed.all_gather_lists(shards.check_share(index, info.rank, info.world_size), info)
+            if bad:
+                if info.is_main:  # every rank knows; one says it
+                    print(f"error: {shards.bad_shards_error(bad, index.shard_count)}", file=sys.stderr, flush=True)
+                return 2
             try:
                 trainer = Trainer(hp, paths, info, hosts, index)
             except (HyperparameterError, DataError) as exc:

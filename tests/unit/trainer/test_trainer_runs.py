@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lustrain_trainer import faults, generate, trainer
+from lustrain_trainer import faults, generate, shards, trainer
 
 pytestmark = pytest.mark.slow
 
@@ -333,14 +333,35 @@ def test_faults_are_told_from_the_codes_errors(error: BaseException, kind: str |
     assert faults.kind_of(error) == kind
 
 
-def test_a_shard_shorter_than_its_index_says_ends_the_run_with_an_error_naming_it(
+def test_a_shard_shorter_than_its_index_says_ends_the_run_at_its_start_with_an_error_naming_it(
         data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Sizes come from the index (no rank stats every shard at start): the rank that opens a cut shard says which,
-    and the run exits 2 (the data's fault), not with a traceback."""
+    """Every shard's size is checked once at the start: a cut one ends the run before its first step (not hours in,
+    when a rank opens it), exit 2 (the data's fault), with the shard named and no traceback."""
     cut = tmp_path / "data"
     shutil.copytree(data, cut)
-    shard = sorted(cut.rglob("train*.bin"))[0]
+    shard = sorted(cut.rglob("val*.bin"))[-1]  # one no training step would open
     shard.write_bytes(shard.read_bytes()[:1000])
     assert train_in_process(monkeypatch, sagemaker_env(tmp_path, cut), *MICRO, "--max_steps", "2") == 2
-    error = capsys.readouterr().err
-    assert shard.name in error and "Traceback" not in error
+    said = capsys.readouterr()
+    assert shard.name in said.err and "1 of the" in said.err and "Traceback" not in said.err
+    assert "step " not in said.out and not (tmp_path / "checkpoints").exists()
+
+
+def test_the_start_check_spreads_the_shards_over_the_ranks_and_every_rank_hears_every_bad_one(
+        data: Path, sourcedir: Path, tmp_path: Path) -> None:
+    """Under torchrun, rank 0 checks the even shards and rank 1 the odd ones; every rank hears of both bad shards
+    and exits 2, and rank 0 names them once."""
+    cut = tmp_path / "data"
+    shutil.copytree(data, cut)
+    index = shards.read_index(cut)
+    every = [s for split in sorted(index.splits) for s in index.splits[split]]
+    assert len(every) >= 2
+    assert [shards.check_share(index, rank, 2) for rank in (0, 1)] == [[], []]
+    for shard in every[:2]:  # one in each rank's share
+        shard.path.write_bytes(shard.path.read_bytes()[:1000])
+    assert [len(shards.check_share(index, rank, 2)) for rank in (0, 1)] == [1, 1]
+    done = run(sourcedir, sagemaker_env(tmp_path, cut, SM_NUM_GPUS="0"), *MICRO, "--max_steps", "1", torchrun=2)
+    assert done.returncode != 0 and "exitcode: 2" in done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if "error: 2 of the" in line]
+    assert every[0].path.name in error and every[1].path.name in error
+    assert "step " not in done.stdout
