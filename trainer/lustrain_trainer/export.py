@@ -437,8 +437,9 @@ def load_export(directory: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     for name in files:
         with safe_open(str(directory / name), framework="pt") as weights:
             for key in weights.keys():  # noqa: SIM118 - safe_open has no __iter__
-                # one tensor at a time: a bfloat16 export widened to float32 holds the model once, not twice
-                tensors[key] = weights.get_tensor(key).float()
+                # in the export's own type, as safetensors maps it (no copy until a page is read): a bfloat16 70B
+                # export is its 140 GB on disk, not 280 GB of float32 in memory; the model computes in that type
+                tensors[key] = weights.get_tensor(key)
     return config, from_hf_tensors(config, tensors), ours.get("tokenizer")
 
 

@@ -91,6 +91,21 @@ def test_the_byte_tokenizer_is_exported_as_one_transformers_reads_to_the_same_id
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+@pytest.mark.parametrize("config", [LLAMA, GPT], ids=["llama", "gpt"])
+def test_a_bfloat16_export_is_read_in_bfloat16_not_widened_and_samples_the_same_model(
+    tmp_path: Path, config: GPTConfig | LlamaConfig
+) -> None:
+    # a 70B model's bfloat16 export is 140 GB: widened to float32 it would need 280 GB of memory to sample from
+    source, ours = model_dir(tmp_path / "model", config)
+    export.export(source, tmp_path / "hf", dtype="bfloat16")
+    theirs = generate.load_model(tmp_path / "hf")
+    assert {p.dtype for p in theirs.parameters()} == {torch.bfloat16}
+    idx = torch.randint(0, config.vocab_size, (2, config.seq_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(idx).float(), ours(idx), rtol=0.05, atol=0.1)
+    assert generate.sample(theirs, "def ", 8, 1.0, None, 0).startswith("def ")
+
+
 def test_a_model_directory_without_weights_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     with pytest.raises(
