@@ -27,6 +27,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         sagemaker=clients.client("sagemaker"),
         sfn=clients.client("stepfunctions"),
         ddb=clients.client("dynamodb"),
+        iam=clients.client("iam"),
         settings=settings,
         clock=teardown.clock_for(context, settings),
     )

@@ -15,7 +15,7 @@ from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.images import prepare_image
 from lustrain_core.prepare_plan import PrepareRun
-from lustrain_core.steps import prepare_role, records, teardown
+from lustrain_core.steps import prepare_role, records, sweep, teardown
 
 from lustrain.twin.iam import enforce
 from lustrain.twin.iam.actions import Need
@@ -179,3 +179,40 @@ def test_teardown_deletes_the_runs_role_after_its_network_and_reports_it(stack: 
     # a second teardown finds it gone
     again = _torn_down(stack, run.job_id)
     assert again["deleted"] == []
+
+
+def test_the_sweeper_deletes_a_role_whose_run_record_is_gone_and_leaves_any_other(stack: Settings) -> None:
+    run = _run()
+    role, _ = _made(stack, run)
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    ddb.delete_item(TableName=stack.jobs_table, Key={"job_id": {"S": run.job_id}})
+    iam = boto3.client("iam", region_name=REGION)
+    trust = json.dumps(prepare_role.trust_policy(ACCOUNT))
+    # under the stack's path but another stack's run, and under no path of a stack's: neither is this stack's
+    iam.create_role(
+        RoleName="other-0badc0de-prep",
+        Path=prepare_role.role_path(stack),
+        AssumeRolePolicyDocument=trust,
+        Tags=[{"Key": "lustrain:job-id", "Value": "other-0badc0de"}, {"Key": "lustrain:created-by", "Value": "prod"}],
+    )
+    iam.create_role(RoleName="someone-elses", AssumeRolePolicyDocument=trust)
+    settings = dataclasses.replace(
+        stack,
+        extra={**stack.extra, "LUSTRAIN_STATE_MACHINE_ARN": f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:runs"},
+    )
+
+    result = sweep.sweep(
+        ec2=boto3.client("ec2", region_name=REGION),
+        fsx=boto3.client("fsx", region_name=REGION),
+        sagemaker=boto3.client("sagemaker", region_name=REGION),
+        sfn=boto3.client("stepfunctions", region_name=REGION),
+        ddb=ddb,
+        iam=iam,
+        settings=settings,
+        clock=teardown.clock_for(MinuteLeft(), settings),
+    )
+
+    name = role.rsplit("/", 1)[1]
+    assert [(s["job_id"], s["type"], s["id"]) for s in result["swept"]] == [(run.job_id, "iam_role", name)]
+    left = {r["RoleName"] for r in iam.list_roles()["Roles"]}
+    assert name not in left and {"other-0badc0de-prep", "someone-elses"} <= left

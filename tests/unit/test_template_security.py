@@ -255,6 +255,9 @@ def test_teardown_and_sweeper_share_one_policy_and_the_sweeper_adds_only_reading
     assert {a for s in extra for a in listed(s["Action"])} == {
         "dynamodb:Scan",  # the capacity queue's lines, pruned of ended runs (queue.prune)
         "sagemaker:ListTrainingJobs",
+        # the data preparations' own roles under the stack's path, and their tags (steps/prepare_role.roles_left)
+        "iam:ListRoles",
+        "iam:ListRoleTags",
         "states:DescribeExecution",
         "states:StopExecution",
     }

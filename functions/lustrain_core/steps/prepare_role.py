@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -80,6 +81,17 @@ def role_name(job_id: str) -> str:
 def role_path(settings: Settings) -> str:
     """Where the stack's preparation roles live: IAM is global, so the region is in the path with the stack."""
     return f"/lustrain/{settings.region}/{settings.stack_name}/"
+
+
+def roles_left(iam: Any, settings: Settings) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """Every role under the stack's path, with its tags (ListRoles gives none; ListRoleTags reads each): what the
+    sweeper checks for preparation roles whose run's teardown never ran."""
+    for page in iam.get_paginator("list_roles").paginate(PathPrefix=role_path(settings)):
+        for role in page.get("Roles", []):
+            tags: list[dict[str, str]] = []
+            for tag_page in iam.get_paginator("list_role_tags").paginate(RoleName=role["RoleName"]):
+                tags += tag_page.get("Tags", [])
+            yield str(role["RoleName"]), tags
 
 
 def boundary_arn(settings: Settings) -> str:

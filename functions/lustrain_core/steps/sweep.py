@@ -46,7 +46,7 @@ from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
 from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
 from lustrain_core.spec import Compute
-from lustrain_core.steps import queue, records
+from lustrain_core.steps import prepare_role, queue, records
 from lustrain_core.steps.teardown import TRAINING_JOB, Clock, teardown_job
 
 STATE_MACHINE_SETTING = "LUSTRAIN_STATE_MACHINE_ARN"
@@ -87,8 +87,11 @@ def _pages(client: Any, operation: str, **params: Any) -> Iterator[dict[str, Any
     yield from client.get_paginator(operation).paginate(**params)
 
 
-def find_tagged(ec2: Any, fsx: Any, sagemaker: Any, stack_name: str) -> dict[str, list[dict[str, str]]]:
-    """Every resource a run of this stack created that still exists, by job id (from its lustrain:job-id tag)."""
+def find_tagged(
+    ec2: Any, fsx: Any, sagemaker: Any, stack_name: str, *, iam: Any = None, settings: Settings | None = None
+) -> dict[str, list[dict[str, str]]]:
+    """Every resource a run of this stack created that still exists, by job id (from its lustrain:job-id tag); with
+    `iam` and the stack's settings, the data preparations' own roles under the stack's path too."""
     found: dict[str, list[dict[str, str]]] = {}
 
     def note(kind: str, resource_id: str, tags: list[dict[str, str]] | None) -> None:
@@ -122,6 +125,9 @@ def find_tagged(ec2: Any, fsx: Any, sagemaker: Any, stack_name: str) -> dict[str
             for tag_page in _pages(sagemaker, "list_tags", ResourceArn=summary["TrainingJobArn"]):
                 tags += tag_page.get("Tags", [])
             note(TRAINING_JOB, summary["TrainingJobName"], tags)
+    if iam is not None and settings is not None:
+        for name, tags in prepare_role.roles_left(iam, settings):
+            note(prepare_role.RESOURCE_TYPE, name, tags)
     return found
 
 
@@ -247,12 +253,14 @@ def sweep(
     settings: Settings,
     clock: Clock,
     now: Callable[[], float] = time.time,
+    iam: Any = None,
 ) -> dict[str, Any]:
     """One sweep over every job that has resources left; {swept, kept, skipped}."""
     config = SweepSettings.from_settings(settings)
     report = SweepReport([], [], [])
     aws = {"ec2": ec2, "fsx": fsx, "sagemaker": sagemaker, "sfn": sfn, "ddb": ddb}
-    for job_id, resources in sorted(find_tagged(ec2, fsx, sagemaker, settings.stack_name).items()):
+    found = find_tagged(ec2, fsx, sagemaker, settings.stack_name, iam=iam, settings=settings)
+    for job_id, resources in sorted(found.items()):
         try:
             _sweep_job(job_id, resources, report, config, now=now(), settings=settings, clock=clock, **aws)
         except (ClientError, LustrainError) as exc:
