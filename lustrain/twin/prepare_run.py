@@ -128,11 +128,15 @@ def run_on_twin(
     sm = boto3.client("sagemaker", region_name=region)
 
     def role_of() -> str:
-        # the run's own role, as the stack's first look makes it; the twin's IAM has no delay to wait out
-        arn, _ = prepare_role.ensure(
-            iam, ddb, run, code_s3_uri=code_uri, image_uri=prepare_image(region), tags=tags, settings=settings
-        )
-        return arn
+        # the run's own role, as the stack's looks make it; the twin's IAM has no delay to wait out, so the second
+        # call finds it ready
+        for _ in range(2):
+            arn = prepare_role.ensure(
+                iam, ddb, run, code_s3_uri=code_uri, image_uri=prepare_image(region), tags=tags, settings=settings
+            )
+            if arn is not None:
+                return arn
+        raise RuntimeError(f"the role of {run.job_id} is not ready after it was made")
 
     def request_of(stage: str, role: str) -> dict[str, Any]:
         return aws_requests.prepare_job(

@@ -3,9 +3,10 @@ s3://OUT --instances 2 --stack lustrain-twin` uploads the trainer package and dr
 state machine builds the run's network, bundles the package, runs the plan, work (two processing instances) and
 merge stages, and tears the run down. Judged as a user would: the execution SUCCEEDED, `lustrain status` shows the
 stages, `lustrain logs` has both work instances' lines, the shards are byte for byte a local one-process run's,
-and nothing the run created is left. And least privilege, as tests/e2e/test_least_privilege.py proves it for a
-training run: each statement of the prepare function's and the processing role's that alone allowed a request of
-the run, removed, refuses that request naming its action."""
+and nothing the run created is left, its own role included. And least privilege, as
+tests/e2e/test_least_privilege.py proves it for a training run: each statement of the prepare function's that alone
+allowed a request of the run, removed, refuses that request naming its action (the run's own role is held to its
+run by tests/functional/test_prepare_role.py)."""
 
 from __future__ import annotations
 

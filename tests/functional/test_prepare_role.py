@@ -10,6 +10,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from infra_support import REGION, MinuteLeft
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid
@@ -58,7 +59,8 @@ def stack(aws: Settings) -> Settings:
     return dataclasses.replace(aws, extra={**aws.extra, prepare_role.BOUNDARY_SETTING: arn})
 
 
-def _made(settings: Settings, run: PrepareRun) -> tuple[str, bool]:
+def _look(settings: Settings, run: PrepareRun) -> str | None:
+    """One look's ensure: the role's ARN, or None while it is not ready to hand to SageMaker."""
     ddb = boto3.client("dynamodb", region_name=REGION)
     if records.get(ddb, settings.jobs_table, run.job_id) is None:
         records.put_new(ddb, settings.jobs_table, records.JobRecord(job_id=run.job_id))
@@ -77,6 +79,14 @@ def _made(settings: Settings, run: PrepareRun) -> tuple[str, bool]:
     )
 
 
+def _made(settings: Settings, run: PrepareRun) -> str:
+    """The run's role as the looks make it: the first makes it and starts nothing, the next hands it over."""
+    assert _look(settings, run) is None
+    role = _look(settings, run)
+    assert role is not None
+    return role
+
+
 def _allowed(role: str, action: str, resource: str, **context: Any) -> bool:
     principal = Principal.role_session(role, "SageMaker")
     _, decision = enforce.decide(
@@ -87,8 +97,7 @@ def _allowed(role: str, action: str, resource: str, **context: Any) -> bool:
 
 def test_the_role_reaches_its_own_code_source_and_output_and_nothing_of_another_run(stack: Settings) -> None:
     run = _run()
-    role, made = _made(stack, run)
-    assert made  # a new role: the look that made it starts no job
+    role = _made(stack, run)
     assert role == f"arn:aws:iam::{ACCOUNT}:role/lustrain/{REGION}/{stack.stack_name}/corpus-0123abcd-prep"
     assert _allowed(role, "s3:GetObject", "arn:aws:s3:::lustrain-test-artifacts/code/corpus-0123abcd/5e5e/x.py")
     assert _allowed(role, "s3:GetObject", "arn:aws:s3:::data/team-a/text/f00.txt")
@@ -102,12 +111,12 @@ def test_the_role_reaches_its_own_code_source_and_output_and_nothing_of_another_
     assert not _allowed(role, "s3:GetObject", "arn:aws:s3:::data/team-b/private.txt")
     assert not _allowed(role, "s3:PutObject", "arn:aws:s3:::data/team-a/text/planted.txt")
     # looked at again, it is the same role and the same policy: ready to start a job with
-    assert _made(stack, run) == (role, False)
+    assert _look(stack, run) == role
 
 
 def test_the_stacks_boundary_holds_whatever_the_roles_policy_grants(stack: Settings) -> None:
     # an output outside the stack's output prefixes: the role's own policy names it, the boundary does not
-    role, _ = _made(stack, _run(output="s3://elsewhere/shards/"))
+    role = _made(stack, _run(output="s3://elsewhere/shards/"))
     assert not _allowed(role, "s3:PutObject", "arn:aws:s3:::elsewhere/shards/part-00000.bin")
     principal = Principal.role_session(role, "SageMaker")
     request, decision = enforce.decide(
@@ -138,7 +147,7 @@ def test_a_role_of_that_name_that_is_not_this_runs_is_refused_and_left_alone(sta
         Tags=[{"Key": "lustrain:job-id", "Value": "someone-else"}],
     )
     with pytest.raises(SpecInvalid) as exc:
-        _made(stack, run)
+        _look(stack, run)
     assert [e.path for e in exc.value.errors] == ["name"]
     assert "is not this run's" in str(exc.value)
     assert iam.list_role_policies(RoleName=prepare_role.role_name(run.job_id))["PolicyNames"] == []
@@ -167,7 +176,7 @@ def _torn_down(settings: Settings, job_id: str) -> dict[str, Any]:
 
 def test_teardown_deletes_the_runs_role_after_its_network_and_reports_it(stack: Settings) -> None:
     run = _run()
-    role, _ = _made(stack, run)
+    role = _made(stack, run)
     name = role.rsplit("/", 1)[1]
     ddb = boto3.client("dynamodb", region_name=REGION)
     records.set_fields(ddb, stack.jobs_table, run.job_id, spec={"kind": "prepare", "name": "corpus"})
@@ -183,7 +192,7 @@ def test_teardown_deletes_the_runs_role_after_its_network_and_reports_it(stack: 
 
 def test_the_sweeper_deletes_a_role_whose_run_record_is_gone_and_leaves_any_other(stack: Settings) -> None:
     run = _run()
-    role, _ = _made(stack, run)
+    role = _made(stack, run)
     ddb = boto3.client("dynamodb", region_name=REGION)
     ddb.delete_item(TableName=stack.jobs_table, Key={"job_id": {"S": run.job_id}})
     iam = boto3.client("iam", region_name=REGION)
@@ -216,3 +225,23 @@ def test_the_sweeper_deletes_a_role_whose_run_record_is_gone_and_leaves_any_othe
     assert [(s["job_id"], s["type"], s["id"]) for s in result["swept"]] == [(run.job_id, "iam_role", name)]
     left = {r["RoleName"] for r in iam.list_roles()["Roles"]}
     assert name not in left and {"other-0badc0de-prep", "someone-elses"} <= left
+
+
+class _CatchingUp:
+    """IAM while it catches up: the role exists (CreateRole says so) but GetRole does not show it yet."""
+
+    def create_role(self, **_: Any) -> None:
+        raise ClientError({"Error": {"Code": "EntityAlreadyExists", "Message": "Role exists"}}, "CreateRole")
+
+    def get_role(self, **_: Any) -> None:
+        raise ClientError({"Error": {"Code": "NoSuchEntity", "Message": "cannot be found"}}, "GetRole")
+
+
+def test_a_role_iam_does_not_show_yet_is_looked_at_again_not_refused(stack: Settings) -> None:
+    run = _run()
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.put_new(ddb, stack.jobs_table, records.JobRecord(job_id=run.job_id))
+    found = prepare_role.ensure(
+        _CatchingUp(), ddb, run, code_s3_uri=CODE, image_uri=prepare_image(REGION), tags=[], settings=stack
+    )
+    assert found is None  # Pending: the next look asks again, the run goes on

@@ -174,6 +174,10 @@ def check_share(index: DataIndex, rank: int, world_size: int) -> list[str]:
             check_shard(shard, index.token_bytes)
         except DataError as exc:
             found.append(str(exc))
+        except (OSError, ValueError) as exc:
+            # unreadable metadata (a permission, an I/O error on the file system): a bad shard too, said by every
+            # rank, never an exception on one rank while the others wait for it in the gather
+            found.append(f"{shard.path}: {type(exc).__name__}: {exc}")
     return found
 
 

@@ -696,7 +696,11 @@ def main(argv: list[str] | None = None) -> int:
                 say(check.line())
             # every shard's size against the index, once, each rank its share: bad data ends the run now, on every
             # rank alike (an orderly exit), not hours in on the one rank that opens a cut shard
-            bad = distributed.all_gather_lists(shards.check_share(index, info.rank, info.world_size), info)
+            try:
+                bad = distributed.all_gather_lists(shards.check_share(index, info.rank, info.world_size), info)
+            except Exception as exc:
+                shut_down = False  # a collective that failed may hang the process group's teardown
+                return faults.report(faults.kind_of(exc) or "preflight", exc)
             if bad:
                 if info.is_main:  # every rank knows; one says it
                     print(f"error: {shards.bad_shards_error(bad, index.shard_count)}", file=sys.stderr, flush=True)

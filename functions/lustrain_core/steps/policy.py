@@ -196,8 +196,8 @@ class Policy:
 
     def check_prepare(self, spec: PrepareSpec) -> None:
         """The rules of a data preparation run (kind: prepare): it reads text where a training run may read data,
-        writes where one may write output (the processing role is granted these lists alone: it cannot be scoped
-        per run, CreateProcessingJob passes no session tags), on the instance types and counts the stack allows."""
+        writes where one may write output (its own role, steps/prepare_role, is bounded by these lists), on the
+        instance types and counts the stack allows."""
         located = [("source", spec.source), ("output", spec.output)]
         if spec.tokenizer.startswith("s3://"):
             located.append(("tokenizer", spec.tokenizer))

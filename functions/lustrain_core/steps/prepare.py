@@ -209,10 +209,9 @@ def look(document: Any, *, sagemaker: Any, iam: Any, ddb: Any, settings: Setting
     image = prepare_image(settings.region)
 
     def role_of() -> str | None:
-        arn, changed = prepare_role.ensure(
+        return prepare_role.ensure(
             iam, ddb, run, code_s3_uri=code.submit_directory, image_uri=image, tags=tags, settings=settings
         )
-        return None if changed else arn
 
     def request_of(stage: str, role: str) -> dict[str, Any]:
         return aws_requests.prepare_job(

@@ -89,8 +89,13 @@ def roles_left(iam: Any, settings: Settings) -> Iterator[tuple[str, list[dict[st
     for page in iam.get_paginator("list_roles").paginate(PathPrefix=role_path(settings)):
         for role in page.get("Roles", []):
             tags: list[dict[str, str]] = []
-            for tag_page in iam.get_paginator("list_role_tags").paginate(RoleName=role["RoleName"]):
-                tags += tag_page.get("Tags", [])
+            try:
+                for tag_page in iam.get_paginator("list_role_tags").paginate(RoleName=role["RoleName"]):
+                    tags += tag_page.get("Tags", [])
+            except ClientError as exc:
+                if error_code(exc) == "NoSuchEntity":  # deleted (by its run's teardown) since it was listed
+                    continue
+                raise
             yield str(role["RoleName"]), tags
 
 
@@ -214,17 +219,18 @@ def ensure(
     image_uri: str,
     tags: list[dict[str, str]],
     settings: Settings,
-) -> tuple[str, bool]:
+) -> str | None:
     """The run's role, made where it is not there yet (recorded in the run's ledger before it is created, so that
-    teardown deletes it whatever happens next), with its policy: (its ARN, whether this call made the role or
-    changed its policy: IAM may not have spread the change yet, so no job is started with it on this look). A role
-    of that name that is not this run's is refused, never used."""
+    teardown deletes it whatever happens next), with its policy: its ARN, or None while it is not ready to hand to
+    SageMaker (this call made the role or changed its policy, which IAM may not have spread yet, or IAM does not
+    show yet what an earlier look made): the state machine looks again. A role of that name that is not this
+    run's is refused, never used."""
     name = role_name(run.job_id)
     records.add_resources(ddb, settings.jobs_table, run.job_id, [{"type": RESOURCE_TYPE, "id": name}])
     # CreateRole first: a call naming a role that does not exist is authorized against role/<name>, without the
     # path the stack's grants name, so a look for it would be refused rather than told it is missing
     try:
-        found: dict[str, Any] | None = dict(
+        found: dict[str, Any] = dict(
             iam.create_role(
                 RoleName=name,
                 Path=role_path(settings),
@@ -241,13 +247,16 @@ def ensure(
             raise
         created = False
         try:
-            found = find(iam, name)
+            looked = find(iam, name)
         except ClientError as denied:
             # a role of that name outside the stack's path: not one the stack may read, so not this run's
             if error_code(denied) not in ACCESS_DENIED:
                 raise
-            found = None
-    if not created and (found is None or not _ours(found, run.job_id, settings)):
+            looked = {}
+        if looked is None:
+            return None  # there, and not yet shown by IAM (eventually consistent): look again
+        found = looked
+    if not created and not _ours(found, run.job_id, settings):
         raise SpecInvalid.one(
             "name",
             run.job_id,
@@ -255,11 +264,17 @@ def ensure(
             "not hand it to SageMaker; give the spec another name",
         )
     document = policy_document(run, code_s3_uri, image_uri, settings)
-    changed = _policy_of(iam, name) != document
-    if changed:
+    try:
+        if _policy_of(iam, name) == document:
+            return None if created else str(found["Arn"])
         iam.put_role_policy(RoleName=name, PolicyName=POLICY_NAME, PolicyDocument=json.dumps(document))
-    assert found is not None
-    return str(found["Arn"]), created or changed
+    except ClientError as exc:
+        # a role just made, which IAM does not show yet to the calls that name it (NoSuchEntity), or whose boundary
+        # the grant's condition does not see yet (AccessDenied): look again
+        if created and error_code(exc) in ACCESS_DENIED | {"NoSuchEntity"}:
+            return None
+        raise
+    return None
 
 
 def _policy_of(iam: Any, name: str) -> dict[str, Any] | None:
