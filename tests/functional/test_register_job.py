@@ -374,3 +374,42 @@ def test_a_prepare_spec_that_cannot_run_is_refused_naming_the_field(aws, changed
         invoke("register_job", {"execution": "f", "input": {"spec": prepare_spec(**changed)}})
     assert [e.path for e in exc.value.errors] == [field]
     assert records_in(aws.jobs_table) == []
+
+
+def test_a_preparation_writes_only_where_no_other_run_has_data(aws, monkeypatch):
+    """A preparation's own role reads, writes and deletes under its output: an output that is the stack's output
+    location itself, that holds what a preparation does not write, or that lies in a run's folder is refused; an
+    earlier preparation's output (a rerun) is not."""
+    seed_corpus()
+    monkeypatch.setenv("LUSTRAIN_ALLOWED_OUTPUT_PREFIXES", "s3://lustrain-test-results/")
+    with pytest.raises(SpecForbidden) as forbidden:
+        invoke("register_job", {"execution": "f", "input": {"spec": prepare_spec(output="s3://lustrain-test-results/")}})
+    assert (forbidden.value.details["field"], forbidden.value.details["rule"]) == (
+        "output",
+        "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES",
+    )
+    assert "s3://lustrain-test-results/corpus/" in str(forbidden.value)
+
+    # an earlier preparation's output: its files, parts and plan lists
+    seed_data(SHARDS, {
+        "index.json": b"{}", "prepare-plan.json": b"{}", "tokenizer.json": b"{}", "train-00000-000.bin": b"x",
+        "val-00001-000.bin": b"x", "parts/part-00000.json": b"{}", "plan/files-00000.json": b"[]",
+    })  # fmt: skip
+    assert invoke("register_job", {"execution": "rerun", "input": {"spec": prepare_spec()}})["kind"] == "prepare"
+
+    # another run's checkpoints, or a file a preparation never writes, beside them
+    for planted in ("gpt-0123abcd/checkpoints/step-100/model.pt", "notes.txt"):
+        seed_data(SHARDS, {planted: b"x"})
+        with pytest.raises(SpecInvalid) as invalid:
+            invoke("register_job", {"execution": f"f-{planted[:3]}", "input": {"spec": prepare_spec(name="again")}})
+        assert [e.path for e in invalid.value.errors] == ["output"]
+        assert repr(planted.split("/")[0] + ("/" if "/" in planted else "")) in str(invalid.value)
+        boto3.client("s3", region_name=REGION).delete_object(Bucket="lustrain-test-results", Key=f"shards/{planted}")
+
+    # the folder of a run that has written nothing yet (queued): its results would land where the role writes
+    seed_data()
+    trained = invoke("register_job", {"execution": "train-1", "input": {"spec": spec(data={"size_gib": 5})}})
+    inside = f"s3://lustrain-test-results/{trained['job_id']}/shards/"
+    with pytest.raises(SpecInvalid) as invalid:
+        invoke("register_job", {"execution": "f-run", "input": {"spec": prepare_spec(name="inside", output=inside)}})
+    assert [e.path for e in invalid.value.errors] == ["output"] and trained["job_id"] in str(invalid.value)

@@ -148,3 +148,20 @@ def test_a_stage_that_does_not_exist_is_none_whatever_words_sagemaker_answers_it
     assert prepare.describe(SageMaker(code, message), "x") is None
     with pytest.raises(ClientError):
         prepare.describe(SageMaker("ThrottlingException", "slow down"), "x")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "index.json", "prepare-plan.json", "tokenizer.json", "train-00000-000.bin", "val-00012-003.bin",
+        "train-00000-000.bin.tmp", "notes.txt", "model.pt", "train-llama-0123abcd", "index.json.bak", "val.bin",
+    ],
+)  # fmt: skip
+def test_register_jobs_names_of_a_preparations_output_are_the_preparations_own(name: str) -> None:
+    # register_job refuses an output holding anything else (prepare_plan.is_output_name); the preparation replaces
+    # what lustrain_trainer.prepare.is_output says it wrote: the two must agree at the output's top
+    from lustrain_trainer.prepare import is_output
+
+    assert prepare_plan.is_output_name(name) == is_output(name)
+    assert is_output("parts/part-00000.json") and is_output("plan/files-00000.json")
+    assert {"parts/", "plan/"} == prepare_plan.OUTPUT_FOLDERS

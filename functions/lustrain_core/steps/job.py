@@ -434,6 +434,55 @@ def record_once(
     }
 
 
+def check_output_is_a_preparations(s3: Any, uri: str) -> None:
+    """A preparation's output holds nothing but what a preparation writes (prepare_plan.is_output_name): its own
+    role may read, write and delete there, so an output holding another run's data (its checkpoints, its model) is
+    refused before anything is created. Listed a folder level at a time: the shards at the top, a page of 1,000 keys
+    per call (80 calls for the 80,000 shards of 20 TB), never the keys inside a folder."""
+    bucket, prefix = split_s3_uri(uri, "output")
+    prefix = prefix if prefix.endswith("/") or not prefix else prefix + "/"
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            found = [f["Prefix"][len(prefix) :] for f in page.get("CommonPrefixes", [])]
+            found = [f for f in found if f not in prepare_plan.OUTPUT_FOLDERS]
+            found += [
+                o["Key"][len(prefix) :]
+                for o in page.get("Contents", [])
+                if o["Key"] != prefix and not prepare_plan.is_output_name(o["Key"][len(prefix) :])
+            ]
+            if found:
+                raise SpecInvalid.one(
+                    "output",
+                    uri,
+                    f"holds {found[0]!r}, which a data preparation does not write (another run's data?): the "
+                    "preparation may write and delete anything under its output, so give it a location of its own "
+                    "(empty, or an earlier preparation's)",
+                )
+    except ClientError as exc:
+        if error_code(exc) in {"NoSuchBucket", "AccessDenied", "AllAccessDisabled", "PermanentRedirect"}:
+            raise SpecInvalid.one(
+                "output", uri, f"the output location cannot be listed by the stack ({explained(exc)})"
+            ) from None
+        raise
+
+
+#: a run's id, as job_id_for makes it: the spec's name and 8 hex digits
+JOB_ID = re.compile(r"[a-z0-9-]{1,40}-[0-9a-f]{8}")
+
+
+def check_output_is_no_runs_folder(ddb: Any, settings: Settings, uri: str) -> None:
+    """A preparation's output is not in a run's own folder (a run's results lie under <prefix>[<folders>/]<job id>/),
+    one that has written nothing yet included (a queued run): the preparation's role would reach what it writes."""
+    for segment in split_s3_uri(uri, "output")[1].split("/"):
+        if JOB_ID.fullmatch(segment) and records.get(ddb, settings.jobs_table, segment) is not None:
+            raise SpecInvalid.one(
+                "output",
+                uri,
+                f"lies in the folder of run {segment}, whose results go there: give the preparation a location "
+                "of its own",
+            )
+
+
 def register_prepare(
     document: dict[str, Any], source: SpecSource, *, s3: Any, ddb: Any, settings: Settings
 ) -> dict[str, Any]:
@@ -467,7 +516,8 @@ def register_prepare(
         raise SpecInvalid.one(
             "source", spec.source, "no objects under this prefix: upload the text or fix the URI"
         )
-    _listing(s3, spec.output, "output", "the output location", max_keys=0)
+    check_output_is_a_preparations(s3, spec.output)
+    check_output_is_no_runs_folder(ddb, settings, spec.output)
     plan = prepare_plan.planned(spec, source_gib)
     prepare_plan.check_stage_runtimes(plan)
     policy.check_prepare_plan(plan)

@@ -206,6 +206,16 @@ class Policy:
         if spec.tokenizer.startswith("s3://"):
             self._under(spec.tokenizer, self.data_prefixes, "tokenizer", DATA_PREFIXES, "data")
         self._under(spec.output, self.output_prefixes, "output", OUTPUT_PREFIXES, "output")
+        if any(_prefix(spec.output) == _prefix(p) for p in self.output_prefixes):
+            # the preparation's own role writes and deletes under its output: where every run's results lie, that
+            # would be every run's
+            raise SpecForbidden(
+                f"output {spec.output} is one of the stack's output locations itself ({OUTPUT_PREFIXES}), where "
+                f"every run's results lie: give the preparation a folder of its own, such as "
+                f"{_prefix(spec.output)}{spec.name}/",
+                rule=OUTPUT_PREFIXES,
+                field="output",
+            )
         if self.instance_types and spec.instance_type not in self.instance_types:
             raise SpecForbidden(
                 f"instance_type {spec.instance_type} is not allowed by this stack ({INSTANCE_TYPES}): allowed: "
