@@ -3,7 +3,8 @@ and one invocation of the sweep function, through the twin's Lambda, leaves noth
 
 Two runs share one twin: one killed right after its network exists (its file system still being created), one
 killed while its model trains. Everything the real state machine and handlers created for them is then counted
-by tag: VPC, subnet, security group, route table, S3 endpoint, file system, and training jobs InProgress.
+by tag: VPC, subnet, security group, route table, S3 endpoint, file system, and training jobs InProgress; and a
+data preparation's own IAM role whose record is gone.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import boto3
 import pytest
 from lustrain_core.spec import JobSpec
+from lustrain_core.steps import prepare_role
 
 from lustrain.twin import rehearse
 from lustrain.twin.iam import usage
@@ -93,6 +95,23 @@ def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, quick_
         late_status = stopped(sfn, late_arn)
         assert late_status in {"ABORTED", "FAILED"}
 
+        # a data preparation's own role, left by a preparation whose record is gone: made as its first look makes it
+        iam = boto3.client("iam", region_name=REGION)
+        orphan_role = "corpus-0badc0de-prep"
+        iam.create_role(
+            RoleName=orphan_role,
+            Path=f"/lustrain/{REGION}/{rehearse.STACK_NAME}/",
+            AssumeRolePolicyDocument=json.dumps(prepare_role.trust_policy("123456789012")),
+            PermissionsBoundary=stack.ref("PrepareProcessingBoundary"),
+            Tags=[
+                {"Key": "lustrain:job-id", "Value": "corpus-0badc0de"},
+                {"Key": "lustrain:created-by", "Value": rehearse.STACK_NAME},
+            ],
+        )
+        iam.put_role_policy(RoleName=orphan_role, PolicyName="this-run", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "*"}]}
+        ))  # fmt: skip
+
         runs = ((early, early_arn), (late, late_arn))
         jobs = {spec.name: rehearse.job_id_of(rehearse.execution_history(sfn, arn)) for spec, arn in runs}
         for spec in (early, late):
@@ -123,6 +142,8 @@ def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, quick_
             }
             assert "file_system" in {s["type"] for s in mine}, spec.name
             assert all(s["reason"].endswith(f"ended {status} without a teardown") for s in mine), spec.name
+        assert ("corpus-0badc0de", "iam_role", orphan_role) in swept
+        assert orphan_role not in {r["RoleName"] for r in iam.list_roles()["Roles"]}
         assert (result["kept"], result["skipped"]) == ([], [])
         ddb = boto3.client("dynamodb", region_name=REGION)
         for job_id in jobs.values():
