@@ -213,10 +213,18 @@ class LocalStore:
         return sorted_files(self.root, glob_regex(pattern))
 
     def sizes(self) -> dict[str, int]:
-        """Every file under the root and its size."""
+        """Every file under the root and its size. A file gone between the listing and its stat (another worker's
+        shard.tmp, renamed to its shard meanwhile) is passed over: S3's listing has no such gap."""
         if not self.root.is_dir():
             return {}
-        return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in self.root.rglob("*") if p.is_file()}
+        found = {}
+        for path in self.root.rglob("*"):
+            try:
+                if path.is_file():
+                    found[path.relative_to(self.root).as_posix()] = path.stat().st_size
+            except FileNotFoundError:
+                continue
+        return found
 
     def read(self, rel: str) -> bytes:
         return (self.root / rel).read_bytes()

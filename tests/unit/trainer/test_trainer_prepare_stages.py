@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lustrain_trainer import prepare as prep
@@ -125,3 +126,22 @@ def test_planning_again_keeps_the_parts_made_and_another_plan_removes_them(corpu
 
     assert prep.main([str(corpus), str(out), "--shard-size", "1MiB", "--stage", "plan"]) == 0
     assert list(tree(out)) == ["plan/files-00000.json", "plan/files-00001.json", "prepare-plan.json"]
+
+
+def test_a_shard_published_while_out_is_listed_is_passed_over_not_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a worker lists OUT while another renames its shard.tmp to the shard: the .tmp is found, then gone at its stat
+    (tmp_path / "index.json").write_bytes(b"{}")
+    (tmp_path / "val-00004-000.bin.tmp").write_bytes(b"x" * 8)
+    real_stat, looked = Path.stat, {}
+
+    def stat(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self.name.endswith(".tmp"):
+            looked[self.name] = looked.get(self.name, 0) + 1
+            if looked[self.name] > 1:  # is_file saw it; it was renamed before its size was read
+                raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real_stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    assert prep.LocalStore(tmp_path).sizes() == {"index.json": 2}
+    assert looked == {"val-00004-000.bin.tmp": 2}
