@@ -11,7 +11,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from infra_support import REGION, MinuteLeft
+from infra_support import REGION, MinuteLeft, torn_down
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.images import prepare_image
@@ -161,32 +161,19 @@ def test_a_long_job_id_gets_a_role_name_iam_takes_and_two_runs_never_share_one()
     assert prepare_role.role_name("corpus-0123abcd") == "corpus-0123abcd-prep"
 
 
-def _torn_down(settings: Settings, job_id: str) -> dict[str, Any]:
-    return teardown.teardown_job(
-        job_id,
-        status="SUCCEEDED",
-        error=None,
-        ec2=boto3.client("ec2", region_name=REGION),
-        fsx=boto3.client("fsx", region_name=REGION),
-        ddb=boto3.client("dynamodb", region_name=REGION),
-        settings=settings,
-        clock=teardown.clock_for(MinuteLeft(), settings),
-    )
-
-
 def test_teardown_deletes_the_runs_role_after_its_network_and_reports_it(stack: Settings) -> None:
     run = _run()
     role = _made(stack, run)
     name = role.rsplit("/", 1)[1]
     ddb = boto3.client("dynamodb", region_name=REGION)
     records.set_fields(ddb, stack.jobs_table, run.job_id, spec={"kind": "prepare", "name": "corpus"})
-    result = _torn_down(stack, run.job_id)
+    result = torn_down(stack, run.job_id)
     assert {"type": "iam_role", "id": name} in result["deleted"]
     iam = boto3.client("iam", region_name=REGION)
     assert iam.list_roles(PathPrefix="/lustrain/")["Roles"] == []
     assert list(records.get(ddb, stack.jobs_table, run.job_id).resources) == []
     # a second teardown finds it gone
-    again = _torn_down(stack, run.job_id)
+    again = torn_down(stack, run.job_id)
     assert again["deleted"] == []
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import boto3
 import pytest
-from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register, spec
+from infra_support import REGION, count_of_job, invoke, job_record, register, spec, torn_down
 from lustrain_core.config import Settings
 from lustrain_core.errors import QuotaExceeded, SpecInvalid
-from lustrain_core.steps import records, teardown, warm_pool
+from lustrain_core.steps import records, warm_pool
 
 from lustrain.twin import faults
 from lustrain.twin.patches import fsx as twin_fsx
@@ -74,17 +74,7 @@ def trained(settings: Settings, document: dict[str, Any], sagemaker: PoolStatuse
 
 def tear_down(settings: Settings, job_id: str, sagemaker: PoolStatuses) -> dict[str, Any]:
     """The run's teardown (the sweeper calls the same for a finished run whose resources are left)."""
-    return teardown.teardown_job(
-        job_id,
-        status="SUCCEEDED",
-        error=None,
-        ec2=boto3.client("ec2", region_name=REGION),
-        fsx=boto3.client("fsx", region_name=REGION),
-        ddb=boto3.client("dynamodb", region_name=REGION),
-        sagemaker=sagemaker,
-        settings=settings,
-        clock=teardown.clock_for(MinuteLeft(), settings),
-    )
+    return torn_down(settings, job_id, sagemaker)
 
 
 # --------------------------------------------------------------------------- refusals
