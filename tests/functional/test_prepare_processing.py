@@ -271,3 +271,41 @@ def test_four_instances_on_the_twin_write_a_local_one_instance_runs_shards_and_t
     ours.pop("source", None)
     theirs.pop("source", None)
     assert ours == theirs
+
+
+def test_a_role_sagemaker_cannot_assume_yet_is_waited_for_while_new_then_refused(aws: Settings) -> None:
+    from botocore.exceptions import ClientError
+
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    run = _run()
+    records.put_new(ddb, aws.jobs_table, {"job_id": run.job_id})
+    role = f"arn:aws:iam::{ACCOUNT}:role/lustrain/{REGION}/s/{run.job_id}-prep"
+
+    class NotSpreadYet(_Stages):
+        def create_processing_job(self, **request: Any) -> None:
+            raise ClientError(
+                {
+                    "Error": {
+                        "Code": "ValidationException",
+                        "Message": f"Could not assume role {role}. Please ensure that the role exists and allows "
+                        "principal 'sagemaker.amazonaws.com' to assume the role.",
+                    }
+                },
+                "CreateProcessingJob",
+            )
+
+    def look(new: bool) -> dict[str, Any]:
+        return prepare.advance(
+            run,
+            [],
+            sagemaker=NotSpreadYet(),
+            ddb=ddb,
+            settings=aws,
+            request_of=lambda stage, arn: _request(run, stage, aws, arn),
+            role_of=lambda: role,
+            role_is_new=lambda: new,
+        )
+
+    assert look(new=True) == {"done": [], "stage": "plan", "status": "Pending"}
+    with pytest.raises(ClientError, match="Could not assume role"):
+        look(new=False)

@@ -232,3 +232,15 @@ def test_a_role_iam_does_not_show_yet_is_looked_at_again_not_refused(stack: Sett
         _CatchingUp(), ddb, run, code_s3_uri=CODE, image_uri=prepare_image(REGION), tags=[], settings=stack
     )
     assert found is None  # Pending: the next look asks again, the run goes on
+
+
+def test_a_role_is_new_for_its_first_minutes_only(stack: Settings) -> None:
+    from datetime import timedelta
+
+    run = _run()
+    _made(stack, run)
+    iam = boto3.client("iam", region_name=REGION)
+    made = iam.get_role(RoleName=prepare_role.role_name(run.job_id))["Role"]["CreateDate"]
+    assert prepare_role.is_new(iam, run.job_id, now=lambda: made + timedelta(seconds=30))
+    assert not prepare_role.is_new(iam, run.job_id, now=lambda: made + timedelta(seconds=prepare_role.SETTLE_SECONDS))
+    assert not prepare_role.is_new(iam, "never-made-0000000a")

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from lustrain_core import aws_requests
 from lustrain_core import resources as registry
-from lustrain_core.aws_errors import training_job_missing
+from lustrain_core.aws_errors import error_code, training_job_missing
 from lustrain_core.config import Settings
 from lustrain_core.document import Code, Network, Sections
 from lustrain_core.errors import MISSING, PrepareFailed, SpecInvalid
@@ -73,6 +73,12 @@ def start(sagemaker: Any, request: dict[str, Any]) -> str:
     return "InProgress"
 
 
+def role_not_assumable(exc: ClientError) -> bool:
+    """SageMaker's refusal of a role it cannot assume (ValidationException "Could not assume role <arn>. Please
+    ensure that the role exists and allows principal 'sagemaker.amazonaws.com' to assume the role")."""
+    return error_code(exc) == "ValidationException" and "could not assume role" in str(exc).lower()
+
+
 def outcome(detail: dict[str, Any]) -> str:
     """The status of an event's detail or a description: InProgress/Stopping (go on waiting) or Completed; raises
     PrepareFailed, naming the job and SageMaker's reason, for Failed and Stopped."""
@@ -93,13 +99,16 @@ def advance(
     settings: Settings,
     request_of: Callable[[str, str], dict[str, Any]],
     role_of: Callable[[], str | None],
+    role_is_new: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any]:
     """One look at a preparation run: its next stage's job is started (recorded in the run's ledger before it is
     created, so that teardown stops it whatever happens next), or the running one is read; a stage that Completed
     is added to `done` and the next one started at once. `role_of` gives the role a job is started with, or None
     while it is not ready (just made: status Pending, look again). `request_of(stage, role)` is the stage's
-    CreateProcessingJob request. Returns {"done", "stage", "status"}: stage None and status Completed once every
-    stage has; PrepareFailed for a stage that Failed or was Stopped."""
+    CreateProcessingJob request. SageMaker's "Could not assume role" for a role made minutes ago (`role_is_new`: IAM
+    has not spread it yet) is a Pending look too; for an older one it is the error it says. Returns {"done",
+    "stage", "status"}: stage None and status Completed once every stage has; PrepareFailed for a stage that Failed
+    or was Stopped."""
     done = list(done)
     while (stage := next_stage(run, done)) is not None:
         name = run.job_name(stage)
@@ -110,7 +119,12 @@ def advance(
                 return {"done": done, "stage": stage, "status": "Pending"}
             request = request_of(stage, role)
             records.add_resources(ddb, settings.jobs_table, run.job_id, [{"type": RESOURCE_TYPE, "id": name}])
-            status = start(sagemaker, request)
+            try:
+                status = start(sagemaker, request)
+            except ClientError as exc:
+                if role_not_assumable(exc) and role_is_new():
+                    return {"done": done, "stage": stage, "status": "Pending"}
+                raise
         else:
             status = outcome(found)
         if status != "Completed":
@@ -227,7 +241,14 @@ def look(document: Any, *, sagemaker: Any, iam: Any, ddb: Any, settings: Setting
         )
 
     found = advance(
-        run, list(done), sagemaker=sagemaker, ddb=ddb, settings=settings, request_of=request_of, role_of=role_of
+        run,
+        list(done),
+        sagemaker=sagemaker,
+        ddb=ddb,
+        settings=settings,
+        request_of=request_of,
+        role_of=role_of,
+        role_is_new=lambda: prepare_role.is_new(iam, run.job_id),
     )
     stage_looks = counts["stage_looks"] + 1 if found["stage"] == previous.get("stage") else 1
     return {

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
@@ -194,6 +195,18 @@ def policy_document(run: PrepareRun, code_s3_uri: str, image_uri: str, settings:
             }
         )
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+#: How long after its creation a role SageMaker cannot assume yet is waited for (IAM spreads a new role in seconds;
+#: a role still refused after this has a fault of its own)
+SETTLE_SECONDS = 300
+
+
+def is_new(iam: Any, job_id: str, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> bool:
+    """Whether the run's role was made under SETTLE_SECONDS ago."""
+    found = find(iam, role_name(job_id))
+    made = found.get("CreateDate") if found is not None else None
+    return isinstance(made, datetime) and (now() - made).total_seconds() < SETTLE_SECONDS
 
 
 def _ours(role: dict[str, Any], job_id: str, settings: Settings) -> bool:
