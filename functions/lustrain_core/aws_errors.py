@@ -71,6 +71,8 @@ NOT_FOUND_CODES = frozenset(
         "InvalidVpcEndpointId.NotFound",
         "InvalidAssociationID.NotFound",
         "InvalidNetworkInterfaceID.NotFound",
+        # IAM (IAM API reference, GetRole: NoSuchEntity)
+        "NoSuchEntity",
         # FSx
         "FileSystemNotFound",
         "DataRepositoryAssociationNotFound",

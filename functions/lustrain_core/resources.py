@@ -15,6 +15,7 @@ and the benches read this table; how each family is deleted lives in teardown, p
     data_repository_association   fsx        Tags of each          DescribeDataRepositoryAssociations AssociationIds
     training_job                  sagemaker  ListTags of each      DescribeTrainingJob TrainingJobName
     processing_job                sagemaker  ListTags of each      DescribeProcessingJob ProcessingJobName
+    iam_role                      iam        ListRoleTags of each  GetRole RoleName (a preparation's own role)
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class Kind:
     gone: frozenset[str] = frozenset()
     #: EC2's describe calls filter by tag; FSx's return each item's Tags
     tag_filter: bool = False
+    #: described one at a time, by name: the answer is the item (result_key "") or holds it under result_key
+    single: bool = False
 
 
 VPC = Kind("vpc", "ec2", "network", "describe_vpcs", "VpcIds", "Vpcs", "VpcId", tag_filter=True)
@@ -69,18 +72,21 @@ DATA_REPOSITORY_ASSOCIATION = Kind(
 )  # fmt: skip
 TRAINING_JOB = Kind(
     "training_job", "sagemaker", "compute", "describe_training_job", "TrainingJobName", "", "TrainingJobName",
-    state_key="TrainingJobStatus",
+    state_key="TrainingJobStatus", single=True,
 )  # fmt: skip
 
 #: data preparation's stages (lustrain_core.prepare_plan, steps/prepare.py)
 PROCESSING_JOB = Kind(
     "processing_job", "sagemaker", "compute", "describe_processing_job", "ProcessingJobName", "",
-    "ProcessingJobName", state_key="ProcessingJobStatus",
+    "ProcessingJobName", state_key="ProcessingJobStatus", single=True,
 )  # fmt: skip
+
+#: a data preparation's own IAM role (steps/prepare_role), deleted last (teardown_identity)
+IAM_ROLE = Kind("iam_role", "iam", "identity", "get_role", "RoleName", "Role", "RoleName", single=True)
 
 KINDS: tuple[Kind, ...] = (
     VPC, SUBNET, SECURITY_GROUP, ROUTE_TABLE, VPC_ENDPOINT, FILE_SYSTEM, DATA_REPOSITORY_ASSOCIATION, TRAINING_JOB,
-    PROCESSING_JOB,
+    PROCESSING_JOB, IAM_ROLE,
 )  # fmt: skip
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
 #: The network's pieces in the order AWS lets them be deleted (each depends on the ones after it).
@@ -96,12 +102,13 @@ def present(kind: Kind, item: dict[str, Any]) -> bool:
 def describe(client: Any, kind: Kind, resource_id: str) -> dict[str, Any] | None:
     """One resource as its service describes it, or None when it is gone (not found, or in a gone state)."""
     try:
-        if kind in (TRAINING_JOB, PROCESSING_JOB):
-            found = [getattr(client, kind.describe)(**{kind.ids_param: resource_id})]
+        if kind.single:
+            answer = getattr(client, kind.describe)(**{kind.ids_param: resource_id})
+            found = [answer[kind.result_key] if kind.result_key else answer]
         else:
             found = getattr(client, kind.describe)(**{kind.ids_param: [resource_id]})[kind.result_key]
     except ClientError as exc:
-        if not_found(exc) or (kind in (TRAINING_JOB, PROCESSING_JOB) and training_job_missing(exc)):
+        if not_found(exc) or (kind.single and training_job_missing(exc)):
             return None
         raise
     item = dict(found[0]) if found else None

@@ -21,8 +21,10 @@ def test_each_kind_is_described_as_its_service_model_says(kind):
     operation = model.operation_model(camel(kind.describe))
     assert kind.ids_param in operation.input_shape.members
     output = operation.output_shape
-    single = kind in (registry.TRAINING_JOB, registry.PROCESSING_JOB)  # described one at a time, by name
-    item = output if single else output.members[kind.result_key].member
+    if kind.single:  # described one at a time, by name: the answer is the item, or holds it
+        item = output.members[kind.result_key] if kind.result_key else output
+    else:
+        item = output.members[kind.result_key].member
     assert kind.id_key in item.members
     if kind.state_key is not None:
         assert kind.state_key in item.members

@@ -31,6 +31,7 @@ from urllib.parse import unquote
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.aws_requests import kms_key
 from lustrain_core.config import Settings
@@ -42,7 +43,7 @@ from lustrain_core.steps import records
 #: IAM's answer to a call it refuses (the twin answers the same)
 ACCESS_DENIED = frozenset({"AccessDenied", "AccessDeniedException"})
 #: the run's ledger entry type (teardown deletes it after the processing jobs and the network)
-RESOURCE_TYPE = "iam_role"
+RESOURCE_TYPE = registry.IAM_ROLE.name
 #: The stack setting naming the permissions boundary every preparation's role is created with
 BOUNDARY_SETTING = "LUSTRAIN_PREPARE_BOUNDARY_ARN"
 #: the role's one inline policy
@@ -215,12 +216,8 @@ def _ours(role: dict[str, Any], job_id: str, settings: Settings) -> bool:
 
 
 def find(iam: Any, name: str) -> dict[str, Any] | None:
-    try:
-        return dict(iam.get_role(RoleName=name)["Role"])
-    except ClientError as exc:
-        if error_code(exc) == "NoSuchEntity":
-            return None
-        raise
+    """The role as GetRole gives it (its Tags and CreateDate included), or None where there is none."""
+    return registry.describe(iam, registry.IAM_ROLE, name)
 
 
 def ensure(

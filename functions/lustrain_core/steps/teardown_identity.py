@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from lustrain_core import clients
+from lustrain_core import resources as registry
 from lustrain_core.steps import prepare_role
 from lustrain_core.steps.teardown_base import Scope
 
-ROLE = prepare_role.RESOURCE_TYPE
+ROLE = registry.IAM_ROLE.name
 
 
 class Roles(Scope):

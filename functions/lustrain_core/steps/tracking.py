@@ -355,11 +355,12 @@ def run_ended(
     """End the run's MLflow run with `status` (MLflow's RunStatus), and note where its model is."""
     run = mlflow_run(server, settings, record, ddb)
     names = record.training_job_names()
+    # the last attempt, described once: its metrics read again, and its model where it completed
+    described = (describe_training_job(sagemaker, names[-1]) or {}) if names else {}
     if logs is not None and names:
-        described = describe_training_job(sagemaker, names[-1]) or {}
         definitions = (described.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
         log_metrics(server, run["run_id"], attempt_lines(logs, names[-1]), definitions)
-    model = _model_location(record, settings, sagemaker)
+    model = _model_location(record, settings, described)
     written = put_artifact(
         server,
         settings,
@@ -377,16 +378,14 @@ def run_ended(
     return {"run_id": run["run_id"], "status": status, "model_s3_uri": model, "artifact": written}
 
 
-def _model_location(record: JobRecord, settings: Settings, sagemaker: Any) -> str:
-    """The last attempt's model where it completed, else the run's archive (where every attempt's model is)."""
+def _model_location(record: JobRecord, settings: Settings, described: dict[str, Any]) -> str:
+    """The last attempt's model (`described`: its DescribeTrainingJob) where it completed, else the run's archive
+    (where every attempt's model is)."""
     from lustrain_core.launch_plan import archive_target
 
-    names = record.training_job_names()
-    if names:
-        described = describe_training_job(sagemaker, names[-1]) or {}
-        artifacts = (described.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
-        if described.get("TrainingJobStatus") == "Completed" and artifacts:
-            return str(artifacts)
+    artifacts = (described.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
+    if described.get("TrainingJobStatus") == "Completed" and artifacts:
+        return str(artifacts)
     return archive_target(settings, record.job_id)
 
 
