@@ -66,19 +66,6 @@ STAGE_OVERHEAD_SECONDS = 300
 #: address per instance (a processing job's instance has one network interface in it) and headroom as the planner
 #: leaves for training (at least 5, or a tenth)
 VPC_CIDR = "10.80.0.0/16"
-#: What a preparation writes under its output (lustrain_trainer.prepare.is_output, which a test holds this to): its
-#: index, plan, tokenizer and shards at the top, its parts' records and file lists in two folders. Its own role reads
-#: and writes under the output, so register_job refuses an output holding anything else (another run's data).
-OUTPUT_FILES = frozenset({"index.json", "prepare-plan.json", "tokenizer.json"})
-OUTPUT_FOLDERS = frozenset({"parts/", "plan/"})
-OUTPUT_SHARD = re.compile(r"(?:train|val)-[0-9-]+\.bin(?:\.tmp)?")
-
-
-def is_output_name(rel: str) -> bool:
-    """Whether a key at the top of a preparation's output (relative to it) is one a preparation writes."""
-    return rel in OUTPUT_FILES or OUTPUT_SHARD.fullmatch(rel) is not None
-
-
 #: The file the code bundle must hold: the preparation's module, at the package's path (ENTRY_SCRIPT runs it)
 ENTRY_MODULE_FILE = "lustrain_trainer/prepare.py"
 #: vCPUs of an instance of these families: 2 for .large, 4 for .xlarge, 4N for .Nxlarge (the EC2 instance types'

@@ -21,7 +21,7 @@ def spec_with(hyperparameters: dict[str, object], count: int, instance_type: str
     })
 
 
-@pytest.mark.parametrize("name", ["plan.py", "presets.py", "prepare_estimate.py"])
+@pytest.mark.parametrize("name", ["plan.py", "presets.py", "prepare_estimate.py", "layout.py"])
 def test_the_control_planes_copy_is_the_trainers(name: str) -> None:
     source = ROOT / "trainer" / "lustrain_trainer" / name
     copy = ROOT / "functions" / "lustrain_core" / "trainer" / name

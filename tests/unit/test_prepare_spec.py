@@ -151,17 +151,17 @@ def test_a_stage_that_does_not_exist_is_none_whatever_words_sagemaker_answers_it
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("name", "written"),
     [
-        "index.json", "prepare-plan.json", "tokenizer.json", "train-00000-000.bin", "val-00012-003.bin",
-        "train-00000-000.bin.tmp", "notes.txt", "model.pt", "train-llama-0123abcd", "index.json.bak", "val.bin",
+        ("index.json", True), ("prepare-plan.json", True), ("tokenizer.json", True), ("train-00000-000.bin", True),
+        ("val-00012-003.bin", True), ("train-00000-000.bin.tmp", True), ("parts/part-00000.json", True),
+        ("plan/files-00000.json", True), ("notes.txt", False), ("model.pt", False),
+        ("train-llama-0123abcd/checkpoints/x", False), ("index.json.bak", False), ("val.bin", False),
     ],
 )  # fmt: skip
-def test_register_jobs_names_of_a_preparations_output_are_the_preparations_own(name: str) -> None:
-    # register_job refuses an output holding anything else (prepare_plan.is_output_name); the preparation replaces
-    # what lustrain_trainer.prepare.is_output says it wrote: the two must agree at the output's top
-    from lustrain_trainer.prepare import is_output
+def test_what_a_preparation_writes_under_its_output_is_named_once(name: str, written: bool) -> None:
+    # the trainer writes and replaces these; register_job refuses an output holding anything else (its copy of
+    # the same module, which tests/unit/test_memory_plan.py holds byte for byte to the trainer's)
+    from lustrain_core.trainer import layout
 
-    assert prepare_plan.is_output_name(name) == is_output(name)
-    assert is_output("parts/part-00000.json") and is_output("plan/files-00000.json")
-    assert {"parts/", "plan/"} == prepare_plan.OUTPUT_FOLDERS
+    assert layout.is_output(name) is written

@@ -54,12 +54,11 @@ from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
+from . import layout
 from . import tokenizer as tok
 from .shards import (
     FORMAT,
     INDEX_NAME,
-    PARTS_DIR,
-    PLAN_LISTS_DIR,
     PLAN_NAME,
     SPLITS,
     VERSION,
@@ -739,11 +738,6 @@ def cut_parts(takes: Callable[[], Iterable[tuple[Any, int]]], val_fraction: floa
             number += 1
 
 
-def is_output(rel: str) -> bool:
-    """A file a preparation writes into OUT (and a new plan replaces)."""
-    return (rel in (INDEX_NAME, PLAN_NAME, tok.TOKENIZER_FILE) or rel.startswith((PARTS_DIR + "/", PLAN_LISTS_DIR + "/"))
-            or re.fullmatch(r"(?:train|val)-[0-9-]+\.bin(?:\.tmp)?", rel) is not None)
-
 
 def location_of(store: Store) -> str:
     """How a worker names SRC or OUT: the stdlib by name, a directory by its absolute path, S3 by its URL."""
@@ -830,7 +824,7 @@ def plan(src: Store, out: Store, pattern: str = "**/*", max_bytes: int | None = 
             document["tokenizer_source"] = trained
         text = (json.dumps(document, separators=(",", ":")) + "\n").encode()
         if out.read_if_any(PLAN_NAME) != text:
-            out.delete(rel for rel in sorted(out.sizes()) if is_output(rel))
+            out.delete(rel for rel in sorted(out.sizes()) if layout.is_output(rel))
             def upload(name: str) -> None:  # each list read as it is sent: they are never all in memory
                 out.write(name, (lists / Path(name).name).read_bytes())
 

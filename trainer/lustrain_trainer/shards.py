@@ -35,12 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from .layout import INDEX_NAME, PARTS_DIR, PLAN_LISTS_DIR, PLAN_NAME  # noqa: F401 - the shards' names, re-exported
 from .tokenizer import TOKENIZER_FILE, TOKENIZER_INFO, dtype_for, normalized
 
-INDEX_NAME = "index.json"
-PLAN_NAME = "prepare-plan.json"
-PARTS_DIR = "parts"
-PLAN_LISTS_DIR = "plan"
 FORMAT = "lustrain-token-shards"
 VERSION = 2
 VERSIONS = (1, 2)

@@ -25,10 +25,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .layout import TOKENIZER_FILE
+
 BYTE_TOKENS = 256
 EOS = BYTE_TOKENS
 VOCAB_SIZE = BYTE_TOKENS + 1
-TOKENIZER_FILE = "tokenizer.json"
 KINDS = ("bytes", "bpe", "file")
 TOKENIZER_INFO: dict[str, Any] = {"kind": "bytes", "vocab_size": VOCAB_SIZE, "eos": EOS, "sha256": None,
                                   "file": None}

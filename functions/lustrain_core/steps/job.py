@@ -48,6 +48,7 @@ from lustrain_core.spec import (
 )
 from lustrain_core.steps import records, training_plans, zones
 from lustrain_core.steps.policy import Policy
+from lustrain_core.trainer import layout
 
 #: Measuring a prefix lists every object; beyond this many the user must give data.size_gib.
 MAX_MEASURED_OBJECTS = 2_000_000
@@ -435,7 +436,7 @@ def record_once(
 
 
 def check_output_is_a_preparations(s3: Any, uri: str) -> None:
-    """A preparation's output holds nothing but what a preparation writes (prepare_plan.is_output_name): its own
+    """A preparation's output holds nothing but what a preparation writes (the trainer's layout.is_output): its own
     role may read, write and delete there, so an output holding another run's data (its checkpoints, its model) is
     refused before anything is created. Listed a folder level at a time: the shards at the top, a page of 1,000 keys
     per call (80 calls for the 80,000 shards of 20 TB), never the keys inside a folder."""
@@ -444,11 +445,11 @@ def check_output_is_a_preparations(s3: Any, uri: str) -> None:
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
             found = [f["Prefix"][len(prefix) :] for f in page.get("CommonPrefixes", [])]
-            found = [f for f in found if f not in prepare_plan.OUTPUT_FOLDERS]
+            found = [f for f in found if f not in layout.OUTPUT_FOLDERS]
             found += [
                 o["Key"][len(prefix) :]
                 for o in page.get("Contents", [])
-                if o["Key"] != prefix and not prepare_plan.is_output_name(o["Key"][len(prefix) :])
+                if o["Key"] != prefix and not layout.is_output(o["Key"][len(prefix) :])
             ]
             if found:
                 raise SpecInvalid.one(
