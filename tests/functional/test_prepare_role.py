@@ -244,3 +244,79 @@ def test_a_role_is_new_for_its_first_minutes_only(stack: Settings) -> None:
     assert prepare_role.is_new(iam, run.job_id, now=lambda: made + timedelta(seconds=30))
     assert not prepare_role.is_new(iam, run.job_id, now=lambda: made + timedelta(seconds=prepare_role.SETTLE_SECONDS))
     assert not prepare_role.is_new(iam, "never-made-0000000a")
+
+
+class _JustMade:
+    """IAM right after a CreateRole: the role is made, but its policy's put is refused until IAM has spread it."""
+
+    def create_role(self, **_: Any) -> dict[str, Any]:
+        return {"Role": {"RoleName": "corpus-0123abcd-prep", "Arn": "arn:aws:iam::123456789012:role/x"}}
+
+    def get_role_policy(self, **_: Any) -> None:
+        raise ClientError({"Error": {"Code": "NoSuchEntity", "Message": "cannot be found"}}, "GetRolePolicy")
+
+    def put_role_policy(self, **_: Any) -> None:
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "not authorized"}}, "PutRolePolicy")
+
+
+def test_a_policy_refused_just_after_the_role_was_made_is_put_again_at_the_next_look(stack: Settings) -> None:
+    run = _run()
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.put_new(ddb, stack.jobs_table, records.JobRecord(job_id=run.job_id))
+    found = prepare_role.ensure(
+        _JustMade(), ddb, run, code_s3_uri=CODE, image_uri=prepare_image(REGION), tags=[], settings=stack
+    )
+    assert found is None
+
+
+def test_the_sweepers_listing_passes_over_a_role_deleted_meanwhile(stack: Settings) -> None:
+    iam = boto3.client("iam", region_name=REGION)
+    trust = json.dumps(prepare_role.trust_policy(ACCOUNT))
+    for name in ("a-0000000a-prep", "b-0000000b-prep"):
+        iam.create_role(RoleName=name, Path=prepare_role.role_path(stack), AssumeRolePolicyDocument=trust)
+
+    class DeletedMeanwhile:
+        """ListRoles names both; the first is deleted (by its run's teardown) before its tags are read."""
+
+        def get_paginator(self, operation: str) -> Any:
+            real = iam.get_paginator(operation)
+            if operation != "list_role_tags":
+                return real
+
+            class Tags:
+                def paginate(self, RoleName: str) -> Any:
+                    if RoleName.startswith("a-"):
+                        raise ClientError({"Error": {"Code": "NoSuchEntity", "Message": "gone"}}, "ListRoleTags")
+                    return real.paginate(RoleName=RoleName)
+
+            return Tags()
+
+    assert [name for name, _ in prepare_role.roles_left(DeletedMeanwhile(), stack)] == ["b-0000000b-prep"]
+
+
+def test_an_explicit_deny_in_a_roles_boundary_is_told_as_such(stack: Settings) -> None:
+    iam = boto3.client("iam", region_name=REGION)
+    denying = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+            {"Effect": "Deny", "Action": "s3:PutObject", "Resource": "arn:aws:s3:::out/locked/*"},
+        ],
+    }
+    boundary = iam.create_policy(PolicyName="denying", PolicyDocument=json.dumps(denying))["Policy"]["Arn"]
+    role = iam.create_role(
+        RoleName="bounded",
+        AssumeRolePolicyDocument=json.dumps(prepare_role.trust_policy(ACCOUNT)),
+        PermissionsBoundary=boundary,
+    )["Role"]["Arn"]
+    wide = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+    iam.put_role_policy(RoleName="bounded", PolicyName="wide", PolicyDocument=json.dumps(wide))
+    request, decision = enforce.decide(
+        Principal.role_session(role, "SageMaker"),
+        Need("s3:PutObject", "arn:aws:s3:::out/locked/x"),
+        region=REGION,
+        service="s3",
+        operation="PutObject",
+    )
+    assert enforce.denial_message(request, decision).endswith("with an explicit deny in a permissions boundary")
+    assert _allowed(role, "s3:PutObject", "arn:aws:s3:::out/open/x")

@@ -178,11 +178,18 @@ def check_share(index: DataIndex, rank: int, world_size: int) -> list[str]:
     return found
 
 
-def bad_shards_error(found: list[str], shards: int) -> DataError:
-    """The start's refusal of data with bad shards: how many, and the first few."""
-    named = "; ".join(found[:NAMED_BAD_SHARDS])
-    more = f" (and {len(found) - NAMED_BAD_SHARDS} more)" if len(found) > NAMED_BAD_SHARDS else ""
-    return DataError(f"{len(found)} of the {shards} shards in {INDEX_NAME} are not as it says: {named}{more}")
+def share_report(found: list[str]) -> list[tuple[int, list[str]]]:
+    """What a rank sends of its share's problems to every other: how many, and the first few alone (a corpus whose
+    every shard is cut would otherwise send each rank's every line to every rank)."""
+    return [(len(found), found[:NAMED_BAD_SHARDS])] if found else []
+
+
+def bad_shards_error(reports: list[tuple[int, list[str]]], shards: int) -> DataError:
+    """The start's refusal of data with bad shards, from every rank's share_report: how many, and the first few."""
+    count = sum(n for n, _ in reports)
+    named = [line for _, lines in reports for line in lines][:NAMED_BAD_SHARDS]
+    more = f" (and {count - len(named)} more)" if count > len(named) else ""
+    return DataError(f"{count} of the {shards} shards in {INDEX_NAME} are not as it says: {'; '.join(named)}{more}")
 
 
 def check_tokenizer(index_path: Path, raw: dict[str, Any], dtype: str) -> None:

@@ -697,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
             # every shard's size against the index, once, each rank its share: bad data ends the run now, on every
             # rank alike (an orderly exit), not hours in on the one rank that opens a cut shard
             try:
-                bad = distributed.all_gather_lists(shards.check_share(index, info.rank, info.world_size), info)
+                found = shards.check_share(index, info.rank, info.world_size)
+                bad = distributed.all_gather_lists(shards.share_report(found), info)
             except Exception as exc:
                 shut_down = False  # a collective that failed may hang the process group's teardown
                 return faults.report(faults.kind_of(exc) or "preflight", exc)

@@ -186,3 +186,35 @@ def test_a_block_holds_about_a_megabyte_of_shards_whatever_the_token_width() -> 
     wide = BatchPlan([1 << 24], 4, 64, 0, 1, 0, token_bytes=4)  # uint32 shards: a vocabulary above 65,536
     assert narrow.block == BLOCK_BYTES // (narrow.batch_tokens * 2)
     assert wide.block == BLOCK_BYTES // (wide.batch_tokens * 4) < narrow.block
+
+
+def test_the_start_check_stats_each_shard_once_over_the_ranks_and_tells_a_few(
+        data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shard is statted once in all, by the rank its position names; a shard whose stat fails (a permission, an
+    I/O error) is a bad shard like a cut one, never an exception on one rank; each rank sends only how many it found
+    and the first few."""
+    from lustrain_trainer import shards
+
+    index = read_index(data)
+    every = [s.path.name for split in sorted(index.splits) for s in index.splits[split]]
+    stats: list[str] = []
+    real_stat = Path.stat
+    unreadable = index.splits["train"][1].path.name
+
+    def counted(self: Path, *args: object, **kwargs: object) -> object:
+        if self.suffix == ".bin":
+            stats.append(self.name)
+            if self.name == unreadable:
+                raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "stat", counted)
+    found = [shards.check_share(index, rank, 3) for rank in range(3)]
+    assert sorted(stats) == sorted(every)  # once each, over the three ranks
+    assert [len(f) for f in found].count(1) == 1 and "PermissionError" in "".join(sum(found, []))
+
+    many = [f"shard-{i}.bin: cut" for i in range(40)]
+    report = shards.share_report(many)
+    assert report == [(40, many[: shards.NAMED_BAD_SHARDS])]
+    error = str(shards.bad_shards_error(report + shards.share_report(["other.bin: gone"]), 100))
+    assert error.startswith("41 of the 100 shards") and error.endswith("(and 36 more)") and "other.bin" not in error
