@@ -59,8 +59,9 @@ def stack(aws: Settings) -> Settings:
     return dataclasses.replace(aws, extra={**aws.extra, prepare_role.BOUNDARY_SETTING: arn})
 
 
-def _look(settings: Settings, run: PrepareRun) -> str | None:
-    """One look's ensure: the role's ARN, or None while it is not ready to hand to SageMaker."""
+def _look(settings: Settings, run: PrepareRun, iam: Any = None) -> str | None:
+    """One look's ensure (with the twin's IAM, or `iam`): the role's ARN, or None while it is not ready to hand to
+    SageMaker."""
     ddb = boto3.client("dynamodb", region_name=REGION)
     if records.get(ddb, settings.jobs_table, run.job_id) is None:
         records.put_new(ddb, settings.jobs_table, records.JobRecord(job_id=run.job_id))
@@ -69,7 +70,7 @@ def _look(settings: Settings, run: PrepareRun) -> str | None:
         {"Key": "lustrain:created-by", "Value": settings.stack_name},
     ]
     return prepare_role.ensure(
-        boto3.client("iam", region_name=REGION),
+        iam or boto3.client("iam", region_name=REGION),
         ddb,
         run,
         code_s3_uri=CODE,
@@ -225,13 +226,7 @@ class _CatchingUp:
 
 
 def test_a_role_iam_does_not_show_yet_is_looked_at_again_not_refused(stack: Settings) -> None:
-    run = _run()
-    ddb = boto3.client("dynamodb", region_name=REGION)
-    records.put_new(ddb, stack.jobs_table, records.JobRecord(job_id=run.job_id))
-    found = prepare_role.ensure(
-        _CatchingUp(), ddb, run, code_s3_uri=CODE, image_uri=prepare_image(REGION), tags=[], settings=stack
-    )
-    assert found is None  # Pending: the next look asks again, the run goes on
+    assert _look(stack, _run(), _CatchingUp()) is None  # Pending: the next look asks again, the run goes on
 
 
 def test_a_role_is_new_for_its_first_minutes_only(stack: Settings) -> None:
@@ -260,13 +255,7 @@ class _JustMade:
 
 
 def test_a_policy_refused_just_after_the_role_was_made_is_put_again_at_the_next_look(stack: Settings) -> None:
-    run = _run()
-    ddb = boto3.client("dynamodb", region_name=REGION)
-    records.put_new(ddb, stack.jobs_table, records.JobRecord(job_id=run.job_id))
-    found = prepare_role.ensure(
-        _JustMade(), ddb, run, code_s3_uri=CODE, image_uri=prepare_image(REGION), tags=[], settings=stack
-    )
-    assert found is None
+    assert _look(stack, _run(), _JustMade()) is None
 
 
 def test_the_sweepers_listing_passes_over_a_role_deleted_meanwhile(stack: Settings) -> None:
