@@ -21,8 +21,18 @@ shows more.
 
 Formats: slack posts `{"text", "blocks"}` (Block Kit: a section in mrkdwn and a context line), teams a message
 with one Adaptive Card attachment (what Teams' incoming webhooks and Workflows' "Send webhook alerts to a channel"
-take), json `{"source": "lustrain", "kind", "job_id", "title", "text", "cost_so_far_usd", "model_s3_uri",
-"command", "facts"}`.
+take), json `{"source": "lustrain", "kind", "job_id", "title", "lines", "text", "cost_so_far_usd",
+"model_s3_uri", "command", "facts", "links"}`.
+
+What a run's author, its code or its caller wrote (a training job's FailureReason, a spec's name or source, a
+stop's cause, an error, an execution's name, metrics' names: Quoted) is shown as text, never as markup, so that
+no link, mention or formatting of theirs posts under the bot's name: slack escapes &, < and > (Slack's control
+characters) in the top-level text (what notifications show) and in every mrkdwn field, and puts quoted words in
+a code span (their backticks shown as U+02CB, so that they cannot end it); teams has no Markdown field at all
+(TextBlock and Fact read Markdown): every line is a RichTextBlock of TextRuns, which Adaptive Cards never read as
+Markdown, the quoted words in monospace; json sends plain JSON strings. Only the stack's own links (Link: the
+SageMaker console's page of an attempt's training job) are links: slack `<url|label>`, teams an Action.OpenUrl,
+json `links`.
 
 Delivery never blocks nor fails a run: at most TRIES posts, each with a TIMEOUT_S timeout, a short pause between
 them; a 4xx answer other than 408 and 429 is not tried again. `post` raises nothing: it answers a Delivery (the
@@ -144,25 +154,131 @@ def forget() -> None:
 
 
 @dataclass(frozen=True)
+class Quoted:
+    """Words a notice quotes rather than says: what a run's author, its code or its caller wrote (a training job's
+    FailureReason, a stop's cause, an error, a spec's name or source, an execution's name, a run's id, the command
+    that names it). The chat formats show them as quoted text, never as markup: a link, a mention or formatting in
+    them stays text (Slack: an escaped code span; Teams: a monospace TextRun, which Adaptive Cards never read as
+    Markdown)."""
+
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link the stack builds itself (a console page): the only link a notice shows as one."""
+
+    label: str
+    url: str
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith("https://") or any(c in self.url for c in _NOT_IN_LINKS):
+            raise ValueError("a notice's link must be an https:// URL without spaces, quotes, brackets or |")
+
+
+#: what a link the stack builds never holds (each would end or break the link's markup in one of the formats)
+_NOT_IN_LINKS = frozenset(" \t\r\n<>|()[]\"'`")
+
+#: a part of a notice's line: the stack's own words (a str) or words it quotes
+Part = str | Quoted
+Line = tuple[Part, ...]
+#: the longest quoted text a chat shows (a FailureReason is at most 1,024 characters): the rest is cut, with "…"
+MAX_QUOTED = 1200
+
+
+def quoted(value: Any) -> Part:
+    """A value a notice quotes; a number stays the stack's own words (nothing in it can be markup)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return Quoted(str(value))
+
+
+def plain(line: Line) -> str:
+    """A line as plain text (the json format's title, lines and text)."""
+    return "".join(str(part) for part in line)
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= MAX_QUOTED else text[: MAX_QUOTED - 1] + "…"
+
+
+def _slack_escaped(text: str) -> str:
+    """Slack's escaping (api.slack.com/reference/surfaces/formatting#escaping): &, < and > are its control
+    characters, in `text` as in mrkdwn; escaped, `<https://x|click>` and `<!channel>` show as text."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _slack_code(text: str) -> str:
+    """Quoted words as a code span, escaped all the same: no formatting, mention nor link is read in it. Their
+    backticks (which would end the span) are shown as U+02CB, a modifier grave accent; their lines are joined (a
+    span does not cross a line)."""
+    flat = " ".join(_clipped(text).replace("`", "\u02cb").split())
+    return f"`{_slack_escaped(flat)}`" if flat else '""'
+
+
+def _slack_line(line: Line) -> str:
+    return "".join(_slack_code(p.text) if isinstance(p, Quoted) else _slack_escaped(p) for p in line)
+
+
+def _teams_quoted(text: str) -> str:
+    """Quoted words for a TextRun, which Adaptive Cards never read as Markdown (nor HTML); a zero-width space
+    also breaks `](` and `<`, so that a client that would (old Android renderers ran TextRuns through Markdown)
+    shows no link, no tag: the words read the same."""
+    return _clipped(text).replace("](", "]\u200b(").replace("<", "<\u200b")
+
+
+def _teams_block(line: Line, **style: str) -> dict[str, Any]:
+    """A line as a RichTextBlock: TextRuns only (no Markdown), the quoted words in monospace."""
+    runs = [
+        {"type": "TextRun", "text": _teams_quoted(p.text), "fontType": "Monospace", **style}
+        if isinstance(p, Quoted)
+        else {"type": "TextRun", "text": p, **style}
+        for p in line
+        if str(p)
+    ]
+    return {"type": "RichTextBlock", "inlines": runs}
+
+
+def _teams_fact(label: str, value: Part) -> dict[str, Any]:
+    """A footer's fact (FactSet's values read Markdown): its label in bold, then its value."""
+    block = _teams_block((value,))
+    block["inlines"].insert(0, {"type": "TextRun", "text": f"{label}: ", "weight": "Bolder"})
+    return block
+
+
+@dataclass(frozen=True)
 class Notice:
-    """One moment of a run, told in a few lines."""
+    """One moment of a run, told in a few lines: the stack's own words and the words it quotes (Quoted), which
+    each format shows as text, never as markup; `links` are the stack's own (console pages), shown as links."""
 
     kind: str
     job_id: str
-    title: str
-    lines: list[str]
+    title: Line
+    lines: list[Line]
     cost_so_far_usd: float | None
     model_s3_uri: str | None
     command: str
     facts: dict[str, Any] = field(default_factory=dict)
+    links: tuple[Link, ...] = ()
 
     def text(self) -> str:
-        """The notice in plain text (the json format's `text`, the others' fallback)."""
-        return "\n".join([self.title, *self.lines, *self._footer()])
+        """The notice in plain text (the json format's `text`)."""
+        return "\n".join(
+            [
+                plain(self.title),
+                *(plain(line) for line in self.lines),
+                *(f"{link.label}: {link.url}" for link in self.links),
+                *(f"{label}: {value}" for label, value in self._footer()),
+            ]
+        )
 
-    def _footer(self) -> list[str]:
+    def _footer(self) -> list[tuple[str, Part]]:
         cost = f"${self.cost_so_far_usd:,.2f}" if self.cost_so_far_usd is not None else "unknown"
-        return [f"Cost so far: {cost}", f"Model: {self.model_s3_uri or 'none yet'}", f"More: {self.command}"]
+        model: Part = Quoted(self.model_s3_uri) if self.model_s3_uri else "none yet"
+        return [("Cost so far", cost), ("Model", model), ("More", Quoted(self.command))]
 
     def body(self, fmt: str) -> dict[str, Any]:
         """What is posted to a webhook of format `fmt`."""
@@ -170,17 +286,38 @@ class Notice:
             return self._slack()
         if fmt == "teams":
             return self._teams()
-        return {"source": "lustrain", **asdict(self), "text": self.text()}
+        # JSON strings all: nothing is interpolated into markup (whoever reads it renders it as it sees fit)
+        return {
+            "source": "lustrain",
+            "kind": self.kind,
+            "job_id": self.job_id,
+            "title": plain(self.title),
+            "lines": [plain(line) for line in self.lines],
+            "cost_so_far_usd": self.cost_so_far_usd,
+            "model_s3_uri": self.model_s3_uri,
+            "command": self.command,
+            "facts": self.facts,
+            "links": [asdict(link) for link in self.links],
+            "text": self.text(),
+        }
 
     def _slack(self) -> dict[str, Any]:
-        # mrkdwn treats &, < and > as control characters: escaped as Slack's formatting guide asks
-        def escaped(text: str) -> str:
-            return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-        body = "\n".join([f"*{escaped(self.title)}*", *(escaped(line) for line in self.lines)])
-        footer = " | ".join(escaped(line) for line in self._footer()[:2]) + f" | `{escaped(self.command)}`"
+        # every text (the top-level `text`, which notifications show, and each mrkdwn field) is escaped; quoted
+        # words are code spans; only the stack's own links are <url|label>
+        body = "\n".join(
+            [
+                f"*{_slack_line(self.title)}*",
+                *(_slack_line(line) for line in self.lines),
+                *(f"<{link.url}|{_slack_escaped(link.label)}>" for link in self.links),
+            ]
+        )
+        (cost, model, more) = self._footer()
+        footer = " | ".join(
+            [_slack_line((f"{cost[0]}: ", cost[1])), _slack_line((f"{model[0]}: ", model[1]))]
+        )
+        footer += f" | {_slack_line((more[1],))}"
         return {
-            "text": self.text(),
+            "text": f"{body}\n{footer}",
             "blocks": [
                 {"type": "section", "text": {"type": "mrkdwn", "text": body[:3000]}},
                 {"type": "context", "elements": [{"type": "mrkdwn", "text": footer[:3000]}]},
@@ -188,24 +325,22 @@ class Notice:
         }
 
     def _teams(self) -> dict[str, Any]:
-        footer = self._footer()
-        card = {
+        # no Markdown field at all (TextBlock and Fact read Markdown: a quoted `[click](https://x)` would be a
+        # link): every line is a RichTextBlock of TextRuns; only the stack's own links are actions
+        card: dict[str, Any] = {
             "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
             "type": "AdaptiveCard",
             "version": "1.4",
             "body": [
-                {"type": "TextBlock", "text": self.title, "weight": "Bolder", "size": "Medium", "wrap": True},
-                *({"type": "TextBlock", "text": line, "wrap": True} for line in self.lines),
-                {
-                    "type": "FactSet",
-                    "facts": [
-                        {"title": "Cost so far", "value": footer[0].split(": ", 1)[1]},
-                        {"title": "Model", "value": footer[1].split(": ", 1)[1]},
-                        {"title": "More", "value": self.command},
-                    ],
-                },
+                _teams_block(self.title, weight="Bolder", size="Medium"),
+                *(_teams_block(line) for line in self.lines),
+                *(_teams_fact(label, value) for label, value in self._footer()),
             ],
         }
+        if self.links:
+            card["actions"] = [
+                {"type": "Action.OpenUrl", "title": link.label, "url": link.url} for link in self.links
+            ]
         return {
             "type": "message",
             "attachments": [
@@ -299,6 +434,9 @@ def post(
 
 
 # ------------------------------------------------------------------ what each notice says
+# Whatever a notice tells that the stack did not write itself is Quoted: a run's id and its spec's name (its
+# author's), an execution's name and input (its caller's), a stop's cause, an error and its cause, a training
+# job's FailureReason (its code's), metrics, resources' names, a pool, a model's URI.
 
 
 def command(settings: Settings, run: str) -> str:
@@ -306,14 +444,26 @@ def command(settings: Settings, run: str) -> str:
     return f"lustrain status {run} --stack {settings.stack_name}"
 
 
+def training_job_console(settings: Settings, training_job: str) -> str:
+    """The SageMaker console's page of a training job (the stack's own link: its region, the job's name)."""
+    region = urllib.parse.quote(settings.region, safe="")
+    if settings.region.startswith("cn-"):
+        host = "console.amazonaws.cn"
+    elif settings.region.startswith("us-gov-"):
+        host = "console.amazonaws-us-gov.com"
+    else:
+        host = f"{region}.console.aws.amazon.com"
+    return f"https://{host}/sagemaker/home?region={region}#/jobs/{urllib.parse.quote(training_job, safe='')}"
+
+
 def started(execution: str, spec_source: str | None, settings: Settings) -> Notice:
     """The execution began: register_job has not recorded the run yet, so it is named by its execution."""
-    lines = [f"Spec: {spec_source}"] if spec_source else []
-    lines.append("Nothing is billed before the run's instances are admitted out of the capacity queue.")
+    lines: list[Line] = [("Spec: ", Quoted(spec_source))] if spec_source else []
+    lines.append(("Nothing is billed before the run's instances are admitted out of the capacity queue.",))
     return Notice(
         kind="started",
         job_id=execution,
-        title=f"lustrain run started: execution {execution}",
+        title=("lustrain run started: execution ", Quoted(execution)),
         lines=lines,
         cost_so_far_usd=0.0,
         model_s3_uri=None,
@@ -332,21 +482,25 @@ def stopped(
 ) -> Notice:
     """The execution was stopped (cancelled) or ran out of time (timed-out): its teardown follows."""
     job_id = record.job_id
+    lines: list[Line]
     if kind == "cancelled":
-        who = (
-            cause
-            or "no cause given (a console or CLI stop: CloudTrail's StopExecution record names the caller)"
-        )
-        lines = [f"Cancelled: {who}"]
+        lines = [
+            ("Cancelled: ", Quoted(cause))
+            if cause
+            else (
+                "Cancelled: no cause given (a console or CLI stop: CloudTrail's StopExecution record names"
+                " the caller)",
+            )
+        ]
     else:
-        lines = [f"The execution ran past its time limit: {cause or 'TIMED_OUT'}"]
+        lines = [("The execution ran past its time limit: ", Quoted(cause) if cause else "TIMED_OUT")]
     lines.append(
-        "Its teardown stops the training job (which saves a checkpoint) and deletes what the run created."
+        ("Its teardown stops the training job (which saves a checkpoint) and deletes what the run created.",)
     )
     return Notice(
         kind=kind,
         job_id=job_id,
-        title=f"lustrain run {job_id} {'cancelled' if kind == 'cancelled' else 'timed out'}",
+        title=("lustrain run ", Quoted(job_id), " cancelled" if kind == "cancelled" else " timed out"),
         lines=lines,
         cost_so_far_usd=cost,
         model_s3_uri=model,
@@ -371,12 +525,15 @@ def attempt_ended(
     return Notice(
         kind="attempt-ended",
         job_id=job_id,
-        title=f"lustrain run {job_id}: attempt {attempt} {status.lower()}",
-        lines=[f"Training job: {training_job}", f"Why: {why}"],
+        title=("lustrain run ", Quoted(job_id), f": attempt {attempt} {status.lower()}"),
+        lines=[("Training job: ", Quoted(training_job)), ("Why: ", Quoted(why))],
         cost_so_far_usd=cost,
         model_s3_uri=model,
         command=command(settings, job_id),
         facts={"attempt": attempt, "status": status, "why": why, "training_job_name": training_job},
+        links=(
+            Link("The training job in the SageMaker console", training_job_console(settings, training_job)),
+        ),
     )
 
 
@@ -391,16 +548,31 @@ def queue_moment(
 ) -> Notice:
     """The run waits in its pool's capacity queue, or was admitted after waiting."""
     job_id = record.job_id
-    pool = detail.get("pool")
-    waited = detail.get("queued_s")
+    pool = quoted(detail.get("pool"))
+    waited = quoted(detail.get("queued_s"))
+    title: Line
     if admitted:
-        title = f"lustrain run {job_id} admitted out of the capacity queue"
-        lines = [f"Pool: {pool}, after {waited} s in the queue; its network and file system are created now."]
+        title = ("lustrain run ", Quoted(job_id), " admitted out of the capacity queue")
+        lines: list[Line] = [
+            (
+                "Pool: ",
+                pool,
+                ", after ",
+                waited,
+                " s in the queue; its network and file system are created now.",
+            )
+        ]
     else:
-        title = f"lustrain run {job_id} waits in the capacity queue"
+        title = ("lustrain run ", Quoted(job_id), " waits in the capacity queue")
         lines = [
-            f"Pool: {pool}, place {detail.get('position')} in line; the instances it needs do not fit the quota left"
-            f" now (it may wait compute.max_queue_hours). Nothing of the run is billed while it waits."
+            (
+                "Pool: ",
+                pool,
+                ", place ",
+                quoted(detail.get("position")),
+                " in line; the instances it needs do not fit the quota left now (it may wait"
+                " compute.max_queue_hours). Nothing of the run is billed while it waits.",
+            )
         ]
     return Notice(
         kind="admitted" if admitted else "queued",
@@ -417,23 +589,26 @@ def queue_moment(
 def ended(facts: dict[str, Any], cost: float | None, settings: Settings) -> Notice:
     """The run's end (notify's facts: steps/notify.py `summary`)."""
     job_id, outcome = str(facts["job_id"]), str(facts["outcome"])
-    lines = []
+    lines: list[Line] = []
     if facts.get("error"):
-        lines.append(f"Error: {facts['error']}: {facts.get('cause')}")
+        lines.append(("Error: ", Quoted(f"{facts['error']}: {facts.get('cause')}")))
     if facts.get("metrics"):
-        lines.append("Final metrics: " + ", ".join(f"{k}={v}" for k, v in sorted(facts["metrics"].items())))
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(facts["metrics"].items()))
+        lines.append(("Final metrics: ", Quoted(shown)))
     if facts.get("remaining"):
-        lines.append("Still there (delete by hand): " + ", ".join(str(r) for r in facts["remaining"]))
+        lines.append(
+            ("Still there (delete by hand): ", Quoted(", ".join(str(r) for r in facts["remaining"])))
+        )
     if facts.get("teardown_error"):
-        lines.append(f"Teardown did not finish: {facts['teardown_error']}")
+        lines.append(("Teardown did not finish: ", Quoted(str(facts["teardown_error"]))))
     if facts.get("budget_usd") is not None:
-        lines.append(f"Budget: ${facts['budget_usd']:,.2f}")
+        lines.append((f"Budget: ${facts['budget_usd']:,.2f}",))
     registered = job_id if facts.get("spec_name") and not job_id.startswith("the spec ") else None
     execution = facts.get("execution")
     return Notice(
         kind=outcome if outcome in KINDS else "failed",
         job_id=job_id,
-        title=f"lustrain run {job_id} {outcome}",
+        title=("lustrain run ", Quoted(job_id), " ", outcome if outcome in KINDS else Quoted(outcome)),
         lines=lines,
         cost_so_far_usd=cost,
         model_s3_uri=facts.get("archive_s3_uri"),
