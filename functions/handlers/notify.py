@@ -3,8 +3,10 @@
 From the state machine (the run's document): publish the outcome (error, archive, teardown, cost) to
 NOTIFY_TOPIC_ARN and post it to the stack's webhook. Output: $.notify.
 From EventBridge (the execution's start and stop, a training job's end, a queue change): post that notice to the
-stack's webhook. A notice that could not be delivered is logged ("notice not delivered", without the URL) and the
-invocation succeeds all the same: a notice never fails nor holds up a run.
+stack's webhook; an execution's stop, time-out or death only once DescribeExecution bears it out (steps/notify.py
+`verified_end`; one it does not is logged as "execution end not verified" and posts nothing). A notice that could
+not be delivered is logged ("notice not delivered", without the URL) and the invocation succeeds all the same: a
+notice never fails nor holds up a run.
 """
 
 from __future__ import annotations
@@ -75,12 +77,23 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     ddb, sagemaker, secrets = (clients.client(s) for s in ("dynamodb", "sagemaker", "secretsmanager"))
     if is_event(event):
         result = (
-            notify.on_event(event, ddb=ddb, sagemaker=sagemaker, secrets=secrets, settings=settings)
+            notify.on_event(
+                event,
+                ddb=ddb,
+                sagemaker=sagemaker,
+                sfn=clients.client("stepfunctions"),
+                secrets=secrets,
+                settings=settings,
+            )
             if notices.configured(settings)
             # a stack that logs to MLflow without a webhook: no notice is made to be dropped
             else {"posted": False, "chat": {"delivered": False, "skipped": f"no {notices.SECRET_SETTING}"}}
         )
-        logger.info("notice", extra={"notice": result})
+        if str(result.get("reason", "")).startswith(notify.NOT_VERIFIED):
+            # an execution's end Step Functions does not bear out: a forged event, or a stack setting gone wrong
+            logger.warning("execution end not verified", extra={"notice": result, "execution_end_not_verified": 1})
+        else:
+            logger.info("notice", extra={"notice": result})
         if tracking.configured(settings):
             result["mlflow"] = _tracked(
                 lambda: tracking.on_event(event, ddb=ddb, sagemaker=sagemaker, **_tracking_clients(settings, context))

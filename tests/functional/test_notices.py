@@ -1,16 +1,26 @@
 """The run's notices in the team's chat, on moto: the notify function reads the webhook from Secrets Manager and
-posts each moment of a run to a local receiver (127.0.0.1), formatted for Slack, Microsoft Teams or plain JSON."""
+posts each moment of a run to a local receiver (127.0.0.1), formatted for Slack, Microsoft Teams or plain JSON.
+
+An execution's end (cancelled, timed out, died) is told only as Step Functions bears it out: its executions are
+those of a (moto, non-executing) state machine, the stack's own (`machine`), which stay RUNNING until a test stops
+them; an end moto cannot reach (TIMED_OUT, FAILED, SUCCEEDED) is DescribeExecution's answer served by botocore's
+Stubber, which checks it against the API model."""
 
 from __future__ import annotations
 
+import copy
+import html
 import json
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 from infra_support import REGION, invoke, register
+from lustrain_core import clients
 from lustrain_core.steps import records
 
 from lustrain.twin.notice_receiver import receiver
@@ -37,18 +47,87 @@ def use_webhook(monkeypatch: pytest.MonkeyPatch, value: str) -> str:
     return arn
 
 
-def execution_change(status: str, name: str, **detail: Any) -> dict[str, Any]:
+#: the stack's state machine: the notify function's LUSTRAIN_STATE_MACHINE_ARN (template.yaml), made by `machine`
+MACHINE = f"arn:aws:states:{REGION}:123456789012:stateMachine:lustrain-test-runs"
+#: the moment the executions DescribeExecution is stubbed for ended (`described_as`)
+STOPPED = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+def millis(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def sfn() -> Any:
+    return boto3.client("stepfunctions", region_name=REGION)
+
+
+def state_machine(name: str) -> str:
+    definition = {"StartAt": "Train", "States": {"Train": {"Type": "Wait", "Seconds": 3600, "End": True}}}
+    return str(
+        sfn().create_state_machine(
+            name=name,
+            definition=json.dumps(definition),
+            roleArn="arn:aws:iam::123456789012:role/lustrain-test-states",
+        )["stateMachineArn"]
+    )
+
+
+@pytest.fixture
+def machine(aws, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The stack's own state machine, named to the notify function as template.yaml names it."""
+    arn = state_machine(MACHINE.rsplit(":", 1)[-1])
+    assert arn == MACHINE
+    monkeypatch.setenv("LUSTRAIN_STATE_MACHINE_ARN", arn)
+    return arn
+
+
+def execution_arn(machine: str, name: str) -> str:
+    return machine.replace(":stateMachine:", ":execution:") + ":" + name
+
+
+def execution_change(status: str, name: str, machine: str = MACHINE, **detail: Any) -> dict[str, Any]:
+    arn = execution_arn(machine, name)
     return {
         "version": "0",
         "source": "aws.states",
         "detail-type": "Step Functions Execution Status Change",
+        "resources": [arn],
         "detail": {
             "name": name,
             "status": status,
-            "executionArn": f"arn:aws:states:{REGION}:1:execution:m:{name}",
+            "executionArn": arn,
+            "stateMachineArn": machine,
             **detail,
         },
     }
+
+
+def stopped(name: str, machine: str = MACHINE, **reason: str) -> dict[str, Any]:
+    """Start the execution and stop it (StopExecution with `reason`): the ABORTED event Step Functions puts on the
+    bus for it, its stop time DescribeExecution's."""
+    sfn().start_execution(stateMachineArn=machine, name=name, input="{}")
+    sfn().stop_execution(executionArn=execution_arn(machine, name), **reason)
+    ended = sfn().describe_execution(executionArn=execution_arn(machine, name))
+    return execution_change("ABORTED", name, machine, stopDate=millis(ended["stopDate"]), **reason)
+
+
+def described_as(name: str, status: str, times: int = 1, **ended: Any) -> Stubber:
+    """DescribeExecution answers (`times` times) that the execution is `status` (an end moto's never reach),
+    stopped at STOPPED."""
+    arn = execution_arn(MACHINE, name)
+    answer = {
+        "executionArn": arn,
+        "stateMachineArn": MACHINE,
+        "name": name,
+        "status": status,
+        "startDate": datetime(2026, 12, 1, 8, 0, tzinfo=UTC),
+        **({"stopDate": STOPPED} if status != "RUNNING" else {}),
+        **ended,
+    }
+    stubber = Stubber(clients.client("stepfunctions"))
+    for _ in range(times):
+        stubber.add_response("describe_execution", answer, {"executionArn": arn})
+    return stubber
 
 
 def training_change(name: str, status: str, reason: str | None = None) -> dict[str, Any]:
@@ -124,9 +203,7 @@ def every_moment(job_id: str) -> list[dict[str, Any]]:
             f"{job_id}-1", "Failed", "CapacityError: Unable to provision requested ML compute capacity"
         ),
         training_change(f"{job_id}-2", "Completed"),
-        execution_change(
-            "ABORTED", "run-1", error="RunCancelled", cause=f"cancelled by {CALLER} with lustrain cancel"
-        ),
+        stopped("run-1", error="RunCancelled", cause=f"cancelled by {CALLER} with lustrain cancel"),
         end,
     ]
 
@@ -143,27 +220,27 @@ def deliver(aws: Any, event: dict[str, Any]) -> dict[str, Any]:
 
 
 def text_of(fmt: str, body: dict[str, Any]) -> str:
-    """What the chat shows of a posted notice."""
+    """What the chat shows of a posted notice: Slack's mrkdwn without its code spans' backticks and its escapes,
+    Teams' card as its TextRuns read."""
     if fmt == "slack":
-        return "\n".join(
-            [
-                block["text"]["text"] if block["type"] == "section" else block["elements"][0]["text"]
-                for block in body["blocks"]
-            ]
+        return html.unescape(
+            "\n".join(
+                [
+                    block["text"]["text"] if block["type"] == "section" else block["elements"][0]["text"]
+                    for block in body["blocks"]
+                ]
+            ).replace("`", "")
         )
     if fmt == "teams":
         card = body["attachments"][0]["content"]
-        return "\n".join(
-            item["text"]
-            if item["type"] == "TextBlock"
-            else "\n".join(f"{f['title']}: {f['value']}" for f in item["facts"])
-            for item in card["body"]
+        return "\n".join("".join(run["text"] for run in item["inlines"]) for item in card["body"]).replace(
+            "\u200b", ""
         )
     return str(body["text"])
 
 
 @pytest.mark.parametrize("fmt", ["slack", "teams", "json"])
-def test_every_notice_of_a_run_arrives_formatted_for_its_chat(aws, monkeypatch, caplog, fmt):
+def test_every_notice_of_a_run_arrives_formatted_for_its_chat(aws, machine, monkeypatch, caplog, fmt):
     job_id = register()["job"]["job_id"]
     with receiver() as hook:
         use_webhook(monkeypatch, json.dumps({"url": hook.url, "format": fmt}))
@@ -303,15 +380,19 @@ def test_the_queue_announces_the_first_look_of_a_wait_and_the_admission_after_on
 
 
 def test_an_execution_that_died_without_its_catch_is_told_and_a_failure_notify_announced_is_not_told_twice(
-    aws, monkeypatch
+    aws, machine, monkeypatch
 ):
     from lustrain_core.steps import records
 
     job_id = register()["job"]["job_id"]
+    # the notice tells DescribeExecution's error and cause, not the event's
     died = execution_change(
-        "FAILED", "run-1", error="States.Runtime", cause="An error occurred while executing"
+        "FAILED", "run-1", error="States.Runtime", cause="forged words", stopDate=millis(STOPPED)
     )
-    with receiver() as hook:
+    described = described_as(
+        "run-1", "FAILED", times=2, error="States.Runtime", cause="An error occurred while executing"
+    )
+    with receiver() as hook, described:
         use_webhook(monkeypatch, json.dumps({"url": hook.url, "format": "json"}))
         told = invoke("notify", died)
         # the state machine's notify announced this one (its record notes the message) before the execution ended
@@ -325,6 +406,7 @@ def test_an_execution_that_died_without_its_catch_is_told_and_a_failure_notify_a
     (post,) = hook.posts
     assert (post["kind"], post["job_id"]) == ("failed", job_id)
     assert "Error: States.Runtime: An error occurred while executing" in post["text"]
+    assert "forged" not in json.dumps(post)
 
 
 def test_a_queue_change_the_runs_record_does_not_say_is_not_announced(aws, monkeypatch):
@@ -373,3 +455,152 @@ def test_a_training_notice_tells_what_sagemaker_says_not_what_the_event_says(aws
     assert "forged" not in json.dumps(hook.posts)
     assert forged == {"posted": False, "reason": "the event says Completed, SageMaker says Failed: not announced"}
     assert unknown == {"posted": False, "reason": "SageMaker knows no such training job: not announced"}
+
+
+# ------------------------------------------------------------------ an execution's end, as Step Functions tells it
+
+#: the ends of an execution the notices tell of
+ENDS = ["ABORTED", "TIMED_OUT", "FAILED"]
+FORGED = {"error": "RunCancelled", "cause": "forged words: see http://phish.example"}
+
+
+def told(hook: Any, monkeypatch: pytest.MonkeyPatch, *events: dict[str, Any]) -> list[dict[str, Any]]:
+    """notify's answers to the events, with the team's chat at `hook`."""
+    use_webhook(monkeypatch, json.dumps({"url": hook.url, "format": "json"}))
+    return [invoke("notify", event) for event in events]
+
+
+def refused(result: dict[str, Any], why: str) -> None:
+    assert result["posted"] is False, result
+    assert result["reason"].startswith("not verified: ") and why in result["reason"], result["reason"]
+
+
+@pytest.mark.parametrize("status", ENDS)
+def test_a_forged_end_of_an_execution_step_functions_does_not_know_posts_nothing(aws, machine, monkeypatch, status):
+    """notify can be invoked with any event: the end of an execution that never existed, named by a run's record
+    (or only by the event), is not told."""
+    register(execution="run-ghost")
+    with receiver() as hook:
+        (result,) = told(hook, monkeypatch, execution_change(status, "run-ghost", stopDate=millis(STOPPED), **FORGED))
+    assert hook.posts == []
+    refused(result, "DescribeExecution knows no execution")
+    assert "ExecutionDoesNotExist" in result["reason"]
+
+
+@pytest.mark.parametrize("status", ENDS)
+def test_a_forged_end_of_an_execution_that_still_runs_posts_nothing(aws, machine, monkeypatch, status):
+    sfn().start_execution(stateMachineArn=MACHINE, name="run-live", input="{}")
+    register(execution="run-live")
+    with receiver() as hook:
+        (result,) = told(hook, monkeypatch, execution_change(status, "run-live", stopDate=millis(STOPPED), **FORGED))
+    assert hook.posts == []
+    refused(result, f"the event says {status} but DescribeExecution says RUNNING")
+    assert sfn().describe_execution(executionArn=execution_arn(MACHINE, "run-live"))["status"] == "RUNNING"
+
+
+@pytest.mark.parametrize("status", ENDS)
+def test_a_forged_end_of_an_execution_that_succeeded_posts_nothing(aws, machine, monkeypatch, status):
+    register(execution="run-done")
+    with receiver() as hook, described_as("run-done", "SUCCEEDED"):
+        (result,) = told(hook, monkeypatch, execution_change(status, "run-done", stopDate=millis(STOPPED), **FORGED))
+    assert hook.posts == []
+    refused(result, "DescribeExecution says SUCCEEDED")
+
+
+def test_a_stopped_execution_of_another_state_machine_posts_nothing_for_the_run_of_its_name(
+    aws, machine, monkeypatch
+):
+    """Another state machine's execution, stopped, carrying the name of a live run of ours: nothing is told."""
+    sfn().start_execution(stateMachineArn=MACHINE, name="run-live", input="{}")
+    register(execution="run-live")
+    other = state_machine("someone-elses-machine")
+    with receiver() as hook:
+        (result,) = told(hook, monkeypatch, stopped("run-live", other, **FORGED))
+    assert hook.posts == []
+    refused(result, f"the event names state machine {other}, not this stack's ({MACHINE})")
+
+
+def test_an_execution_end_whose_stop_time_is_not_the_executions_posts_nothing(aws, machine, monkeypatch):
+    """A stop time DescribeExecution does not give (made up, or an earlier end of an execution redriven since), or
+    none, is not the execution's end."""
+    register(execution="run-stopped")
+    event = stopped("run-stopped", error="RunCancelled", cause=f"cancelled by {CALLER} with lustrain cancel")
+    earlier = copy.deepcopy(event)
+    earlier["detail"]["stopDate"] -= 3_600_000
+    bare = copy.deepcopy(event)
+    del bare["detail"]["stopDate"]
+    with receiver() as hook:
+        off, without = told(hook, monkeypatch, earlier, bare)
+    assert hook.posts == []
+    refused(off, "stopped at ")
+    refused(without, "stopped at no time but DescribeExecution says")
+
+
+def test_without_the_stacks_state_machine_no_execution_end_is_told_and_the_warning_says_why(
+    aws, machine, monkeypatch, caplog
+):
+    register(execution="run-stopped")
+    event = stopped("run-stopped", error="RunCancelled", cause="by alice")
+    monkeypatch.delenv("LUSTRAIN_STATE_MACHINE_ARN")
+    with receiver() as hook:
+        (result,) = told(hook, monkeypatch, event)
+    assert hook.posts == []
+    refused(result, "LUSTRAIN_STATE_MACHINE_ARN")
+    assert "execution end not verified" in logged(caplog) and '"execution_end_not_verified": 1' in logged(caplog)
+
+
+def test_a_real_stop_and_a_real_time_out_are_told(aws, machine, monkeypatch):
+    job_id = register(execution="run-stopped")["job"]["job_id"]
+    late_id = register(execution="run-late")["job"]["job_id"]
+    cancelled = stopped("run-stopped", error="RunCancelled", cause=f"cancelled by {CALLER} with lustrain cancel")
+    timed_out = execution_change("TIMED_OUT", "run-late", stopDate=millis(STOPPED))
+    with receiver() as hook:
+        results = told(hook, monkeypatch, cancelled)
+        with described_as("run-late", "TIMED_OUT"):
+            results += [invoke("notify", timed_out)]
+    assert [(r["posted"], r["kind"], r["job_id"]) for r in results] == [
+        (True, "cancelled", job_id),
+        (True, "timed-out", late_id),
+    ]
+    assert [(p["kind"], p["job_id"]) for p in hook.posts] == [("cancelled", job_id), ("timed-out", late_id)]
+    assert f"cancelled by {CALLER} with lustrain cancel" in json.dumps(hook.posts[0])
+
+
+#: a FailureReason the job's own code wrote: a link in Slack's and in Markdown's syntax, mentions, HTML
+PHISH = (
+    "AlgorithmError: see <https://evil.example/a|click> or [click](https://evil.example/b) <!channel> <@U123> <b>x</b>"
+)
+
+
+@pytest.mark.parametrize("fmt", ["slack", "teams", "json"])
+def test_a_failure_reason_reaches_the_chat_as_quoted_text_and_the_console_link_as_a_link(aws, monkeypatch, fmt):
+    """What a training job wrote (its FailureReason, as DescribeTrainingJob says it) posts no link and no mention
+    under the bot's name; the stack's own link to the job's console page is one."""
+    job_id = register()["job"]["job_id"]
+    sagemaker_ended(f"{job_id}-1", "Failed", PHISH)
+    with receiver() as hook:
+        use_webhook(monkeypatch, json.dumps({"url": hook.url, "format": fmt}))
+        told = invoke("notify", training_change(f"{job_id}-1", "Failed", PHISH))
+    assert told["posted"] is True
+    (post,) = hook.posts
+    console = f"https://{REGION}.console.aws.amazon.com/sagemaker/home?region={REGION}#/jobs/{job_id}-1"
+    if fmt == "slack":
+        section = post["blocks"][0]["text"]["text"]
+        for text in (post["text"], section):
+            assert "<https://evil" not in text and "<!channel>" not in text and "<@U123>" not in text
+            # the reason escaped, and quoted: all of it in the code span that follows "Why: "
+            quoted_why = text.split("Why: `", 1)[1].split("`", 1)[0]
+            assert "AlgorithmError: see &lt;https://evil.example/a|click&gt;" in quoted_why
+            assert "&lt;!channel&gt; &lt;@U123&gt; &lt;b&gt;x&lt;/b&gt;" in quoted_why
+        assert f"<{console}|The training job in the SageMaker console>" in section
+    elif fmt == "teams":
+        card = post["attachments"][0]["content"]
+        assert all(item["type"] == "RichTextBlock" for item in card["body"])
+        (why,) = [run for item in card["body"] for run in item["inlines"] if "evil" in run["text"]]
+        assert why["fontType"] == "Monospace" and "[click](" not in why["text"] and "<https://" not in why["text"]
+        assert card["actions"] == [
+            {"type": "Action.OpenUrl", "title": "The training job in the SageMaker console", "url": console}
+        ]
+    else:
+        assert PHISH in post["text"] and post["links"][0]["url"] == console
+    assert PHISH in text_of(fmt, post).replace("\u02cb", "`")

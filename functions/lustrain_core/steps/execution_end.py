@@ -31,45 +31,26 @@ retries the event (EventInvokeConfig) and the sweeper (steps/sweep.py) remains t
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
-from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import EventInvalid, RunCancelled, RunTimedOut
 from lustrain_core.spec import field_errors
 from lustrain_core.steps import notify as notify_step
 from lustrain_core.steps import records
-from lustrain_core.steps.sweep import ABANDONED, STATE_MACHINE_SETTING
+from lustrain_core.steps.executions import ExecutionStatusChange, confirmed_end, own_state_machine
+from lustrain_core.steps.sweep import ABANDONED
 from lustrain_core.steps.teardown import Clock, teardown_job
 
 DETAIL_TYPE = "Step Functions Execution Status Change"
 #: The ends after which no teardown of the state machine's may have run.
 WITHOUT_TEARDOWN = frozenset({"ABORTED", "TIMED_OUT", "FAILED"})
-EXECUTION_ARN = r"^arn:aws[a-z-]*:states:[a-z0-9-]+:\d{12}:execution:[^:]+:[^:]+$"
-STATE_MACHINE_ARN = r"^arn:aws[a-z-]*:states:[a-z0-9-]+:\d{12}:stateMachine:[^:]+$"
 #: The error StopExecution is given by `lustrain cancel` (its cause names the caller).
 CANCEL_ERROR = RunCancelled.__name__
-
-
-class ExecutionStatusChange(BaseModel):
-    """The detail of the event (DescribeExecution's shape; dates in epoch milliseconds)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    executionArn: str = Field(pattern=EXECUTION_ARN)
-    stateMachineArn: str = Field(pattern=STATE_MACHINE_ARN)
-    name: str = Field(min_length=1, max_length=80)
-    status: Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
-    startDate: int | None = None
-    stopDate: int | None = None
-    error: str | None = None
-    cause: str | None = None
 
 
 class ExecutionStatusChangeEvent(EventBridgeModel):
@@ -120,56 +101,11 @@ def run_error(change: ExecutionStatusChange) -> dict[str, str]:
     }
 
 
-def own_state_machine(settings: Settings) -> str:
-    """The ARN of this stack's state machine (template.yaml gives it to the function)."""
-    arn = settings.extra.get(STATE_MACHINE_SETTING, "").strip()
-    if not re.fullmatch(STATE_MACHINE_ARN, arn):
-        raise ValueError(
-            f"stack setting {STATE_MACHINE_SETTING}={arn!r} must be the ARN of the stack's state machine "
-            "(template.yaml sets it): without it no execution end can be verified"
-        )
-    return arn
-
-
-#: DescribeExecution's answer when the execution is not one Step Functions knows
-NO_EXECUTION = frozenset({"ExecutionDoesNotExist", "InvalidArn"})
-
-
 def verified_end(
     change: ExecutionStatusChange, *, sfn: Any, settings: Settings
 ) -> ExecutionStatusChange | str:
     """The execution's end as Step Functions tells it (DescribeExecution), or why the event is not acted on."""
-    machine = own_state_machine(settings)
-    if change.stateMachineArn != machine:
-        return f"the event names state machine {change.stateMachineArn}, not this stack's ({machine})"
-    if change.executionArn != records.execution_arn(machine, change.name):
-        return f"execution {change.executionArn} is not the execution {change.name} of this stack's state machine"
-    try:
-        described = sfn.describe_execution(executionArn=change.executionArn)
-    except ClientError as exc:
-        if error_code(exc) in NO_EXECUTION:
-            return f"DescribeExecution knows no execution {change.executionArn} ({error_code(exc)})"
-        raise
-    status = str(described["status"])
-    if status != change.status:
-        return f"the event says {change.status} but DescribeExecution says {status}: nothing ended as the event says"
-    stopped = described.get("stopDate")
-    return ExecutionStatusChange(
-        executionArn=change.executionArn,
-        stateMachineArn=machine,
-        name=str(described.get("name") or change.name),
-        status=change.status,
-        startDate=_millis(described.get("startDate")),
-        stopDate=_millis(stopped),
-        # DescribeExecution documents error and cause for a failed execution; where it gives none for a stopped
-        # one, the event's words stand: on an end verified above they name who stopped it, and change nothing else
-        error=described.get("error") or change.error,
-        cause=described.get("cause") or change.cause,
-    )
-
-
-def _millis(moment: Any) -> int | None:
-    return int(moment.timestamp() * 1000) if isinstance(moment, datetime) else None
+    return confirmed_end(change, sfn=sfn, machine=own_state_machine(settings))
 
 
 def on_execution_end(

@@ -8,6 +8,14 @@ error no Catch sees ("Step Functions Execution Status Change"), each training jo
 State Change"), and the capacity queue's moments ("lustrain Run Queue Change", put by check_quota). A notice's
 failure to arrive is answered, never raised: the run goes on.
 
+The function can be invoked with any event (by anyone allowed lambda:InvokeFunction, or a rule someone else put on
+the bus), so no event's word is posted as it stands: a queue change is told as the run's record has it, an
+attempt's end as DescribeTrainingJob has it, and an execution's end (cancelled, timed out, died) only once Step
+Functions bears it out (`verified_end`, with on_execution_end's check, steps/executions.py): the execution is one of
+this stack's state machine (LUSTRAIN_STATE_MACHINE_ARN), DescribeExecution says it ended with the status the event
+gives, at the stop time the event gives, and what the notice says of the end (error, cause) is DescribeExecution's
+where it gives them. An end it does not bear out posts nothing; the answer (logged) says why.
+
 The message reads as a short report (email subscribers see it as is) followed by the same facts as JSON for
 programs; the message attributes `outcome` and `job_id` let subscriptions filter without parsing the body.
 
@@ -23,15 +31,18 @@ import json
 import math
 import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
+from lustrain_core.aws_errors import explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import RunCancelled, SpecForbidden, SpecInvalid
 from lustrain_core.launch_plan import archive_target
 from lustrain_core.prices import PriceTable
-from lustrain_core.steps import budget, notices, queue, records
+from lustrain_core.steps import budget, executions, notices, queue, records
 from lustrain_core.steps.events import ENDED, TrainingJobStateChange, classify_failure
 from lustrain_core.steps.records import JobRecord
 from lustrain_core.steps.training import describe_training_job, ended_attempt
@@ -283,10 +294,10 @@ SOURCE = queue.CHANGE_SOURCE
 
 
 def on_event(
-    event: dict[str, Any], *, ddb: Any, sagemaker: Any, secrets: Any, settings: Settings
+    event: dict[str, Any], *, ddb: Any, sagemaker: Any, sfn: Any, secrets: Any, settings: Settings
 ) -> dict[str, Any]:
     """Post the notice an EventBridge event tells of; what was posted (or why nothing was)."""
-    notice = notice_of(event, ddb=ddb, sagemaker=sagemaker, settings=settings)
+    notice = notice_of(event, ddb=ddb, sagemaker=sagemaker, sfn=sfn, settings=settings)
     if isinstance(notice, str):
         return {"posted": False, "reason": notice}
     delivery = notices.post(notice, secrets=secrets, settings=settings)
@@ -298,11 +309,14 @@ def on_event(
     }
 
 
-def notice_of(event: dict[str, Any], *, ddb: Any, sagemaker: Any, settings: Settings) -> notices.Notice | str:
-    """The notice an event tells of, or why it tells none (an event of another kind, run or stack)."""
+def notice_of(
+    event: dict[str, Any], *, ddb: Any, sagemaker: Any, sfn: Any, settings: Settings
+) -> notices.Notice | str:
+    """The notice an event tells of, or why it tells none (an event of another kind, run or stack, or an end Step
+    Functions does not bear out)."""
     kind, detail = event.get("detail-type"), _object(event.get("detail"))
     if event.get("source") == "aws.states" and kind == EXECUTION_CHANGE:
-        return _execution_notice(detail, ddb=ddb, sagemaker=sagemaker, settings=settings)
+        return _execution_notice(detail, ddb=ddb, sagemaker=sagemaker, sfn=sfn, settings=settings)
     if event.get("source") == "aws.sagemaker" and kind == TRAINING_CHANGE:
         return _training_notice(detail, ddb=ddb, sagemaker=sagemaker, settings=settings)
     if event.get("source") == SOURCE and kind == QUEUE_CHANGE:
@@ -331,8 +345,64 @@ def notice_of(event: dict[str, Any], *, ddb: Any, sagemaker: Any, settings: Sett
     return f"not an event the notices tell of: {event.get('source')!r} {kind!r}"
 
 
+#: the ends of an execution the notices tell of (a SUCCEEDED one is told by the state machine's own notify)
+TOLD_ENDS = frozenset({"ABORTED", "TIMED_OUT", "FAILED"})
+#: how far the event's stop time may be from DescribeExecution's: the event gives epoch milliseconds, botocore a
+#: datetime (its float seconds may lose the last millisecond on the way)
+STOP_SLACK_MS = 1000
+#: how the answer for an execution end Step Functions does not bear out begins (the handler logs it as a warning)
+NOT_VERIFIED = "not verified: "
+
+
+def _at(millis: int | None) -> str:
+    if millis is None:
+        return "no time"
+    try:
+        moment = datetime.fromtimestamp(millis / 1000, UTC)
+    except (OverflowError, OSError, ValueError):  # an event's number no calendar holds
+        return f"{millis} ms"
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def verified_end(
+    detail: dict[str, Any], *, sfn: Any, settings: Settings
+) -> executions.ExecutionStatusChange | str:
+    """The end an execution event tells of, as Step Functions bears it out, or why it does not.
+
+    on_execution_end's check (steps/executions.py `confirmed_end`): the event must name this stack's state machine
+    and an execution of it, and DescribeExecution must say that execution ended with the event's status. Then the
+    event's stop time must be the execution's: a made-up one, or the event of an earlier end of an execution redriven
+    since, names another. The end returned is DescribeExecution's (its error and cause where it gives them)."""
+    try:
+        change = executions.ExecutionStatusChange.model_validate(detail)
+    except ValidationError as exc:
+        fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+        return f"not a Step Functions execution's status change (detail {', '.join(fields)})"
+    try:
+        machine = executions.own_state_machine(settings)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        ended = executions.confirmed_end(change, sfn=sfn, machine=machine)
+    except ClientError as exc:
+        # a notice never fails the invocation: what could not be asked is said, and nothing is posted
+        return f"DescribeExecution of {change.executionArn} failed ({explained(exc)})"
+    if isinstance(ended, str):
+        return ended
+    if (
+        change.stopDate is None
+        or ended.stopDate is None
+        or abs(change.stopDate - ended.stopDate) > STOP_SLACK_MS
+    ):
+        return (
+            f"the event says execution {change.name} stopped at {_at(change.stopDate)} but DescribeExecution says "
+            f"{_at(ended.stopDate)}: not the execution's end"
+        )
+    return ended
+
+
 def _execution_notice(
-    detail: dict[str, Any], *, ddb: Any, sagemaker: Any, settings: Settings
+    detail: dict[str, Any], *, ddb: Any, sagemaker: Any, sfn: Any, settings: Settings
 ) -> notices.Notice | str:
     status, name = detail.get("status"), detail.get("name")
     if not isinstance(name, str) or not name:
@@ -343,12 +413,15 @@ def _execution_notice(
         except (TypeError, json.JSONDecodeError):
             started_with = None
         return notices.started(name, _started_from(_object(started_with)), settings)
-    if status not in ("ABORTED", "TIMED_OUT", "FAILED"):
+    if status not in TOLD_ENDS:
         return f"a {status} execution is announced by the state machine's own notify"
-    record = records.find_by_execution(ddb, settings.jobs_table, name)
+    ended = verified_end(detail, sfn=sfn, settings=settings)
+    if isinstance(ended, str):
+        return NOT_VERIFIED + ended
+    record = records.find_by_execution(ddb, settings.jobs_table, ended.name)
     if record is None:
         return "the execution recorded no run"
-    cause = cause_text(detail.get("cause")) or None
+    cause = cause_text(ended.cause) or None
     if status == "FAILED":
         # a run that failed through its Catch was announced by the state machine's notify (its record notes the
         # message) before the execution ended; one that died of an error no Catch sees (States.Runtime) was not
@@ -357,14 +430,14 @@ def _execution_notice(
         facts = {
             "job_id": record.job_id,
             "outcome": "failed",
-            "error": detail.get("error") or "States.Runtime",
+            "error": ended.error or "States.Runtime",
             "cause": cause,
             "spec_name": record.name or None,
-            "execution": name,
+            "execution": ended.name,
         }
         return notices.ended(facts, run_cost(record, sagemaker=sagemaker), settings)
-    if status == "ABORTED" and detail.get("error") and cause:
-        cause = f"{cause} ({detail['error']})" if detail["error"] not in CANCELLED else cause
+    if status == "ABORTED" and ended.error and cause:
+        cause = f"{cause} ({ended.error})" if ended.error not in CANCELLED else cause
     kind = "cancelled" if status == "ABORTED" else "timed-out"
     cost = run_cost(record, sagemaker=sagemaker)
     return notices.stopped(kind, record, cause, cost, _model(record, settings), settings)
