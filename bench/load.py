@@ -153,7 +153,7 @@ def _specs(runs: int, code_uri: str) -> dict[str, JobSpec]:
         doc = fault_matrix.spec_for(f"load-{i:02d}", (("sleep_s", BUSY_S),)).model_dump(mode="json")
         doc["code"]["source"] = code_uri
         doc["data"]["s3_uri"] = DATA_URI
-        doc["output"]["s3_uri"] = f"s3://{RESULTS_BUCKET}/{doc['name']}/"
+        doc["output"]["s3_uri"] = f"s3://{RESULTS_BUCKET}/default/"
         specs[doc["name"]] = validate_spec(doc)
     return specs
 

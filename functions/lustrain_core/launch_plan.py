@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lustrain_core import images, instance_types, planner, secrets_launcher
+from lustrain_core import images, instance_types, planner, secrets_launcher, teams
 from lustrain_core.config import Settings
 from lustrain_core.errors import FieldError, SpecInvalid
 from lustrain_core.spec import JobSpec
@@ -159,6 +159,8 @@ class Preload(_Model):
 class LaunchPlan(_Model):
     version: Literal[1] = 1
     job_id: str
+    #: the team the run belongs to (lustrain_core.teams): its session tag lustrain-team and tag lustrain:team
+    team: str = teams.DEFAULT_TEAM
     region: str
     image_uri: str
     #: CreateTrainingJob's HyperParameters (JSON-encoded, as the SageMaker SDK sends them) but for
@@ -220,6 +222,8 @@ class Found:
     resume: Resume | None = None
     #: compute.training_plan, as DescribeTrainingPlan answered
     training_plan: TrainingPlan | None = None
+    #: the team the run belongs to (lustrain_core.teams), from where it was started
+    team: str = teams.DEFAULT_TEAM
 
 
 def decide(
@@ -240,10 +244,11 @@ def decide(
         raise SpecInvalid(errors)
     compute = spec.compute
     wait = compute.wait_hours
-    tags = {**spec.tags, TAG_JOB_ID: job_id, TAG_CREATED_BY: settings.stack_name}
+    tags = {**spec.tags, TAG_JOB_ID: job_id, TAG_CREATED_BY: settings.stack_name, teams.TAG_TEAM: found.team}
     compression, _ = planner.output_compression(spec, *planner.model_bytes(spec, plan.get("memory")))
     return LaunchPlan(
         job_id=job_id,
+        team=found.team,
         region=settings.region,
         image_uri=image,
         hyperparameters=encoded,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -233,8 +234,9 @@ class Code(_Section):
     @classmethod
     def _hp_names(cls, v: dict[str, Any]) -> dict[str, Any]:
         for key in v:
-            if not re.fullmatch(r"[A-Za-z_][\w-]{0,255}", key) or key.startswith("sagemaker_"):
-                raise ValueError(f"hyperparameter name {key!r}: letters, digits, _ and -, not sagemaker_*")
+            # SageMaker's own (sagemaker_program, ...) in any case: the toolkit reads SM_HPS without regard to it
+            if not re.fullmatch(r"[A-Za-z_][\w-]{0,255}", key) or folded(key).startswith("sagemaker_"):
+                raise ValueError(f"hyperparameter name {key!r}: letters, digits, _ and -, not sagemaker_* (in any case)")
         return v
 
 
@@ -405,12 +407,18 @@ class JobSpec(_Section):
         return reserved_tags_refused(v)
 
 
+def folded(text: str) -> str:
+    """`text` as a comparison in any case reads it: compatibility-normalised (NFKC), case-folded (the long s, U+017F,
+    folds to "s", as the sharp s to "ss") and without invisible format characters (zero-width spaces, joiners)."""
+    return "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf").casefold()
+
+
 def reserved_tags_refused(v: dict[str, str]) -> dict[str, str]:
     """A spec's tags, unless one uses a reserved prefix."""
     # AWS stores tag keys case-sensitively, but IAM matches condition key names (aws:ResourceTag/<key>,
     # aws:RequestTag/<key>) in any case: a Lustrain:created-by tag would be the stack's own to its policies
     for key in v:
-        if key.lower().startswith(RESERVED_TAG_PREFIXES):
+        if folded(key).startswith(RESERVED_TAG_PREFIXES):
             raise ValueError(
                 f"tag key {key!r}: the prefixes {' and '.join(RESERVED_TAG_PREFIXES)} are reserved, in any case"
             )

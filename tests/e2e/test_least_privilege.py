@@ -124,11 +124,14 @@ def test_check_quota_may_read_a_default_quota_which_only_resource_star_grants(us
 
 def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_never_an_archive():
     """Per-run scoping: start_training creates the job in a launcher session tagged lustrain-run = <job id>,
-    SageMaker chains the tag to the job's session of its execution role (SessionChainingConfig), and the role's S3
-    grants name the tag. The run's own job wrote its model and checkpoints that way; a job of another run (the
-    session SageMaker hands a job of run "intruder-0123abcd") is refused, naming the action and the object, when
-    it reads or writes this run's code, checkpoints or results (its model, under the run's archive), or plants a
-    manifest in its archive; the run's own job session may not write the archive's manifest either."""
+    lustrain-team = <team> and lustrain-job = <SageMaker job>, SageMaker chains the tags to the job's session of its
+    execution role (SessionChainingConfig), and the role's grants name them. The run's own job wrote its model and
+    checkpoints that way; a job of another run of the same team (the session SageMaker hands a job of run
+    "intruder-0123abcd") is refused, naming the action and the object, when it reads or writes this run's code,
+    checkpoints or results (its model, under the run's archive), plants a file in a folder inside this run's
+    checkpoints named as its own run (IAM's * matches "/": <prefix>*/<run>/* once let it), lists this run's folder,
+    writes this run's log stream, reads a secret of another team, or plants a manifest in the archive; the run's own
+    job session may not write the archive's manifest either."""
     from lustrain.twin.iam.policy import Principal
     from lustrain.twin.rehearse import operator_session
     from lustrain.twin.simulator import ROLE_SESSION
@@ -164,13 +167,30 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
             "model": ("s3:GetObject", artifacts, model_key),
             "model-overwrite": ("s3:PutObject", artifacts, model_key),
             "archive": ("s3:PutObject", artifacts, f"archive/{job_id}/manifest.json"),
+            "inside-checkpoints": (
+                "s3:PutObject",
+                "lustrain-example-results",
+                f"default/{job_id}/checkpoints/intruder-0123abcd/step-999.json",
+            ),
+            "listing": ("s3:ListBucket", "lustrain-example-results", f"default/{job_id}/"),
         }
+        # the SageMaker job the run's own session was tagged with (start_training's lustrain-job)
+        training_job = dict(next(iter(seen["own_sessions"]))).get("lustrain-job", "none")
+        seen["training_job"] = training_job
+        # another team's secret, kept where the stack's default list puts team vision's
+        secret = operator_session().client("secretsmanager").create_secret(
+            Name=f"{stack.name}/vision/hf-token", SecretString="vision-only"
+        )["ARN"]
         _intruder, credentials = enforce.assume(
             role,
             ROLE_SESSION,
             service="sagemaker.amazonaws.com",
             source_account=Principal.role_session(role, ROLE_SESSION).account,
-            session_tags={"lustrain-run": "intruder-0123abcd"},
+            session_tags={
+                "lustrain-run": "intruder-0123abcd",
+                "lustrain-team": "default",
+                "lustrain-job": "intruder-0123abcd-1",
+            },
         )
         as_intruder = boto3.client(
             "s3",
@@ -184,6 +204,8 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
             try:
                 if action == "s3:GetObject":
                     as_intruder.get_object(Bucket=bucket, Key=key)
+                elif action == "s3:ListBucket":
+                    as_intruder.list_objects_v2(Bucket=bucket, Prefix=key)
                 else:
                     as_intruder.put_object(Bucket=bucket, Key=key, Body=b"planted")
             except ClientError as exc:
@@ -202,7 +224,7 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
             ROLE_SESSION,
             service="sagemaker.amazonaws.com",
             source_account=Principal.role_session(role, ROLE_SESSION).account,
-            session_tags={"lustrain-run": job_id},
+            session_tags={"lustrain-run": job_id, "lustrain-team": "default", "lustrain-job": training_job},
         )
         as_run = boto3.client(
             "s3",
@@ -216,20 +238,55 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
             seen["own_manifest"] = "written"
         except ClientError as exc:
             seen["own_manifest"] = exc.response["Error"]["Code"]
-        # its own run's part of the results location is the intruder's to write
+        # its own run's part of the results location is the intruder's to write, and to list
         as_intruder.put_object(
-            Bucket="lustrain-example-results", Key="quick/intruder-0123abcd/x", Body=b"own"
+            Bucket="lustrain-example-results", Key="default/intruder-0123abcd/x", Body=b"own"
         )
+        as_intruder.list_objects_v2(Bucket="lustrain-example-results", Prefix="default/intruder-0123abcd/")
+        # the logs: the run's own streams are its job's alone; the intruder writes only its own job's
+        intruder_logs = boto3.client(
+            "logs",
+            region_name="us-east-1",
+            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=credentials["AWS_SESSION_TOKEN"],
+        )
+        group = "/aws/sagemaker/TrainingJobs"
+        intruder_logs.create_log_stream(logGroupName=group, logStreamName="intruder-0123abcd-1/algo-1-1")
+        seen["logs"] = {}
+        for stream in (f"{training_job}/algo-1-9999999999", f"{training_job}0/algo-1-1"):
+            try:
+                intruder_logs.create_log_stream(logGroupName=group, logStreamName=stream)
+                seen["logs"][stream] = "created"
+            except ClientError as exc:
+                seen["logs"][stream] = exc.response["Error"]["Code"]
+        intruder_secrets = boto3.client(
+            "secretsmanager",
+            region_name="us-east-1",
+            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=credentials["AWS_SESSION_TOKEN"],
+        )
+        try:
+            intruder_secrets.get_secret_value(SecretId=secret)
+            seen["secret"] = "read"
+        except ClientError as exc:
+            seen["secret"] = exc.response["Error"]["Code"]
 
     run = rehearse(QUICK, inspect=inspect)
 
     assert run.status == "SUCCEEDED", (run.error, run.cause)
-    assert seen["own_sessions"] == {(("lustrain-run", run.job_id),)}
+    assert [dict(tags) for tags in seen["own_sessions"]] == [
+        {"lustrain-run": run.job_id, "lustrain-team": "default", "lustrain-job": seen["training_job"]}
+    ]
     assert seen["own_manifest"] == "AccessDenied"
+    assert seen["secret"] == "AccessDeniedException"
+    assert set(seen["logs"].values()) == {"AccessDeniedException"}, seen["logs"]
     assert set(seen["refused"]) == set(seen["targets"]), (
         f"not refused: {set(seen['targets']) - set(seen['refused'])}"
     )
     for code, message, action, bucket, key in seen["refused"].values():
         assert code == "AccessDenied"
-        assert f'not authorized to perform: {action} on resource: "arn:aws:s3:::{bucket}/{key}"' in message
+        resource = f"arn:aws:s3:::{bucket}" if action == "s3:ListBucket" else f"arn:aws:s3:::{bucket}/{key}"
+        assert f'not authorized to perform: {action} on resource: "{resource}"' in message
         assert "assumed-role/" in message and "/SageMaker " in message

@@ -37,7 +37,7 @@ def test_checkpoints_on_lustre_resume_there_and_reach_s3_before_the_file_system_
             sagemaker.describe_training_job(TrainingJobName=a["training_job_name"]) for a in result.attempts
         )
         tasks.extend(session.client("fsx").describe_data_repository_tasks()["DataRepositoryTasks"])
-        prefix = f"quick/{result.job_id}/checkpoints/"
+        prefix = f"default/{result.job_id}/checkpoints/"
         listed = session.client("s3").list_objects_v2(Bucket="lustrain-example-results", Prefix=prefix)
         keys.extend(o["Key"][len(prefix) :] for o in listed.get("Contents", []))
 

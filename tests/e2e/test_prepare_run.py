@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 DATA, RESULTS = "lustrain-example-data", "lustrain-example-results"
 SOURCE = f"s3://{DATA}/e2e-prepare/text/"
-OUTPUT = f"s3://{RESULTS}/e2e-prepare/shards/"
+OUTPUT = f"s3://{RESULTS}/default/e2e-prepare/shards/"
 #: about 6 KB of text in 6 files
 CORPUS = {
     f"d{i % 2}/f{i}.txt": (

@@ -1,5 +1,6 @@
 """Checkpoints belong to their run: two runs of one spec each train every step, and a run continues another only
-when its spec names it (checkpoints.resume_from), checked against the checkpoint's model before anything exists."""
+when its spec names it (checkpoints.resume_from), checked against the checkpoint's model before anything exists, and
+only a run of its own team: another team's run is refused as if it did not exist, its model never told."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ pytestmark = pytest.mark.slow
 QUICK = Path(__file__).with_name("quick.yaml")
 
 
-def spec_file(tmp_path: Path, label: str, **hyperparameters: Any) -> Path:
+def spec_file(tmp_path: Path, label: str, team: str = "default", **hyperparameters: Any) -> Path:
     doc = yaml.safe_load(QUICK.read_text())
     doc["name"] = "ckpt"
+    doc["output"]["s3_uri"] = doc["output"]["s3_uri"].replace("/default/", f"/{team}/")
     doc["compute"]["instance_count"] = 1
     doc["code"]["distribution"] = "none"
     resume = hyperparameters.pop("resume_from", None)
@@ -53,13 +55,13 @@ def test_runs_of_one_spec_each_train_and_only_a_named_run_is_continued(tmp_path)
     from lustrain.twin import simulator
     from lustrain.twin.patches import fsx, service_quotas
 
-    with twin() as stack:
+    with twin({"Teams": "default,vision"}) as stack:
         service_quotas.set_quota("ml.p4d.24xlarge", 8, REGION)
         fsx.configure(polls=1)
         sfn = boto3.client("stepfunctions", region_name=REGION)
         runs = {}
         for label, extra in (("first", {}), ("second", {})):
-            spec, arn = drop(stack, spec_file(tmp_path, label, **extra), key=f"jobs/{label}.yaml")
+            spec, arn = drop(stack, spec_file(tmp_path, label, **extra), key=f"jobs/default/{label}.yaml")
             assert ended(sfn, arn)["status"] == "SUCCEEDED", label
             runs[label] = rehearse.job_id_of(rehearse.execution_history(sfn, arn))
         simulator.wait_all(timeout=60)
@@ -70,7 +72,7 @@ def test_runs_of_one_spec_each_train_and_only_a_named_run_is_continued(tmp_path)
         assert "resumed from" not in training_log(second)
 
         # told to, a run continues the first run's final checkpoint, to a later step
-        _, arn = drop(stack, spec_file(tmp_path, "third", max_steps=10, resume_from=first), key="jobs/third.yaml")
+        _, arn = drop(stack, spec_file(tmp_path, "third", max_steps=10, resume_from=first), key="jobs/default/third.yaml")
         assert ended(sfn, arn)["status"] == "SUCCEEDED"
         third = rehearse.job_id_of(rehearse.execution_history(sfn, arn))
         simulator.wait_all(timeout=60)
@@ -79,7 +81,7 @@ def test_runs_of_one_spec_each_train_and_only_a_named_run_is_continued(tmp_path)
         assert "completed at step 10" in log
 
         # a run whose model differs from the checkpoint's is refused at register_job: nothing is created
-        spec, arn = drop(stack, spec_file(tmp_path, "fourth", n_layer=3, resume_from=first), key="jobs/fourth.yaml")
+        spec, arn = drop(stack, spec_file(tmp_path, "fourth", n_layer=3, resume_from=first), key="jobs/default/fourth.yaml")
         described = ended(sfn, arn)
         assert described["status"] == "FAILED" and described["error"] == "SpecInvalid"
         assert "checkpoints.resume_from" in described["cause"] and "n_layer" in described["cause"]
@@ -93,3 +95,22 @@ def test_runs_of_one_spec_each_train_and_only_a_named_run_is_continued(tmp_path)
         shown = operate.status(ours, execution)
         assert shown.cause and shown.cause.startswith("invalid job spec") and "n_layer" in shown.cause
         assert "stackTrace" not in shown.cause and shown.timeline[0].state == "Register the job"
+
+        # a run of another team cannot continue the first run, by its id (refused as a run that does not exist is)
+        # or by its checkpoints' location (outside the team's folders), even with a model that differs: the refusal
+        # tells nothing of the first run's model
+        first_checkpoints = f"s3://lustrain-example-results/default/{first}/checkpoints/"
+        for label, named, error, said in (
+            ("fifth", first, "SpecInvalid", "no run of team vision"),
+            ("sixth", first_checkpoints, "SpecForbidden", "s3://lustrain-example-results/vision/"),
+        ):
+            spec, arn = drop(
+                stack,
+                spec_file(tmp_path, label, team="vision", n_layer=3, resume_from=named),
+                key=f"jobs/vision/{label}.yaml",
+            )
+            described = ended(sfn, arn)
+            assert (described["status"], described["error"]) == ("FAILED", error), label
+            assert said in described["cause"] and "checkpoints.resume_from" in described["cause"], described["cause"]
+            assert "n_layer" not in described["cause"] and "preset" not in described["cause"]
+            assert rehearse.resources_left(rehearse.job_id_of(rehearse.execution_history(sfn, arn)), spec) == ([], [])

@@ -91,8 +91,8 @@ def everything_as_text(stack: Any, result: Any, queue: str) -> dict[str, str]:
 
 def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path, monkeypatch):
     account = "123456789012"
-    secret_arn = f"arn:aws:secretsmanager:{REGION}:{account}:secret:{STACK_NAME}/hf-token"
-    parameter_arn = f"arn:aws:ssm:{REGION}:{account}:parameter/{STACK_NAME}/db-password"
+    secret_arn = f"arn:aws:secretsmanager:{REGION}:{account}:secret:{STACK_NAME}/default/hf-token"
+    parameter_arn = f"arn:aws:ssm:{REGION}:{account}:parameter/{STACK_NAME}/default/db-password"
     path = spec_file(tmp_path, {"HF_TOKEN": secret_arn, "DB_PASSWORD": parameter_arn})
     queue: dict[str, str] = {}
     fill_data = rehearsal.ensure_data
@@ -101,11 +101,11 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
         # in the stack's account, before the spec is dropped: the secrets, and a queue that receives the notices
         session = operator_session()
         secret = session.client("secretsmanager").create_secret(
-            Name=f"{STACK_NAME}/hf-token", SecretString=TOKEN
+            Name=f"{STACK_NAME}/default/hf-token", SecretString=TOKEN
         )
         assert secret["ARN"].startswith(secret_arn + "-")
         session.client("ssm").put_parameter(
-            Name=f"/{STACK_NAME}/db-password", Value=PASSWORD, Type="SecureString"
+            Name=f"/{STACK_NAME}/default/db-password", Value=PASSWORD, Type="SecureString"
         )
         sqs = session.client("sqs")
         queue["url"] = sqs.create_queue(QueueName="notices")["QueueUrl"]

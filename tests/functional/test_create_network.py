@@ -69,6 +69,7 @@ def test_a_new_network_is_a_private_subnet_with_an_s3_endpoint_and_the_efa_lustr
         "Name": f"{job_id}-vpc",
         "lustrain:job-id": job_id,
         "lustrain:created-by": aws.stack_name,
+        "lustrain:team": "default",
     }
     assert count_of_job(job_id) == {
         "vpcs": 1,

@@ -256,7 +256,7 @@ def test_the_record_register_job_writes_reads_as_a_job_record_and_writes_back_un
 # --- data preparation runs (kind: prepare) --------------------------------------------------------------------
 
 CORPUS = "s3://lustrain-test-data/text/"
-SHARDS = "s3://lustrain-test-results/shards/"
+SHARDS = "s3://lustrain-test-results/default/shards/"
 TRAINER_PACKAGE = "s3://lustrain-test-artifacts/uploads/lustrain-trainer/0123456789abcdef/"
 
 
@@ -378,17 +378,19 @@ def test_a_prepare_spec_that_cannot_run_is_refused_naming_the_field(aws, changed
 
 def test_a_preparation_writes_only_where_no_other_run_has_data(aws, monkeypatch):
     """A preparation's own role reads, writes and deletes under its output: an output that is the stack's output
-    location itself, that holds what a preparation does not write, or that lies in a run's folder is refused; an
-    earlier preparation's output (a rerun) is not."""
+    location itself or its team's folder, that holds what a preparation does not write, or that lies in a run's
+    folder (now or later: a folder named as runs' are) is refused; an earlier preparation's output (a rerun) is
+    not."""
     seed_corpus()
     monkeypatch.setenv("LUSTRAIN_ALLOWED_OUTPUT_PREFIXES", "s3://lustrain-test-results/")
-    with pytest.raises(SpecForbidden) as forbidden:
-        invoke("register_job", {"execution": "f", "input": {"spec": prepare_spec(output="s3://lustrain-test-results/")}})
-    assert (forbidden.value.details["field"], forbidden.value.details["rule"]) == (
-        "output",
-        "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES",
-    )
-    assert "s3://lustrain-test-results/corpus/" in str(forbidden.value)
+    for whole in ("s3://lustrain-test-results/", "s3://lustrain-test-results/default/"):
+        with pytest.raises(SpecForbidden) as forbidden:
+            invoke("register_job", {"execution": "f", "input": {"spec": prepare_spec(output=whole)}})
+        assert (forbidden.value.details["field"], forbidden.value.details["rule"]) == (
+            "output",
+            "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES",
+        )
+        assert "s3://lustrain-test-results/default/corpus/" in str(forbidden.value)
 
     # an earlier preparation's output: its files, parts and plan lists
     seed_data(SHARDS, {
@@ -404,12 +406,14 @@ def test_a_preparation_writes_only_where_no_other_run_has_data(aws, monkeypatch)
             invoke("register_job", {"execution": f"f-{planted[:3]}", "input": {"spec": prepare_spec(name="again")}})
         assert [e.path for e in invalid.value.errors] == ["output"]
         assert repr(planted.split("/")[0] + ("/" if "/" in planted else "")) in str(invalid.value)
-        boto3.client("s3", region_name=REGION).delete_object(Bucket="lustrain-test-results", Key=f"shards/{planted}")
+        boto3.client("s3", region_name=REGION).delete_object(Bucket="lustrain-test-results", Key=f"default/shards/{planted}")
 
     # the folder of a run that has written nothing yet (queued): its results would land where the role writes
     seed_data()
-    trained = invoke("register_job", {"execution": "train-1", "input": {"spec": spec(data={"size_gib": 5})}})
-    inside = f"s3://lustrain-test-results/{trained['job_id']}/shards/"
-    with pytest.raises(SpecInvalid) as invalid:
-        invoke("register_job", {"execution": "f-run", "input": {"spec": prepare_spec(name="inside", output=inside)}})
-    assert [e.path for e in invalid.value.errors] == ["output"] and trained["job_id"] in str(invalid.value)
+    results = {"s3_uri": "s3://lustrain-test-results/default/"}
+    trained = invoke("register_job", {"execution": "train-1", "input": {"spec": spec(data={"size_gib": 5}, output=results)}})
+    for job_id in (trained["job_id"], "later-0badc0de"):
+        inside = f"s3://lustrain-test-results/default/{job_id}/shards/"
+        with pytest.raises(SpecForbidden) as forbidden:
+            invoke("register_job", {"execution": "f-run", "input": {"spec": prepare_spec(name="inside", output=inside)}})
+        assert forbidden.value.details["field"] == "output" and f"its folder {job_id} is named as a run" in str(forbidden.value)

@@ -60,8 +60,9 @@ def test_the_job_is_created_with_the_whole_request_and_the_token_is_kept(p4d_quo
 
 
 def test_the_job_is_created_in_a_launcher_session_tagged_with_the_run(p4d_quota, monkeypatch):
-    """The session that calls CreateTrainingJob is the launcher role's, tagged lustrain-run = <job id>, and the
-    request chains its tags to the job's session of the execution role (whose S3 grants name the tag)."""
+    """The session that calls CreateTrainingJob is the launcher role's, tagged lustrain-run = <job id>, its team and
+    the SageMaker job's name, and the request chains its tags to the job's session of the execution role (whose S3
+    grants name the run and the team, and whose log grants the job's name)."""
     launcher = "arn:aws:iam::123456789012:role/lustrain-launcher/lustrain-test/launcher"
     monkeypatch.setenv("LUSTRAIN_LAUNCHER_ROLE_ARN", launcher)
     event = training_input()
@@ -73,7 +74,11 @@ def test_the_job_is_created_in_a_launcher_session_tagged_with_the_run(p4d_quota,
     assert [op for op, _ in sts_calls] == ["AssumeRole"]
     params = sts_calls[0][1]
     assert params["RoleArn"] == launcher
-    assert params["Tags"] == [{"Key": "lustrain-run", "Value": job_id}]
+    assert params["Tags"] == [
+        {"Key": "lustrain-run", "Value": job_id},
+        {"Key": "lustrain-team", "Value": "default"},
+        {"Key": "lustrain-job", "Value": result["training_job_name"]},
+    ]
     # the function's own client describes; the launcher session's creates
     assert "CreateTrainingJob" not in [op for op, _ in lambda_calls]
     described = boto3.client("sagemaker", region_name=REGION).describe_training_job(

@@ -546,6 +546,8 @@ def _evaluate(node: Any, params: dict[str, Any], conditions: dict[str, bool]) ->
 
 
 RUN = "${aws:PrincipalTag/lustrain-run}"
+TEAM = "${aws:PrincipalTag/lustrain-team}"
+RESUME = "${aws:PrincipalTag/lustrain-resume}"
 OWN = {"ArtifactsBucket.Arn": "arn:aws:s3:::the-artifacts"}
 
 
@@ -596,32 +598,23 @@ def test_allowed_prefixes_become_the_s3_resources_of_the_read_policies(
 @pytest.mark.parametrize(
     ("partition", "prefixes", "expected"),
     [
-        (
-            "aws",
-            [""],
-            [f"arn:aws:s3:::the-artifacts/results/{RUN}/*", f"arn:aws:s3:::the-artifacts/results/*/{RUN}/*"],
-        ),
-        (
-            "aws-cn",
-            ["s3://a/", "s3://b/x/"],
-            [
-                f"arn:aws-cn:s3:::a/{RUN}/*",
-                f"arn:aws-cn:s3:::b/x/{RUN}/*",
-                f"arn:aws-cn:s3:::a/*/{RUN}/*",
-                f"arn:aws-cn:s3:::b/x/*/{RUN}/*",
-            ],
-        ),
-        ("aws", ["s3://r/"], [f"arn:aws:s3:::r/{RUN}/*", f"arn:aws:s3:::r/*/{RUN}/*"]),
+        ("aws", [""], [f"arn:aws:s3:::the-artifacts/results/{TEAM}/{RUN}/*"]),
+        ("aws-cn", ["s3://a/", "s3://b/x/"], [f"arn:aws-cn:s3:::a/{TEAM}/{RUN}/*", f"arn:aws-cn:s3:::b/x/{TEAM}/{RUN}/*"]),
+        ("aws", ["s3://r/"], [f"arn:aws:s3:::r/{TEAM}/{RUN}/*"]),
     ],
 )
 def test_a_training_job_writes_only_its_own_runs_objects_under_the_allowed_prefixes(
     partition: str, prefixes: list[str], expected: list[str]
 ) -> None:
+    """A run's objects: exactly <prefix><team>/<job id>/, no * before either variable (IAM's * matches "/" too, so
+    <prefix>*/<job id>/* would reach into <prefix><another run>/checkpoints/<job id>/...)."""
     params = {"AllowedOutputPrefixes": prefixes, "AWS::Partition": partition}
     conditions = _conditions(partition, prefixes)
     resources = _resources("OutputReadWritePolicy", "ThisRunsObjects", params, conditions)
     assert resources == expected
-    assert all(RUN in r and not r.startswith(f"arn:{partition}:s3:::*") for r in resources)
+    assert all("*" not in r.split(TEAM)[0] for r in resources)
+    resumed = _resources("OutputReadWritePolicy", "TheCheckpointsItResumesFrom", params, conditions)
+    assert resumed == [r.replace(RUN, RESUME).replace("/*", "/checkpoints/*") for r in expected]
 
 
 def test_a_stack_deployed_without_allow_lists_checks_and_grants_its_own_locations_alike() -> None:

@@ -138,6 +138,7 @@ def test_the_scratch_create_request_is_what_was_planned():
     tags = {t["Key"]: t["Value"] for t in request["Tags"]}
     assert tags == {
         "team": "llm",
+        "lustrain:team": "default",
         "Name": "gpt-0badc0de-lustre",
         "lustrain:job-id": "gpt-0badc0de",
         "lustrain:created-by": "lustrain-test",

@@ -231,9 +231,9 @@ def test_the_scratch_mount_path_rule_is_checked_when_the_job_is_compiled():
 # --- the stack's allow-lists (steps/policy.py) --------------------------------------------------------
 
 
-def forbidden(policy: Policy, spec: Any) -> SpecForbidden:
+def forbidden(policy: Policy, spec: Any, team: str = "default") -> SpecForbidden:
     with pytest.raises(SpecForbidden) as exc:
-        policy.check_spec(spec)
+        policy.check_spec(spec, team)
     return exc.value
 
 
@@ -258,13 +258,20 @@ def test_a_prefix_matches_at_a_path_boundary_only():
     Policy.from_env({"LUSTRAIN_ALLOWED_DATA_PREFIXES": "s3://data-bucket"}).check_spec(spec_with())
 
 
-def test_output_and_checkpoints_must_both_lie_under_the_output_prefixes():
-    policy = Policy.from_env({"LUSTRAIN_ALLOWED_OUTPUT_PREFIXES": "s3://results-bucket/"})
-    policy.check_spec(spec_with())
-    error = forbidden(policy, spec_with(checkpoints={"s3_uri": "s3://elsewhere/ckpt/"}))
+def test_output_and_checkpoints_must_both_be_the_runs_team_folder_of_an_output_prefix():
+    policy = Policy.from_env({"LUSTRAIN_ALLOWED_OUTPUT_PREFIXES": "s3://results-bucket/,s3://more-results/"})
+    mine = {"s3_uri": "s3://results-bucket/vision/"}
+    policy.check_spec(spec_with(output=mine), "vision")
+    policy.check_spec(spec_with(output=mine, checkpoints={"s3_uri": "s3://more-results/vision/"}), "vision")
+    error = forbidden(policy, spec_with(output=mine, checkpoints={"s3_uri": "s3://elsewhere/ckpt/"}), "vision")
     assert error.details["field"] == "checkpoints.s3_uri"
-    error = forbidden(policy, spec_with(output={"s3_uri": "s3://elsewhere/out/"}))
+    error = forbidden(policy, spec_with(output={"s3_uri": "s3://elsewhere/out/"}), "vision")
     assert error.details["field"] == "output.s3_uri"
+    # a folder inside the team's, or another team's folder: a run's folder <prefix><team>/<job id>/ only
+    for elsewhere in ("s3://results-bucket/vision/gpt/", "s3://results-bucket/speech/", "s3://results-bucket/"):
+        error = forbidden(policy, spec_with(output={"s3_uri": elsewhere}), "vision")
+        assert error.details == {**error.details, "field": "output.s3_uri", "rule": "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES"}
+        assert "s3://results-bucket/vision/, s3://more-results/vision/" in error.message
 
 
 @pytest.mark.parametrize(
@@ -287,7 +294,7 @@ def test_no_spec_points_into_the_stacks_code_uploads_or_archives(section, uri, f
     error = forbidden(Policy.for_stack(settings), spec_with(**{section: {"s3_uri": uri}}))
     assert error.details == {**error.details, "rule": "reserved", "field": field}
     assert "s3://stack-artifacts/" in error.message
-    Policy.for_stack(settings).check_spec(spec_with(output={"s3_uri": "s3://stack-artifacts/results/gpt/"}))
+    Policy.for_stack(settings).check_spec(spec_with(output={"s3_uri": "s3://stack-artifacts/default/"}))
 
 
 def test_code_on_s3_must_lie_under_the_code_prefixes_the_stack_allows():

@@ -14,8 +14,8 @@ MODEL = ROOT / "functions" / "lustrain_core" / "steps" / "records.py"
 
 #: stored names that other documents use too, so a string of them elsewhere is not the record's: the state
 #: document's $.job (job_id, kind, spec, plan, launch, source) and $.error, an execution's name and status in
-#: Step Functions' and SageMaker's answers, EventBridge's `resources`, teardown's result (`torn_down`) and the
-#: tokens table's `created_at`
+#: Step Functions' and SageMaker's answers, EventBridge's `resources`, teardown's result (`torn_down`), the
+#: tokens table's `created_at` and a start's input `team`
 SHARED = frozenset(
     {
         "job_id",
@@ -30,6 +30,7 @@ SHARED = frozenset(
         "resources",
         "torn_down",
         "created_at",
+        "team",
     }
 )
 

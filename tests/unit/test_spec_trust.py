@@ -33,6 +33,23 @@ def test_reserved_tag_prefixes_are_refused_in_any_case(key):
     assert key in error.errors[0].message and "reserved" in error.errors[0].message
 
 
+@pytest.mark.parametrize(
+    "key", ["lu\u017ftrain:created-by", "lus\u200btrain:job-id", "\ufeffaws:x", "\uff4custrain:team"]
+)
+def test_reserved_tag_prefixes_are_refused_however_they_are_spelled(key):
+    # a long s folds to s in any case; zero-width characters and full-width letters read as nothing and as ASCII
+    error = refused(MINIMAL + "tags: {" + json.dumps(key) + ": x}\n")
+    assert [e.path for e in error.errors] == ["tags"]
+    assert "reserved" in error.errors[0].message
+
+
+@pytest.mark.parametrize("key", ["SageMaker_program", "SAGEMAKER_REGION", "\u017fagemaker_submit_directory"])
+def test_sagemakers_own_hyperparameters_are_refused_in_any_case(key):
+    error = refused(MINIMAL + "code: {hyperparameters: {" + json.dumps(key) + ": x}}\n")
+    assert [e.path for e in error.errors] == ["code.hyperparameters"]
+    assert "sagemaker_*" in error.errors[0].message
+
+
 def test_a_tag_that_only_contains_a_reserved_word_is_kept():
     assert load_spec(MINIMAL + "tags: {team-lustrain: x, my:aws: y}\n").tags == {
         "team-lustrain": "x",

@@ -576,12 +576,13 @@ def test_existing_resources_a_spec_may_name_reach_register_job_and_default_to_no
 @pytest.mark.parametrize(
     ("given", "allowed"),
     [
-        # the default: this stack's own secrets (<stack>/...) and parameters (/<stack>/...), in its account and region
+        # the default: each team's own secrets (<stack>/<team>/...) and parameters (/<stack>/<team>/...), in the
+        # stack's account and region, by the job's session tag lustrain-team
         (
             None,
             [
-                "arn:aws:secretsmanager:us-east-1:123456789012:secret:lustrain-test/*",
-                "arn:aws:ssm:us-east-1:123456789012:parameter/lustrain-test/*",
+                "arn:aws:secretsmanager:us-east-1:123456789012:secret:lustrain-test/${aws:PrincipalTag/lustrain-team}/*",
+                "arn:aws:ssm:us-east-1:123456789012:parameter/lustrain-test/${aws:PrincipalTag/lustrain-team}/*",
             ],
         ),
         (
@@ -612,9 +613,10 @@ def test_the_training_role_reads_only_the_secrets_register_job_allows(given, all
         for lid, s in ALL_STATEMENTS
         if {"secretsmanager:GetSecretValue", "ssm:GetParameter"} & set(listed(s["Action"]))
         and s.get("Sid") != "ReadTheNoticeWebhook"
+        and s.get("Effect") == "Allow"
     ]
     assert [(s["Sid"], s["Action"]) for s in readers] == [
-        ("ReadAllowedSecrets", ["secretsmanager:GetSecretValue", "ssm:GetParameter"])
+        ("ReadTeamSecrets", ["secretsmanager:GetSecretValue", "ssm:GetParameter"])
     ]
     assert resolver.resolve(readers[0]["Resource"]) == allowed
     pattern = re.compile(PARAMETERS["AllowedSecrets"]["AllowedPattern"])
@@ -624,6 +626,22 @@ def test_the_training_role_reads_only_the_secrets_register_job_allows(given, all
         "secretsmanager.us-east-1.amazonaws.com",
         "ssm.us-east-1.amazonaws.com",
     }
+
+
+def test_no_training_job_reads_the_notice_webhook_whatever_the_secrets_lists_say():
+    """The chat webhook posts under the stack's name: the training role is denied it outright (a Deny beats any
+    AllowedSecrets an operator writes), wherever a webhook is named."""
+    role = RESOURCES["SageMakerExecutionRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+    denied = [
+        s["Fn::If"] for s in role if isinstance(s, dict) and "Fn::If" in s and s["Fn::If"][1].get("Effect") == "Deny"
+    ]
+    assert [(c, s["Sid"], s["Action"]) for c, s, _ in denied] == [
+        ("HasNoticeWebhook", "NeverTheNoticeWebhook", "secretsmanager:GetSecretValue")
+    ]
+    resources = denied[0][1]["Resource"]
+    assert {"Ref": "NoticeWebhookSecretArn"} in resources and {"Fn::Sub": "${NoticeWebhookSecretArn}*"} in resources
+    # and register_job, which refuses a spec naming it, is told which secret it is
+    assert function_env("RegisterJobFunction")["LUSTRAIN_NOTICE_WEBHOOK_SECRET"] == {"Ref": "NoticeWebhookSecretArn"}
 
 
 def test_only_notify_reads_the_notice_webhook_and_only_where_one_is_named():

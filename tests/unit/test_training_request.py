@@ -213,13 +213,14 @@ def test_network_output_checkpoints_role_and_tags():
     # the job's session of its role carries the launcher session's tags (lustrain-run)
     assert request["SessionChainingConfig"] == {"EnableSessionTagChaining": True}
     assert request["CheckpointConfig"] == {
-        "S3Uri": f"s3://my-team-results/gpt-small/{doc['job']['job_id']}/checkpoints/",
+        "S3Uri": f"s3://my-team-results/default/{doc['job']['job_id']}/checkpoints/",
         "LocalPath": "/opt/ml/checkpoints",
     }
     assert request["RoleArn"] == SETTINGS.sagemaker_role_arn
     tags = {t["Key"]: t["Value"] for t in request["Tags"]}
     assert tags == {
         "team": "llm",
+        "lustrain:team": "default",
         "Name": f"{doc['job']['job_id']}-training",
         "lustrain:job-id": doc["job"]["job_id"],
         "lustrain:created-by": "lustrain-prod",
@@ -322,7 +323,7 @@ def test_a_run_registered_before_the_archive_path_still_writes_to_its_results_lo
     doc["job"]["launch"].pop("output_compression")
     request = request_for(doc)
     assert request["OutputDataConfig"] == {
-        "S3OutputPath": f"s3://my-team-results/gpt-small/{doc['job']['job_id']}/",
+        "S3OutputPath": f"s3://my-team-results/default/{doc['job']['job_id']}/",
         "CompressionType": "GZIP",
     }
 

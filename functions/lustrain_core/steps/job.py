@@ -33,7 +33,7 @@ from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEve
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lustrain_core import launch, launch_plan, planner, prepare_plan
+from lustrain_core import launch, launch_plan, planner, prepare_plan, teams
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import MISSING, SpecInvalid
@@ -72,6 +72,8 @@ class InlineStart(BaseModel):
     spec: dict[str, Any] | None = None
     spec_s3_uri: str | None = None
     execution: str | None = None
+    #: the team the run is for (lustrain_core.teams): checked against the stack's teams by register_job
+    team: Any = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class SpecSource:
     version_id: str | None = None
     etag: str | None = None
     inline_spec: dict[str, Any] | None = None
+    #: the team a start through the API named (a dropped spec's team is its folder's: team_of)
+    team: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         shown = asdict(self)
@@ -152,11 +156,18 @@ def parse_start(event: dict[str, Any]) -> SpecSource:
             "execution", MISSING, "an inline start needs the execution name (the state machine adds it)"
         )
     if start.spec is not None:
-        return SpecSource("inline", start.execution, start.execution, inline_spec=start.spec)
+        return SpecSource("inline", start.execution, start.execution, inline_spec=start.spec, team=start.team)
     bucket, key = split_s3_uri(start.spec_s3_uri or "", "spec_s3_uri")
     if not key or key.endswith("/"):
         raise SpecInvalid.one("spec_s3_uri", start.spec_s3_uri, "the S3 URI of a spec file, not a prefix")
-    return SpecSource("s3-uri", start.execution, start.execution, bucket=bucket, key=key)
+    return SpecSource("s3-uri", start.execution, start.execution, bucket=bucket, key=key, team=start.team)
+
+
+def team_of(source: SpecSource, settings: Settings) -> str:
+    """The team a run is for: a dropped spec's folder jobs/<team>/, or the team a start through the API names."""
+    if source.kind == "s3-event":
+        return teams.team_of_drop(settings, source.key or "")
+    return teams.team_of_input(settings, source.team)
 
 
 def split_s3_uri(uri: str, field: str) -> tuple[str, str]:
@@ -284,21 +295,28 @@ def check_locations(s3: Any, spec: JobSpec) -> None:
         _listing(s3, spec.checkpoints.s3_uri, "checkpoints.s3_uri", "the checkpoint location", max_keys=0)
 
 
-def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch_plan.Resume | None:
-    """The checkpoint checkpoints.resume_from names, checked against the spec's model before anything exists."""
+def find_resume(
+    s3: Any, ddb: Any, settings: Settings, spec: JobSpec, team: str = teams.DEFAULT_TEAM
+) -> launch_plan.Resume | None:
+    """The checkpoint checkpoints.resume_from names, checked against the spec's model before anything exists. It
+    names a recorded run of the same team, by its job id or its checkpoint location (or a prefix inside it): the
+    session tag the job reads it by is the record's run id, never what a file says, and a refusal tells nothing of a
+    run of another team, not even that it exists."""
     ref = spec.checkpoints.resume_from
     if ref is None:
         return None
     field = "checkpoints.resume_from"
-    if ref.startswith("s3://"):
-        prefix = ref if ref.endswith("/") else ref + "/"
-    else:
-        earlier = records.get(ddb, settings.jobs_table, ref)
-        if earlier is None or earlier.checkpoint_s3_uri is None:
-            raise SpecInvalid.one(
-                field, ref, "no run with this job id in this stack (give the s3:// prefix instead)"
-            )
-        prefix = earlier.checkpoint_s3_uri
+    earlier = _resumed_run(ddb, settings, ref, field)
+    if earlier is None or earlier.team != team or earlier.checkpoint_s3_uri is None:
+        raise SpecInvalid.one(
+            field,
+            ref,
+            f"no run of team {team} in this stack with this job id or checkpoint location: name one of your team's "
+            "runs (its job id, or an s3:// prefix in its checkpoints folder)",
+        )
+    base = earlier.checkpoint_s3_uri
+    prefix = ref if ref.startswith("s3://") else base
+    prefix = prefix if prefix.endswith("/") else prefix + "/"
     steps = []
     bucket, key_prefix = split_s3_uri(prefix, field)
     try:
@@ -329,8 +347,22 @@ def find_resume(s3: Any, ddb: Any, settings: Settings, spec: JobSpec) -> launch_
         ) from None
     launch_plan.check_resumable(spec, manifest, f"s3://{bucket}/{key}")
     return launch_plan.Resume(
-        s3_uri=f"s3://{bucket}/{key.removesuffix('.json')}", step=step, run=manifest.get("run")
+        s3_uri=f"s3://{bucket}/{key.removesuffix('.json')}", step=step, run=earlier.job_id
     )
+
+
+def _resumed_run(ddb: Any, settings: Settings, ref: str, field: str) -> records.JobRecord | None:
+    """The recorded run checkpoints.resume_from names: by its job id, or by an s3:// prefix inside its checkpoint
+    location <folder><job id>/checkpoints/ (the job id read from the prefix, the location from the record)."""
+    if not ref.startswith("s3://"):
+        return records.get(ddb, settings.jobs_table, ref) if JOB_ID.fullmatch(ref) else None
+    wanted = ref if ref.endswith("/") else ref + "/"
+    for segment in split_s3_uri(ref, field)[1].split("/"):
+        if JOB_ID.fullmatch(segment):
+            earlier = records.get(ddb, settings.jobs_table, segment)
+            if earlier is not None and earlier.checkpoint_s3_uri and wanted.startswith(earlier.checkpoint_s3_uri):
+                return earlier
+    return None
 
 
 def check_zones(ec2: Any, spec: JobSpec, training_plan: launch_plan.TrainingPlan | None = None) -> None:
@@ -360,11 +392,12 @@ def register_job(
         return register_prepare(document, source, s3=s3, ddb=ddb, settings=settings)
     spec = validate_spec(document)
     check_code_source(spec)
+    team = team_of(source, settings)
     job_id = job_id_for(spec.name, source.identity)
     policy = Policy.for_stack(settings)
-    policy.check_spec(spec)
+    policy.check_spec(spec, team)
     check_locations(s3, spec)
-    resume = find_resume(s3, ddb, settings, spec)
+    resume = find_resume(s3, ddb, settings, spec, team)
     training_plan = training_plans.find(sagemaker, spec, clock())
     check_zones(ec2, spec, training_plan)
 
@@ -375,7 +408,7 @@ def register_job(
     plan = planner.plan(spec, data_gib=data_gib, extension_bytes=extension_bytes).to_dict()
     policy.check_plan(plan)
     compiled = launch.compile_launch(
-        spec, job_id, settings, plan, launch_plan.Found(resume=resume, training_plan=training_plan)
+        spec, job_id, settings, plan, launch_plan.Found(resume=resume, training_plan=training_plan, team=team)
     ).model_dump(mode="json")
 
     normalised = spec.model_dump(mode="json")
@@ -393,7 +426,7 @@ def register_job(
         settings,
         source,
         job_id,
-        {"kind": records.TRAIN, "spec": normalised, "plan": plan, "launch": compiled},
+        {"kind": records.TRAIN, "team": team, "spec": normalised, "plan": plan, "launch": compiled},
     )
 
 
@@ -491,9 +524,10 @@ def register_prepare(
     readable, its output's bucket reachable, its plan (prepare_plan.plan_of) within the stack's budget; recorded
     once as a training run is."""
     spec = validate_prepare_spec(document)
+    team = team_of(source, settings)
     job_id = job_id_for(spec.name, source.identity)
     policy = Policy.for_stack(settings)
-    policy.check_prepare(spec)
+    policy.check_prepare(spec, team)
     if spec.code is None:
         raise SpecInvalid.one(
             "code",
@@ -527,5 +561,5 @@ def register_prepare(
         settings,
         source,
         job_id,
-        {"kind": records.PREPARE, "spec": spec.model_dump(mode="json"), "plan": plan},
+        {"kind": records.PREPARE, "team": team, "spec": spec.model_dump(mode="json"), "plan": plan},
     )

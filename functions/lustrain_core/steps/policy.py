@@ -15,9 +15,12 @@ Each rule comes from one environment variable of the stack (comma-separated; uns
                                        filesystem.file_system_id: existing resources a run may use, by id
                                        ("none" matches no id: every run builds its own network and file system)
     LUSTRAIN_ALLOWED_SECRETS           code.secrets: the ARNs a job may read (`*` matches any characters, as in
-                                       an IAM policy's Resource); the stack sets it to the same list its SageMaker
-                                       role may read, by default the secrets named <stack>/... and the parameters
-                                       under /<stack>/
+                                       an IAM policy's Resource; ${aws:PrincipalTag/lustrain-team} is the run's
+                                       team, as IAM reads it from the job's session); the stack sets it to the
+                                       same list its SageMaker role may read, by default the secrets named
+                                       <stack>/<team>/... and the parameters under /<stack>/<team>/
+    LUSTRAIN_NOTICE_WEBHOOK_SECRET     the chat webhook's secret: never a job's (code.secrets naming it is refused,
+                                       and the SageMaker role is denied it)
 
 The template always sets the three prefix lists: to the administrator's AllowedDataPrefixes / AllowedOutputPrefixes,
 or, where those are empty (the default), to the stack's own s3://<artifacts>/data/ and s3://<artifacts>/results/
@@ -27,6 +30,10 @@ checkpoints into the stack's own code, upload and archive prefixes (`for_stack`:
 where a job's writes would pass for another run's code or archive.
 
 A prefix matches at a path boundary: "s3://data/team" allows s3://data/team/x/ but not s3://data/team-b/.
+Results are kept by team and run: a run's output and checkpoints lie in its team's folder of an allowed output
+location, exactly <prefix><team>/ (the run's own objects then under <prefix><team>/<job id>/, the only place its
+role writes), and a preparation's output in a folder of its own inside it, <prefix><team>/<name>/..., whose first
+folder is not a run's id: no run's folder ever lies in another's, nor in a preparation's (lustrain_core.teams).
 The registry rule applies to custom images (image.uri); framework_version images are SageMaker's own Deep
 Learning Containers, resolved per region by start_training, and are not a registry the user picks.
 Reusing an existing file system mounts whatever it holds into the training job, and an existing subnet and
@@ -37,6 +44,7 @@ A spec outside a rule raises SpecForbidden naming the rule, its variable and the
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,6 +52,7 @@ from typing import Any
 from lustrain_core.config import Settings
 from lustrain_core.errors import SpecForbidden
 from lustrain_core.spec import JobSpec, PrepareSpec
+from lustrain_core.teams import DEFAULT_TEAM, SESSION_TAG, team_folder
 
 DATA_PREFIXES = "LUSTRAIN_ALLOWED_DATA_PREFIXES"
 OUTPUT_PREFIXES = "LUSTRAIN_ALLOWED_OUTPUT_PREFIXES"
@@ -54,6 +63,11 @@ MAX_INSTANCES = "LUSTRAIN_MAX_INSTANCES_PER_RUN"
 MAX_BUDGET = "LUSTRAIN_MAX_BUDGET_USD"
 EXISTING_RESOURCES = "LUSTRAIN_ALLOWED_EXISTING_RESOURCES"
 SECRETS = "LUSTRAIN_ALLOWED_SECRETS"
+WEBHOOK_SECRET = "LUSTRAIN_NOTICE_WEBHOOK_SECRET"  # noqa: S105 (the setting's name)
+#: the policy variable of the run's team in LUSTRAIN_ALLOWED_SECRETS, as IAM resolves it in the SageMaker role
+TEAM_VARIABLE = "${aws:PrincipalTag/" + SESSION_TAG + "}"
+#: a run's id, <spec name>-<8 hex> (steps/job.py): no preparation's folder is named so
+_JOB_ID_SHAPE = re.compile(r"[a-z0-9][a-z0-9-]*-[0-9a-f]{8}")
 
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -89,6 +103,8 @@ class Policy:
     max_budget_usd: float | None = None
     existing_resources: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()
+    #: the chat webhook's secret (the notify function's alone)
+    webhook_secret: str = ""
     #: the stack's own locations no spec may read data from or write to (code bundles, uploads, archives)
     reserved_prefixes: tuple[str, ...] = ()
 
@@ -113,19 +129,22 @@ class Policy:
             max_budget_usd=_number(env, MAX_BUDGET, float),
             existing_resources=_list(env, EXISTING_RESOURCES),
             secrets=_list(env, SECRETS),
+            webhook_secret=env.get(WEBHOOK_SECRET, "").strip(),
         )
 
-    def check_spec(self, spec: JobSpec) -> None:
-        """The rules a spec alone decides; run before anything is measured or created."""
+    def team_folders(self, team: str) -> tuple[str, ...]:
+        """Where a run of `team` keeps its results: its team's folder of each allowed output location."""
+        return tuple(team_folder(p, team) for p in self.output_prefixes)
+
+    def check_spec(self, spec: JobSpec, team: str = DEFAULT_TEAM) -> None:
+        """The rules a spec alone decides for a run of `team`; run before anything is measured or created."""
         self._not_reserved(spec)
         self._under(spec.data.s3_uri, self.data_prefixes, "data.s3_uri", DATA_PREFIXES, "data")
-        self._under(spec.output.s3_uri, self.output_prefixes, "output.s3_uri", OUTPUT_PREFIXES, "output")
-        self._under(
-            spec.checkpoints_base, self.output_prefixes, "checkpoints.s3_uri", OUTPUT_PREFIXES, "output"
-        )
+        self._in_team_folder(spec.output.s3_uri, "output.s3_uri", team)
+        self._in_team_folder(spec.checkpoints_base, "checkpoints.s3_uri", team)
         resume = spec.checkpoints.resume_from
         if resume is not None and resume.startswith("s3://"):
-            self._under(resume, self.output_prefixes, "checkpoints.resume_from", OUTPUT_PREFIXES, "output")
+            self._under(resume, self.team_folders(team), "checkpoints.resume_from", OUTPUT_PREFIXES, "output")
         if spec.code.source.startswith("s3://"):
             self._under(spec.code.source, self.code_prefixes, "code.source", CODE_PREFIXES, "code")
         if self.instance_types and spec.compute.instance_type not in self.instance_types:
@@ -171,16 +190,38 @@ class Policy:
                             field=field,
                         )
 
-        if self.secrets:
-            for name, arn in spec.code.secrets.items():
-                # fnmatchcase's * crosses "/" as IAM's does; ARNs hold no [ ] for it to read as a class
-                if not any(fnmatch.fnmatchcase(arn, allowed) for allowed in self.secrets):
-                    raise SpecForbidden(
-                        f"code.secrets.{name} {arn} is not a secret this stack's training jobs may read ({SECRETS}): "
-                        f"allowed: {', '.join(self.secrets)}",
-                        rule=SECRETS,
-                        field=f"code.secrets.{name}",
-                    )
+        for name, arn in spec.code.secrets.items():
+            if self.webhook_secret and _same_secret(arn, self.webhook_secret):
+                raise SpecForbidden(
+                    f"code.secrets.{name} {arn} is the stack's chat webhook, which only the stack's notices may "
+                    "use: name a secret of your team's instead"
+                    + (f" ({', '.join(self.team_secrets(team))})" if self.secrets else ""),
+                    rule=WEBHOOK_SECRET,
+                    field=f"code.secrets.{name}",
+                )
+            # fnmatchcase's * crosses "/" as IAM's does; ARNs hold no [ ] for it to read as a class
+            if self.secrets and not any(fnmatch.fnmatchcase(arn, allowed) for allowed in self.team_secrets(team)):
+                raise SpecForbidden(
+                    f"code.secrets.{name} {arn} is not a secret a training job of team {team} may read ({SECRETS}): "
+                    f"allowed: {', '.join(self.team_secrets(team))}",
+                    rule=SECRETS,
+                    field=f"code.secrets.{name}",
+                )
+
+    def team_secrets(self, team: str) -> tuple[str, ...]:
+        """The secrets a job of `team` may read: the stack's list with the team in place of its policy variable."""
+        return tuple(allowed.replace(TEAM_VARIABLE, team) for allowed in self.secrets)
+
+    def _in_team_folder(self, uri: str, field: str, team: str) -> None:
+        """A run's results location is exactly its team's folder of an allowed output location."""
+        folders = self.team_folders(team)
+        if folders and _prefix(uri) not in folders:
+            raise SpecForbidden(
+                f"{field} {uri} is not a results folder of team {team} ({OUTPUT_PREFIXES}): a run keeps its results "
+                f"in its team's folder, one of: {', '.join(folders)} (the run writes under <folder><job id>/)",
+                rule=OUTPUT_PREFIXES,
+                field=field,
+            )
 
     def check_plan(self, plan: dict[str, Any]) -> None:
         """The rules that need the plan (its cost estimate); run before the job is recorded."""
@@ -194,7 +235,7 @@ class Policy:
                 estimate_usd=total,
             )
 
-    def check_prepare(self, spec: PrepareSpec) -> None:
+    def check_prepare(self, spec: PrepareSpec, team: str = DEFAULT_TEAM) -> None:
         """The rules of a data preparation run (kind: prepare): it reads text where a training run may read data,
         writes where one may write output (its own role, steps/prepare_role, is bounded by these lists), on the
         instance types and counts the stack allows."""
@@ -205,17 +246,7 @@ class Policy:
         self._under(spec.source, self.data_prefixes, "source", DATA_PREFIXES, "data")
         if spec.tokenizer.startswith("s3://"):
             self._under(spec.tokenizer, self.data_prefixes, "tokenizer", DATA_PREFIXES, "data")
-        self._under(spec.output, self.output_prefixes, "output", OUTPUT_PREFIXES, "output")
-        if any(_prefix(spec.output) == _prefix(p) for p in self.output_prefixes):
-            # the preparation's own role writes and deletes under its output: where every run's results lie, that
-            # would be every run's
-            raise SpecForbidden(
-                f"output {spec.output} is one of the stack's output locations itself ({OUTPUT_PREFIXES}), where "
-                f"every run's results lie: give the preparation a folder of its own, such as "
-                f"{_prefix(spec.output)}{spec.name}/",
-                rule=OUTPUT_PREFIXES,
-                field="output",
-            )
+        self._prepare_output(spec, team)
         if self.instance_types and spec.instance_type not in self.instance_types:
             raise SpecForbidden(
                 f"instance_type {spec.instance_type} is not allowed by this stack ({INSTANCE_TYPES}): allowed: "
@@ -229,6 +260,31 @@ class Policy:
                 f"run ({MAX_INSTANCES})",
                 rule=MAX_INSTANCES,
                 field="instances",
+            )
+
+    def _prepare_output(self, spec: PrepareSpec, team: str) -> None:
+        """A preparation's own role writes and deletes under its output: a folder of its own inside its team's,
+        <prefix><team>/<name>/..., whose first folder is not a run's id, so that it holds no run's folder, now or
+        later (a run's results lie exactly in <prefix><team>/<job id>/)."""
+        folders = self.team_folders(team)
+        if not folders:
+            return
+        output = _prefix(spec.output)
+        inside = next((f for f in folders if output.startswith(f) and output != f), None)
+        first = output[len(inside) :].split("/", 1)[0] if inside else ""
+        if inside is None or _JOB_ID_SHAPE.fullmatch(first):
+            example = f"{folders[0]}{spec.name}/"
+            why = (
+                f"its folder {first} is named as a run's results folder is (<name>-<8 hex>)"
+                if inside
+                else "a preparation writes in a folder of its own inside its team's results folder, where no run's "
+                "results lie"
+            )
+            raise SpecForbidden(
+                f"output {spec.output}: {why}; give it a folder such as {example} (team {team}'s folders: "
+                f"{', '.join(folders)})",
+                rule=OUTPUT_PREFIXES,
+                field="output",
             )
 
     def check_prepare_plan(self, plan: dict[str, Any]) -> None:
@@ -278,3 +334,12 @@ class Policy:
                 rule=rule,
                 field=field,
             )
+
+
+def _same_secret(arn: str, secret: str) -> bool:
+    """Whether a code.secrets ARN names `secret`: the same ARN, or either without Secrets Manager's 6-character
+    suffix (a secret is read by its partial ARN too)."""
+    def partial(a: str) -> str:
+        return re.sub(r"-[A-Za-z0-9]{6}$", "", a)
+
+    return partial(arn) == partial(secret)

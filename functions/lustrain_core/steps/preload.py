@@ -64,7 +64,7 @@ def advance(
             ddb, settings.jobs_table, job.job_id, [{"type": RESOURCE_TYPE, "id": warm.name}]
         )
         try:
-            launcher(sts, sagemaker, settings, job).create_training_job(
+            launcher(sts, sagemaker, settings, job, warm.name).create_training_job(
                 **aws_requests.preload_job(run, settings)
             )
         except ClientError:

@@ -30,6 +30,7 @@ from botocore.exceptions import ClientError
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.launch_plan import training_job_name
 from lustrain_core.spec import is_prepare
+from lustrain_core.teams import DEFAULT_TEAM
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -109,6 +110,8 @@ class JobRecord:
     source: dict[str, Any] = field(default_factory=dict)
     #: the state machine's execution name; None for a direct invoke
     execution: str | None = None
+    #: the team the run belongs to (lustrain_core.teams); a record written before teams is the default team's
+    team: str = DEFAULT_TEAM
     #: the spec as register_job normalised it (JobSpec, as JSON), its plan and its launch plan
     spec: dict[str, Any] = field(default_factory=dict)
     plan: dict[str, Any] = field(default_factory=dict)

@@ -62,6 +62,7 @@ from lustrain_core.steps.budget import (
     attempt_cost_usd,
     billed_seconds,
 )
+from lustrain_core.teams import SESSION_TAG as TEAM_SESSION_TAG
 
 #: the tokens item outlives the longest possible run by this much, then DynamoDB's TTL removes it
 TOKEN_GRACE_SECONDS = 24 * 3600
@@ -74,25 +75,37 @@ CALLBACK_SENT = "callback_sent"
 LAUNCHER_ROLE_SETTING = "LUSTRAIN_LAUNCHER_ROLE_ARN"
 RUN_TAG = "lustrain-run"
 RESUME_TAG = "lustrain-resume"
+#: the SageMaker job's own name: the log streams its role may write (<job name>/...)
+JOB_TAG = "lustrain-job"
 
 
-def run_session_tags(job: Job) -> list[dict[str, str]]:
+def run_session_tags(job: Job, training_job: str) -> list[dict[str, str]]:
     """The launcher session's tags, which SageMaker chains to the job's session of its execution role: the run's
-    id and, for a run continuing another's checkpoint, that run's id (read-only there)."""
-    tags = [{"Key": RUN_TAG, "Value": job.job_id}]
+    id and team (its results folder <prefix><team>/<job id>/ and its team's secrets), the SageMaker job's name (its
+    log streams) and, for a run continuing another's checkpoint, that run's id as its record gives it (read-only
+    there, in the same team's folder)."""
+    tags = [
+        {"Key": RUN_TAG, "Value": job.job_id},
+        {"Key": TEAM_SESSION_TAG, "Value": job.launch.team},
+        {"Key": JOB_TAG, "Value": training_job},
+    ]
     if job.launch.resume is not None and job.launch.resume.run:
         tags.append({"Key": RESUME_TAG, "Value": job.launch.resume.run})
     return tags
 
 
-def launcher(sts: Any, sagemaker: Any, settings: Settings, job: Job) -> Any:
-    """A SageMaker client signed by a session of the stack's launcher role tagged with the run (sts:AssumeRole with
-    Tags); `sagemaker` itself where the stack names no launcher role (its jobs' role then reaches no run's objects)."""
+def launcher(sts: Any, sagemaker: Any, settings: Settings, job: Job, training_job: str) -> Any:
+    """A SageMaker client signed by a session of the stack's launcher role tagged with the run and the SageMaker
+    job it creates, `training_job` (sts:AssumeRole with Tags); `sagemaker` itself where the stack names no launcher
+    role (its jobs' role then reaches no run's objects)."""
     role_arn = settings.extra.get(LAUNCHER_ROLE_SETTING, "").strip()
     if not role_arn or sts is None:
         return sagemaker
     credentials = sts.assume_role(
-        RoleArn=role_arn, RoleSessionName=job.job_id[:64], Tags=run_session_tags(job), DurationSeconds=900
+        RoleArn=role_arn,
+        RoleSessionName=job.job_id[:64],
+        Tags=run_session_tags(job, training_job),
+        DurationSeconds=900,
     )["Credentials"]
     return boto3.session.Session().client(
         "sagemaker",
@@ -339,7 +352,7 @@ def start_training(
     _store_token(ddb, settings, job, name, attempt, token, clock(), budget)
     records.add_resources(ddb, settings.jobs_table, job.job_id, [{"type": RESOURCE_TYPE, "id": name}])
     try:
-        launcher(sts, sagemaker, settings, job).create_training_job(**request)
+        launcher(sts, sagemaker, settings, job, request["TrainingJobName"]).create_training_job(**request)
     except ClientError as exc:
         if _job_status(sagemaker, name) is not None:
             # The job exists though the answer was an error: a 5xx after SageMaker committed it, or botocore's
