@@ -76,12 +76,13 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     settings = Settings.from_env()
     ddb, sagemaker, secrets = (clients.client(s) for s in ("dynamodb", "sagemaker", "secretsmanager"))
     if is_event(event):
+        sfn = clients.client("stepfunctions")
         result = (
             notify.on_event(
                 event,
                 ddb=ddb,
                 sagemaker=sagemaker,
-                sfn=clients.client("stepfunctions"),
+                sfn=sfn,
                 secrets=secrets,
                 settings=settings,
             )
@@ -96,7 +97,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             logger.info("notice", extra={"notice": result})
         if tracking.configured(settings):
             result["mlflow"] = _tracked(
-                lambda: tracking.on_event(event, ddb=ddb, sagemaker=sagemaker, **_tracking_clients(settings, context))
+                lambda: tracking.on_event(
+                    event, ddb=ddb, sagemaker=sagemaker, sfn=sfn, **_tracking_clients(settings, context)
+                )
             )
     else:
         result = notify.notify(

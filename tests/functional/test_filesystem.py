@@ -203,15 +203,15 @@ def test_a_file_system_still_creating_after_max_polls_is_given_up(aws):
 # --- reusing a file system ---------------------------------------------------------------------------------
 
 
-def team_file_system(document: dict[str, Any], link_path: str | None = "/data") -> str:
-    """A file system someone made earlier in the job's subnet, linked to the data at `link_path`."""
+def team_file_system(document: dict[str, Any], link_path: str | None = "/data", team: str | None = None) -> str:
+    """A file system someone made earlier in the job's subnet, linked to the data at `link_path` (given to `team`)."""
     created = fsx().create_file_system(
         FileSystemType="LUSTRE",
         StorageCapacity=1200,
         SubnetIds=[document["network"]["subnet_id"]],
         SecurityGroupIds=document["network"]["security_group_ids"],
         LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 125},
-        Tags=[{"Key": "Name", "Value": "team-shared"}],
+        Tags=[{"Key": "Name", "Value": "team-shared"}, *([{"Key": "lustrain:team", "Value": team}] if team else [])],
     )["FileSystem"]
     fs_id = created["FileSystemId"]
     while fsx().describe_file_systems(FileSystemIds=[fs_id])["FileSystems"][0]["Lifecycle"] != "AVAILABLE":
@@ -260,6 +260,23 @@ def test_a_reused_file_system_showing_the_data_elsewhere_names_the_mount_path_to
         invoke("create_filesystem", reusing(document, fs_id))
     assert exc.value.message.startswith("filesystem.mount_path:")
     assert "set filesystem.mount_path: /datasets/tokens" in exc.value.message
+
+
+def test_a_reused_file_system_serves_one_team(aws, monkeypatch):
+    """Containers run as root and nothing in Lustre is guarded by IAM: a run mounts only its team's file system
+    (tagged lustrain:team); an untagged one only on a stack of one team."""
+    document = prepared()
+    theirs = team_file_system(document, team="vision")
+    with pytest.raises(FileSystemFailed) as exc:
+        invoke("create_filesystem", reusing(document, theirs))
+    assert exc.value.message.startswith(f"filesystem.file_system_id: {theirs} is not a file system of team default")
+    untagged = reusing(document, team_file_system(document))
+    ours = team_file_system(document, team="default")
+    reuse_ours = reusing(document, ours)
+    monkeypatch.setenv("LUSTRAIN_TEAMS", "default,vision")
+    with pytest.raises(FileSystemFailed, match="is not a file system of team default"):
+        invoke("create_filesystem", untagged)
+    assert invoke("create_filesystem", reuse_ours)["file_system_id"] == ours
 
 
 def test_a_reused_file_system_that_does_not_exist_is_named(aws):

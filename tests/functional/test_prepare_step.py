@@ -122,7 +122,12 @@ def test_a_registered_preparation_is_looked_at_until_every_stage_completed(twin)
     assert work["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
     assert work["NetworkConfig"]["VpcConfig"]["Subnets"] == [document["network"]["subnet_id"]]
     tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=work["ProcessingJobArn"])["Tags"]}
-    assert tags == {"team": "data", "lustrain:job-id": job_id, "lustrain:created-by": twin.stack_name}
+    assert tags == {
+        "team": "data",
+        "lustrain:job-id": job_id,
+        "lustrain:created-by": twin.stack_name,
+        "lustrain:team": "default",
+    }
     s3 = boto3.client("s3", region_name=REGION)
     index = json.loads(s3.get_object(Bucket=BUCKET, Key="shards/index.json")["Body"].read())
     assert (index["tokenizer"]["kind"], index["source"]["bytes"]) == ("bytes", sum(map(len, CORPUS.values())))

@@ -180,3 +180,46 @@ def test_calls_stop_before_the_functions_time_is_spent_and_say_so():
     with pytest.raises(tracking.TrackingError, match="out of time"):
         server.call("GET", "mlflow/experiments/get-by-name", query={"experiment_name": "x"})
     assert tracking.Server("http://127.0.0.1:9", deadline=time.monotonic() + 30).timeout() == tracking.TIMEOUT_S
+
+
+class _Execution:
+    """DescribeExecution's answer for one execution: still running (whatever an event says of it)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def describe_execution(self, executionArn: str) -> dict[str, Any]:
+        self.asked.append(executionArn)
+        return {"executionArn": executionArn, "name": executionArn.rsplit(":", 1)[-1], "status": "RUNNING"}
+
+
+class _Untouchable:
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"a forged execution end reached {name}: no MLflow run may change")
+
+
+@pytest.mark.parametrize("status", ["ABORTED", "TIMED_OUT", "FAILED"])
+def test_an_execution_end_step_functions_does_not_bear_out_ends_no_mlflow_run(status):
+    machine = "arn:aws:states:us-east-1:123456789012:stateMachine:lustrain-runs"
+    settings = Settings(
+        extra={"LUSTRAIN_STATE_MACHINE_ARN": machine, "LUSTRAIN_MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    )
+    execution = f"{machine.replace(':stateMachine:', ':execution:')}:run-1"
+    event = {
+        "source": "aws.states",
+        "detail-type": "Step Functions Execution Status Change",
+        "detail": {
+            "executionArn": execution,
+            "stateMachineArn": machine,
+            "name": "run-1",
+            "status": status,
+            "stopDate": 1_800_000_000_000,
+        },
+    }
+    sfn = _Execution()
+    nobody = _Untouchable()
+    answer = tracking.on_event(
+        event, ddb=nobody, sagemaker=nobody, logs=nobody, s3=nobody, settings=settings, credentials=None, sfn=sfn
+    )
+    assert answer["tracked"] is False and answer["reason"].startswith("not verified: ")
+    assert "DescribeExecution says RUNNING" in answer["reason"] and sfn.asked == [execution]

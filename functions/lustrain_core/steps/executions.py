@@ -11,13 +11,13 @@ execution of it, and DescribeExecution must show that execution ended with the s
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lustrain_core.aws_errors import error_code
+from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.steps import records
 from lustrain_core.steps.sweep import STATE_MACHINE_SETTING
@@ -89,3 +89,54 @@ def confirmed_end(change: ExecutionStatusChange, *, sfn: Any, machine: str) -> E
 def millis(moment: Any) -> int | None:
     """A DescribeExecution date (botocore's datetime) in epoch milliseconds, as the event gives its dates."""
     return int(moment.timestamp() * 1000) if isinstance(moment, datetime) else None
+
+
+#: how far the event's stop time may be from DescribeExecution's: the event gives epoch milliseconds, botocore a
+#: datetime (its float seconds may lose the last millisecond on the way)
+STOP_SLACK_MS = 1000
+def _at(millis: int | None) -> str:
+    if millis is None:
+        return "no time"
+    try:
+        moment = datetime.fromtimestamp(millis / 1000, UTC)
+    except (OverflowError, OSError, ValueError):  # an event's number no calendar holds
+        return f"{millis} ms"
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def verified_end(
+    detail: dict[str, Any], *, sfn: Any, settings: Settings
+) -> ExecutionStatusChange | str:
+    """The end an execution event tells of, as Step Functions bears it out, or why it does not: what notify (the
+    chat notice) and the MLflow logging (steps/tracking.py) act on.
+
+    on_execution_end's check (`confirmed_end`): the event must name this stack's state machine
+    and an execution of it, and DescribeExecution must say that execution ended with the event's status. Then the
+    event's stop time must be the execution's: a made-up one, or the event of an earlier end of an execution redriven
+    since, names another. The end returned is DescribeExecution's (its error and cause where it gives them)."""
+    try:
+        change = ExecutionStatusChange.model_validate(detail)
+    except ValidationError as exc:
+        fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+        return f"not a Step Functions execution's status change (detail {', '.join(fields)})"
+    try:
+        machine = own_state_machine(settings)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        ended = confirmed_end(change, sfn=sfn, machine=machine)
+    except ClientError as exc:
+        # a notice never fails the invocation: what could not be asked is said, and nothing is posted
+        return f"DescribeExecution of {change.executionArn} failed ({explained(exc)})"
+    if isinstance(ended, str):
+        return ended
+    if (
+        change.stopDate is None
+        or ended.stopDate is None
+        or abs(change.stopDate - ended.stopDate) > STOP_SLACK_MS
+    ):
+        return (
+            f"the event says execution {change.name} stopped at {_at(change.stopDate)} but DescribeExecution says "
+            f"{_at(ended.stopDate)}: not the execution's end"
+        )
+    return ended

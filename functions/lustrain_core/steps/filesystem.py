@@ -63,7 +63,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lustrain_core import aws_requests
+from lustrain_core import aws_requests, teams
 from lustrain_core.aws_requests import directory_path
 from lustrain_core.config import Settings
 from lustrain_core.document import Filesystem, Job, LinkState, Network, Poll, Run, Sections
@@ -160,13 +160,25 @@ def data_location(fs: dict[str, Any], dras: list[dict[str, Any]], data_s3_uri: s
     return None
 
 
-def validate_reuse(fsx: Any, job: Job, network: Network) -> dict[str, Any]:
-    """The file system named by filesystem.file_system_id, checked to carry this run; FileSystemFailed if not."""
+def validate_reuse(
+    fsx: Any, job: Job, network: Network, stack_teams: tuple[str, ...] = (teams.DEFAULT_TEAM,)
+) -> dict[str, Any]:
+    """The file system named by filesystem.file_system_id, checked to carry this run; FileSystemFailed if not.
+    On a stack of several teams it must be the run's team's (tagged lustrain:team): the training containers run as
+    root and nothing in Lustre is guarded by IAM, so a file system two teams mount is one both read and write."""
     fs_id = str(job.spec.filesystem.file_system_id)
     fs = describe(fsx, fs_id)
     if fs is None:
         raise FileSystemFailed(
             f"filesystem.file_system_id: {fs_id} does not exist in this account and region",
+            file_system_id=fs_id,
+        )
+    owner = tag_dict(fs.get("Tags")).get(teams.TAG_TEAM)
+    if owner != job.launch.team and (owner is not None or len(stack_teams) > 1):
+        raise FileSystemFailed(
+            f"filesystem.file_system_id: {fs_id} is not a file system of team {job.launch.team} (tag "
+            f"{teams.TAG_TEAM}={job.launch.team}): whatever a run mounts, its code reads and writes as root, so a "
+            "file system serves one team; leave file_system_id out and the run creates its own",
             file_system_id=fs_id,
         )
     if fs.get("FileSystemType") != "LUSTRE":
@@ -251,7 +263,7 @@ def create_filesystem(document: dict[str, Any], *, fsx: Any, ddb: Any, settings:
     poll = poll_settings(document)
     links = job.launch
     if job.spec.filesystem.file_system_id:
-        fs = validate_reuse(fsx, job, network)
+        fs = validate_reuse(fsx, job, network, teams.teams_of(settings))
         if links.export_paths:
             _note_export(ddb, settings, job, fs["FileSystemId"], links.export_paths)
         # data.preload: the poll loop starts the warm-up once it has looked at the file system

@@ -221,7 +221,7 @@ class NetworkFor:
     @classmethod
     def of_prepare(cls, document: dict[str, Any], settings: Settings) -> NetworkFor:
         job_id, spec = prepare.job_of(document)
-        tags = prepare.run_tags(job_id, spec, settings.stack_name)
+        tags = prepare.run_tags(job_id, spec, settings.stack_name, prepare.team_in(document))
         return cls(
             job_id=job_id,
             vpc_cidr=prepare_plan.VPC_CIDR,

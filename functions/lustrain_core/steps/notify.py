@@ -31,13 +31,10 @@ import json
 import math
 import re
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
-from pydantic import ValidationError
 
-from lustrain_core.aws_errors import explained
 from lustrain_core.config import Settings
 from lustrain_core.errors import RunCancelled, SpecForbidden, SpecInvalid
 from lustrain_core.launch_plan import archive_target
@@ -347,58 +344,10 @@ def notice_of(
 
 #: the ends of an execution the notices tell of (a SUCCEEDED one is told by the state machine's own notify)
 TOLD_ENDS = frozenset({"ABORTED", "TIMED_OUT", "FAILED"})
-#: how far the event's stop time may be from DescribeExecution's: the event gives epoch milliseconds, botocore a
-#: datetime (its float seconds may lose the last millisecond on the way)
-STOP_SLACK_MS = 1000
 #: how the answer for an execution end Step Functions does not bear out begins (the handler logs it as a warning)
 NOT_VERIFIED = "not verified: "
-
-
-def _at(millis: int | None) -> str:
-    if millis is None:
-        return "no time"
-    try:
-        moment = datetime.fromtimestamp(millis / 1000, UTC)
-    except (OverflowError, OSError, ValueError):  # an event's number no calendar holds
-        return f"{millis} ms"
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def verified_end(
-    detail: dict[str, Any], *, sfn: Any, settings: Settings
-) -> executions.ExecutionStatusChange | str:
-    """The end an execution event tells of, as Step Functions bears it out, or why it does not.
-
-    on_execution_end's check (steps/executions.py `confirmed_end`): the event must name this stack's state machine
-    and an execution of it, and DescribeExecution must say that execution ended with the event's status. Then the
-    event's stop time must be the execution's: a made-up one, or the event of an earlier end of an execution redriven
-    since, names another. The end returned is DescribeExecution's (its error and cause where it gives them)."""
-    try:
-        change = executions.ExecutionStatusChange.model_validate(detail)
-    except ValidationError as exc:
-        fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
-        return f"not a Step Functions execution's status change (detail {', '.join(fields)})"
-    try:
-        machine = executions.own_state_machine(settings)
-    except ValueError as exc:
-        return str(exc)
-    try:
-        ended = executions.confirmed_end(change, sfn=sfn, machine=machine)
-    except ClientError as exc:
-        # a notice never fails the invocation: what could not be asked is said, and nothing is posted
-        return f"DescribeExecution of {change.executionArn} failed ({explained(exc)})"
-    if isinstance(ended, str):
-        return ended
-    if (
-        change.stopDate is None
-        or ended.stopDate is None
-        or abs(change.stopDate - ended.stopDate) > STOP_SLACK_MS
-    ):
-        return (
-            f"the event says execution {change.name} stopped at {_at(change.stopDate)} but DescribeExecution says "
-            f"{_at(ended.stopDate)}: not the execution's end"
-        )
-    return ended
+#: the check of an execution's end, shared with the MLflow logging (steps/executions.py)
+verified_end = executions.verified_end
 
 
 def _execution_notice(

@@ -26,6 +26,7 @@ from lustrain_core.prepare_plan import STAGES, PrepareRun, next_stage
 from lustrain_core.spec import PrepareSpec, is_prepare, validate_prepare_spec
 from lustrain_core.steps import prepare_role, records
 from lustrain_core.steps.records import JobRecord
+from lustrain_core.teams import DEFAULT_TEAM, TAG_TEAM
 
 #: the resource type a stage's job is recorded under in the run's ledger (teardown stops what is still running)
 RESOURCE_TYPE = registry.PROCESSING_JOB.name
@@ -179,14 +180,22 @@ def job_of(document: Any) -> tuple[str, PrepareSpec]:
     return job["job_id"], validate_prepare_spec(job["spec"])
 
 
-def run_tags(job_id: str, spec: PrepareSpec, stack_name: str) -> list[dict[str, str]]:
-    """The tags of everything a preparation run creates (its network, its processing jobs): the spec's, then the
-    run's id and the stack that made it (teardown and the sweeper find them by these)."""
+def run_tags(job_id: str, spec: PrepareSpec, stack_name: str, team: str = DEFAULT_TEAM) -> list[dict[str, str]]:
+    """The tags of everything a preparation run creates (its network, its processing jobs, its role): the spec's,
+    then the run's id and the stack that made it (teardown and the sweeper find them by these), and its team."""
     return [
         *({"Key": k, "Value": v} for k, v in sorted(spec.tags.items())),
         {"Key": TAG_JOB_ID, "Value": job_id},
         {"Key": TAG_CREATED_BY, "Value": stack_name},
+        {"Key": TAG_TEAM, "Value": team},
     ]
+
+
+def team_in(document: Any) -> str:
+    """The team of the run a state document carries ($.job.team, as register_job recorded it)."""
+    job = document.get("job") if isinstance(document, dict) else None
+    team = job.get("team") if isinstance(job, dict) else None
+    return team if isinstance(team, str) and team else DEFAULT_TEAM
 
 
 def wait_after(stage_looks: int, every: int = LOOK_EVERY_SECONDS) -> int:
@@ -219,7 +228,7 @@ def look(document: Any, *, sagemaker: Any, iam: Any, ddb: Any, settings: Setting
     every = settings.whole_seconds(LOOK_SETTING, least=1) or LOOK_EVERY_SECONDS
     prepare_role.boundary_arn(settings)  # a stack without it is refused before anything is made
     run = run_of(job_id, spec)
-    tags = run_tags(job_id, spec, settings.stack_name)
+    tags = run_tags(job_id, spec, settings.stack_name, team_in(document))
     image = prepare_image(settings.region)
 
     def role_of() -> str | None:

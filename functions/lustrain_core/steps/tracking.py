@@ -41,7 +41,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from lustrain_core import metric_lines
 from lustrain_core.config import Settings
-from lustrain_core.steps import records
+from lustrain_core.steps import executions, records
 from lustrain_core.steps.events import ENDED, TrainingJobStateChange
 from lustrain_core.steps.records import JobRecord
 from lustrain_core.steps.training import describe_training_job, ended_attempt
@@ -446,9 +446,11 @@ def on_event(
     settings: Settings,
     credentials: Any,
     deadline: float | None = None,
+    sfn: Any = None,
 ) -> dict[str, Any]:
     """An EventBridge event of the notify function's rules, told to MLflow where it is a moment MLflow keeps: an
-    attempt's end, or an execution's end that the state machine's own notify does not see."""
+    attempt's end, or an execution's end that the state machine's own notify does not see, once Step Functions bears
+    it out (steps/executions.py `verified_end`, as the chat notice does: a forged end ends no MLflow run)."""
     kind, detail = event.get("detail-type"), event.get("detail")
     detail = detail if isinstance(detail, dict) else {}
     if event.get("source") == "aws.sagemaker" and kind == "SageMaker Training Job State Change":
@@ -469,6 +471,9 @@ def on_event(
         )
     status, name = detail.get("status"), detail.get("name")
     if event.get("source") == "aws.states" and status in STATUS_OF_EXECUTION and isinstance(name, str) and name:
+        ended = executions.verified_end(detail, sfn=sfn, settings=settings)
+        if isinstance(ended, str):
+            return {"tracked": False, "reason": f"not verified: {ended}"}
         record = records.find_by_execution(ddb, settings.jobs_table, name)
         if record is not None and status == "FAILED" and record.notice_sent:
             return {"tracked": False, "reason": "the state machine's notify ended the run's MLflow run"}
