@@ -82,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     sb.add_argument("--artifacts-bucket", help="where a local code.source is uploaded (with --jobs-bucket)")
     sb.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
     sb.add_argument(
+        "--team",
+        help="the team the run is for, on a stack of several teams: the spec is dropped under jobs/TEAM/ (its "
+        "output.s3_uri is then that team's folder, <prefix>TEAM/)",
+    )
+    sb.add_argument(
         "--wait", type=float, default=60.0, help="seconds to wait for the run to start, with --stack (default 60)"
     )
     sb.set_defaults(command=cmd_submit)
@@ -473,9 +478,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
             jobs_bucket=jobs,
             artifacts_bucket=artifacts,
             session=session,
+            team=args.team,
         )
     else:
-        done = submit(args.spec, jobs_bucket=jobs, artifacts_bucket=artifacts, session=session)
+        done = submit(args.spec, jobs_bucket=jobs, artifacts_bucket=artifacts, session=session, team=args.team)
     return _started(args, session, done)
 
 
@@ -560,6 +566,7 @@ def _prepare_on_stack(rest: list[str]) -> int:
     p.add_argument("--name", help="the run's name ([a-z0-9-], default: OUT's last folder)")
     p.add_argument("--size-gib", type=float, help="the source's size, when the stack should not measure it")
     p.add_argument("--region", help="the stack's region (default: the AWS configuration's)")
+    p.add_argument("--team", help="the team the run is for, on a stack of several teams (jobs/TEAM/)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the run to start (default 60)")
     args = p.parse_args(rest)
     doc = prepare_spec_of(
@@ -573,7 +580,7 @@ def _prepare_on_stack(rest: list[str]) -> int:
     )
     session = boto3.Session(region_name=args.region) if args.region else boto3.Session()
     jobs, artifacts = stack_buckets(args.stack, session)
-    done = submit_prepare(doc, jobs_bucket=jobs, artifacts_bucket=artifacts, session=session)
+    done = submit_prepare(doc, jobs_bucket=jobs, artifacts_bucket=artifacts, session=session, team=args.team)
     return _started(args, session, done)
 
 

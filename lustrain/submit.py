@@ -24,6 +24,7 @@ from lustrain_core import prepare_plan
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.launch import compile_offline
 from lustrain_core.spec import NAME_PATTERN, load_spec_file, validate_prepare_spec
+from lustrain_core.teams import JOBS_FOLDER, TEAM_PATTERN
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,16 @@ def stack_buckets(stack: str, session: boto3.Session) -> tuple[str, str]:
 
 
 def submit(
-    spec_path: str | Path, *, jobs_bucket: str, artifacts_bucket: str, session: boto3.Session | None = None
+    spec_path: str | Path,
+    *,
+    jobs_bucket: str,
+    artifacts_bucket: str,
+    session: boto3.Session | None = None,
+    team: str | None = None,
 ) -> Submission:
-    """Validate and plan the spec (SpecInvalid before anything is written), upload local code, drop the spec."""
+    """Validate and plan the spec (SpecInvalid before anything is written), upload local code, drop the spec (into
+    jobs/<team>/ for a team: lustrain_core.teams)."""
+    folder = jobs_folder(team)
     session = session or boto3.Session()
     spec_path = Path(spec_path)
     spec = load_spec_file(spec_path)
@@ -71,12 +79,22 @@ def submit(
             )
         code_uri = upload_code_dir(local, artifacts_bucket, spec.name, session)
         doc["code"]["source"] = code_uri
-    return Submission(_drop(session, jobs_bucket, spec.name, doc), code_uri, estimate)
+    return Submission(_drop(session, jobs_bucket, spec.name, doc, folder), code_uri, estimate)
 
 
-def _drop(session: Any, jobs_bucket: str, name: str, doc: dict[str, Any]) -> str:
-    """Put the spec where the stack's rule starts a run of it; its s3:// URI."""
-    key = f"jobs/{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.yaml"
+def jobs_folder(team: str | None) -> str:
+    """Where a spec is dropped: its team's folder jobs/<team>/ when given (a run's team is its folder's; a stack of
+    one team takes a spec anywhere under jobs/); SpecInvalid for a name no team has, before anything is written."""
+    if team is None:
+        return JOBS_FOLDER
+    if not TEAM_PATTERN.fullmatch(team):
+        raise SpecInvalid.one("--team", team, "a team's name: lower-case letters, digits and hyphens, 1 to 32")
+    return f"{JOBS_FOLDER}{team}/"
+
+
+def _drop(session: Any, jobs_bucket: str, name: str, doc: dict[str, Any], folder: str) -> str:
+    """Put the spec where the stack's rule starts a run of it, in `folder` (jobs_folder); its s3:// URI."""
+    key = f"{folder}{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.yaml"
     session.client("s3").put_object(
         Bucket=jobs_bucket, Key=key, Body=yaml.safe_dump(doc, sort_keys=False).encode()
     )
@@ -116,10 +134,16 @@ def prepare_spec_of(
 
 
 def submit_prepare(
-    doc: dict[str, Any], *, jobs_bucket: str, artifacts_bucket: str, session: boto3.Session | None = None
+    doc: dict[str, Any],
+    *,
+    jobs_bucket: str,
+    artifacts_bucket: str,
+    session: boto3.Session | None = None,
+    team: str | None = None,
 ) -> Submission:
     """Drop a data preparation spec (kind: prepare), with the trainer package uploaded as its code unless it names
     one. Its estimate is prepare_plan.plan_of's when it gives size_gib (else the stack measures the source)."""
+    folder = jobs_folder(team)
     session = session or boto3.Session()
     spec = validate_prepare_spec(doc)
     doc = spec.model_dump(mode="json", exclude_none=True)
@@ -133,7 +157,7 @@ def submit_prepare(
     if spec.code is None:
         code_uri = upload_trainer(artifacts_bucket, session)
         doc["code"] = code_uri
-    return Submission(_drop(session, jobs_bucket, spec.name, doc), code_uri, estimate)
+    return Submission(_drop(session, jobs_bucket, spec.name, doc, folder), code_uri, estimate)
 
 
 def upload_trainer(bucket: str, session: Any) -> str:

@@ -113,3 +113,20 @@ def test_a_prepare_spec_is_dropped_with_the_trainer_package_uploaded_as_its_code
     assert not any("__pycache__" in key for key in keys)
     said = capsys.readouterr().out
     assert f"code uploaded to {doc['code']}" in said and "estimated at most $" in said
+
+
+def test_a_run_for_a_team_is_dropped_in_its_teams_folder(buckets, tmp_path, capsys):
+    """On a stack of several teams a run's team is the folder its spec lies in (jobs/<team>/): --team puts it there;
+    a name no team may have is refused before anything is uploaded."""
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "train.py").write_text("print('hi')\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("s3://my-results/gpt/", "s3://my-results/vision/"))
+
+    assert main(["submit", str(spec), "--jobs-bucket", "jobs", "--artifacts-bucket", "artifacts", "--team", "a/b"]) == 2
+    assert "--team" in capsys.readouterr().err
+    assert buckets.list_objects_v2(Bucket="artifacts").get("KeyCount", 0) == 0
+
+    assert main(["submit", str(spec), "--jobs-bucket", "jobs", "--artifacts-bucket", "artifacts", "--team", "vision"]) == 0
+    (dropped,) = buckets.list_objects_v2(Bucket="jobs", Prefix="jobs/")["Contents"]
+    assert dropped["Key"].startswith("jobs/vision/gpt-small-")
