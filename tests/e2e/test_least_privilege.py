@@ -137,6 +137,7 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
     from lustrain.twin.simulator import ROLE_SESSION
 
     seen: dict[str, Any] = {}
+    enforce.clear_log()  # this run's decisions alone (the module's first rehearsal made its own)
 
     def inspect(stack: Any, result: Any) -> None:
         role = stack.resources["SageMakerExecutionRole"].attrs["Arn"]

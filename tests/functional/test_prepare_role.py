@@ -111,6 +111,17 @@ def test_the_role_reaches_its_own_code_source_and_output_and_nothing_of_another_
     assert not _allowed(role, "s3:GetObject", "arn:aws:s3:::lustrain-test-artifacts/code/other-run/5e5e/x.py")
     assert not _allowed(role, "s3:GetObject", "arn:aws:s3:::data/team-b/private.txt")
     assert not _allowed(role, "s3:PutObject", "arn:aws:s3:::data/team-a/text/planted.txt")
+    # it lists only inside its own code, source and output: another run's folder's names stay unseen
+    assert _allowed(role, "s3:ListBucket", "arn:aws:s3:::out", **{"s3:prefix": "team-a/shards/parts/"})
+    assert _allowed(role, "s3:ListBucket", "arn:aws:s3:::data", **{"s3:prefix": "team-a/text/"})
+    assert not _allowed(role, "s3:ListBucket", "arn:aws:s3:::out", **{"s3:prefix": "team-b/run-9/"})
+    assert not _allowed(role, "s3:ListBucket", "arn:aws:s3:::out")
+    # it writes only its own stages' log streams, never another run's (now, or one a later run will use)
+    streams = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/ProcessingJobs:log-stream:"
+    assert _allowed(role, "logs:PutLogEvents", streams + "corpus-0123abcd-prep-work/algo-2-1700000000")
+    for theirs in ("corpus-0123abcd-prep-a-89abcdef-prep-work/algo-1-1", "other-89abcdef-prep-work/algo-1-1"):
+        assert not _allowed(role, "logs:CreateLogStream", streams + theirs)
+        assert not _allowed(role, "logs:PutLogEvents", streams + theirs)
     # looked at again, it is the same role and the same policy: ready to start a job with
     assert _look(stack, run) == role
 

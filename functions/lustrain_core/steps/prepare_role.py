@@ -120,6 +120,14 @@ def _prefix(uri: str) -> str:
     return uri if uri.endswith("/") else uri + "/"
 
 
+def _listed_prefixes(code_dir: str, run: PrepareRun) -> list[str]:
+    """The key prefixes the role may list (s3:prefix): its code's folder, its source, its output, its tokenizer."""
+    uris = [code_dir, _prefix(run.source), _prefix(run.output)]
+    if run.tokenizer.startswith("s3://"):
+        uris.append(run.tokenizer)
+    return sorted({uri.removeprefix("s3://").partition("/")[2] + "*" for uri in uris})
+
+
 def policy_document(run: PrepareRun, code_s3_uri: str, image_uri: str, settings: Settings) -> dict[str, Any]:
     """The role's inline policy: this run's objects, and what any processing job needs."""
     partition, account = boundary_arn(settings).split(":")[1], _account(settings)
@@ -140,10 +148,12 @@ def policy_document(run: PrepareRun, code_s3_uri: str, image_uri: str, settings:
             "Resource": output,
         },
         {
+            # listing shows keys' names: only inside its own code, source, output and tokenizer
             "Sid": "ListItsBuckets",
             "Effect": "Allow",
             "Action": "s3:ListBucket",
             "Resource": [f"arn:{partition}:s3:::{b}" for b in buckets],
+            "Condition": {"StringLike": {"s3:prefix": _listed_prefixes(code_dir, run)}},
         },
         {
             # SageMaker's VPC mode: the processing instances' interfaces in the run's subnet (no resource-level form)
@@ -163,10 +173,24 @@ def policy_document(run: PrepareRun, code_s3_uri: str, image_uri: str, settings:
             "Resource": "*",
         },
         {
-            "Sid": "Logs",
+            "Sid": "LogGroup",
             "Effect": "Allow",
-            "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-            "Resource": f"arn:{partition}:logs:{region}:{account}:log-group:{LOG_GROUP}*",
+            "Action": ["logs:CreateLogGroup", "logs:DescribeLogStreams"],
+            "Resource": [
+                f"arn:{partition}:logs:{region}:{account}:log-group:{LOG_GROUP}",
+                f"arn:{partition}:logs:{region}:{account}:log-group:{LOG_GROUP}:*",
+            ],
+        },
+        {
+            # the streams of its own stages' processing jobs (<job name>/algo-N-...), ending in the delimiter: no
+            # other run's, now or in advance
+            "Sid": "OwnLogStreams",
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+            "Resource": [
+                f"arn:{partition}:logs:{region}:{account}:log-group:{LOG_GROUP}:log-stream:{run.job_name(stage)}/*"
+                for stage in run.stages
+            ],
         },
         {"Sid": "EcrLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
         {
