@@ -24,6 +24,17 @@ from lustrain.twin.stack import copy_template
 pytestmark = pytest.mark.slow
 
 QUICK = Path(__file__).with_name("quick.yaml")
+
+
+def client_as(credentials: dict[str, str], service: str) -> Any:
+    """A client of `service` signed by a role session's credentials (enforce.assume's)."""
+    return boto3.client(
+        service,
+        region_name="us-east-1",
+        aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+        aws_session_token=credentials["AWS_SESSION_TOKEN"],
+    )
 #: Not called by a run that ends by itself: the sweeper runs on its schedule, on_execution_end for a run someone
 #: stopped; tests/e2e/test_sweeper.py and tests/e2e/test_cancel.py prove their grants the same way. The prepare
 #: function runs in a data preparation run only: tests/e2e/test_prepare_run.py proves its grants.
@@ -193,13 +204,7 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
                 "lustrain-job": "intruder-0123abcd-1",
             },
         )
-        as_intruder = boto3.client(
-            "s3",
-            region_name="us-east-1",
-            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
-            aws_session_token=credentials["AWS_SESSION_TOKEN"],
-        )
+        as_intruder = client_as(credentials, "s3")
         refused = {}
         for what, (action, bucket, key) in targets.items():
             try:
@@ -227,13 +232,7 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
             source_account=Principal.role_session(role, ROLE_SESSION).account,
             session_tags={"lustrain-run": job_id, "lustrain-team": "default", "lustrain-job": training_job},
         )
-        as_run = boto3.client(
-            "s3",
-            region_name="us-east-1",
-            aws_access_key_id=own_credentials["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=own_credentials["AWS_SECRET_ACCESS_KEY"],
-            aws_session_token=own_credentials["AWS_SESSION_TOKEN"],
-        )
+        as_run = client_as(own_credentials, "s3")
         try:
             as_run.put_object(Bucket=artifacts, Key=f"archive/{job_id}/manifest.json", Body=b"planted")
             seen["own_manifest"] = "written"
@@ -245,13 +244,7 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
         )
         as_intruder.list_objects_v2(Bucket="lustrain-example-results", Prefix="default/intruder-0123abcd/")
         # the logs: the run's own streams are its job's alone; the intruder writes only its own job's
-        intruder_logs = boto3.client(
-            "logs",
-            region_name="us-east-1",
-            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
-            aws_session_token=credentials["AWS_SESSION_TOKEN"],
-        )
+        intruder_logs = client_as(credentials, "logs")
         group = "/aws/sagemaker/TrainingJobs"
         intruder_logs.create_log_stream(logGroupName=group, logStreamName="intruder-0123abcd-1/algo-1-1")
         seen["logs"] = {}
@@ -261,13 +254,7 @@ def test_a_training_job_reaches_only_its_own_runs_code_checkpoints_results_and_n
                 seen["logs"][stream] = "created"
             except ClientError as exc:
                 seen["logs"][stream] = exc.response["Error"]["Code"]
-        intruder_secrets = boto3.client(
-            "secretsmanager",
-            region_name="us-east-1",
-            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
-            aws_session_token=credentials["AWS_SESSION_TOKEN"],
-        )
+        intruder_secrets = client_as(credentials, "secretsmanager")
         try:
             intruder_secrets.get_secret_value(SecretId=secret)
             seen["secret"] = "read"

@@ -197,3 +197,19 @@ def count_of_job(job_id: str) -> dict[str, int]:
         "endpoints": counts["vpc_endpoint"],
         "file_systems": len(file_systems),
     }
+
+
+def sfn() -> Any:
+    return boto3.client("stepfunctions", region_name=REGION)
+
+
+def state_machine(name: str) -> str:
+    """A state machine of `name` on moto whose executions wait an hour: an execution to stop, or to claim ended."""
+    definition = {"StartAt": "Train", "States": {"Train": {"Type": "Wait", "Seconds": 3600, "End": True}}}
+    return str(
+        sfn().create_state_machine(
+            name=name,
+            definition=json.dumps(definition),
+            roleArn="arn:aws:iam::123456789012:role/lustrain-test-states",
+        )["stateMachineArn"]
+    )

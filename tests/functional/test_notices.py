@@ -19,7 +19,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from infra_support import REGION, invoke, register
+from infra_support import REGION, invoke, register, sfn, state_machine
 from lustrain_core import clients
 from lustrain_core.steps import records
 
@@ -57,19 +57,6 @@ def millis(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def sfn() -> Any:
-    return boto3.client("stepfunctions", region_name=REGION)
-
-
-def state_machine(name: str) -> str:
-    definition = {"StartAt": "Train", "States": {"Train": {"Type": "Wait", "Seconds": 3600, "End": True}}}
-    return str(
-        sfn().create_state_machine(
-            name=name,
-            definition=json.dumps(definition),
-            roleArn="arn:aws:iam::123456789012:role/lustrain-test-states",
-        )["stateMachineArn"]
-    )
 
 
 @pytest.fixture

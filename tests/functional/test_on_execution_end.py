@@ -17,7 +17,17 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, prepare_spec, register
+from infra_support import (
+    REGION,
+    MinuteLeft,
+    count_of_job,
+    invoke,
+    job_record,
+    prepare_spec,
+    register,
+    sfn,
+    state_machine,
+)
 from lustrain_core import clients
 from lustrain_core.errors import EventInvalid
 
@@ -42,19 +52,6 @@ def _fast(monkeypatch):
     twin_fsx.configure(polls=1)
 
 
-def sfn():
-    return boto3.client("stepfunctions", region_name=REGION)
-
-
-def state_machine(name: str) -> str:
-    definition = {"StartAt": "Train", "States": {"Train": {"Type": "Wait", "Seconds": 3600, "End": True}}}
-    return str(
-        sfn().create_state_machine(
-            name=name,
-            definition=json.dumps(definition),
-            roleArn="arn:aws:iam::123456789012:role/lustrain-test-states",
-        )["stateMachineArn"]
-    )
 
 
 @pytest.fixture
