@@ -89,10 +89,20 @@ def execution_change(status: str, name: str, machine: str = MACHINE, **detail: A
     }
 
 
+def started(name: str, machine: str = MACHINE, given: str = "{}") -> dict[str, Any]:
+    """Start the execution with the input `given`: the RUNNING event Step Functions puts on the bus for it, its start
+    time DescribeExecution's."""
+    sfn().start_execution(stateMachineArn=machine, name=name, input=given)
+    began = sfn().describe_execution(executionArn=execution_arn(machine, name))["startDate"]
+    return execution_change("RUNNING", name, machine, startDate=millis(began), input=given)
+
+
 def stopped(name: str, machine: str = MACHINE, **reason: str) -> dict[str, Any]:
-    """Start the execution and stop it (StopExecution with `reason`): the ABORTED event Step Functions puts on the
-    bus for it, its stop time DescribeExecution's."""
-    sfn().start_execution(stateMachineArn=machine, name=name, input="{}")
+    """Start the execution (unless it runs) and stop it (StopExecution with `reason`): the ABORTED event Step
+    Functions puts on the bus for it, its stop time DescribeExecution's."""
+    running = {e["name"] for e in sfn().list_executions(stateMachineArn=machine)["executions"]}
+    if name not in running:
+        sfn().start_execution(stateMachineArn=machine, name=name, input="{}")
     sfn().stop_execution(executionArn=execution_arn(machine, name), **reason)
     ended = sfn().describe_execution(executionArn=execution_arn(machine, name))
     return execution_change("ABORTED", name, machine, stopDate=millis(ended["stopDate"]), **reason)
@@ -183,7 +193,7 @@ def every_moment(job_id: str) -> list[dict[str, Any]]:
     sagemaker_ended(f"{job_id}-1", "Failed", "CapacityError: Unable to provision requested ML compute capacity")
     sagemaker_ended(f"{job_id}-2", "Completed")
     return [
-        execution_change("RUNNING", "run-1", input=json.dumps({"spec_s3_uri": "s3://jobs/jobs/tiny.yaml"})),
+        started("run-1", given=json.dumps({"spec_s3_uri": "s3://jobs/jobs/tiny.yaml"})),
         queue_change(job_id, "queued"),
         queue_change(job_id, "admitted"),
         training_change(
@@ -298,24 +308,25 @@ def test_a_webhook_that_keeps_failing_is_tried_three_times_and_the_run_goes_on(a
     assert '"notice_not_delivered": 1' in lines and hook.url not in lines and "127.0.0.1" not in lines
 
 
-def test_a_webhook_that_fails_once_gets_the_notice_on_the_second_try(aws, monkeypatch):
+def test_a_webhook_that_fails_once_gets_the_notice_on_the_second_try(aws, machine, monkeypatch):
     with receiver([500, 200]) as hook:
         use_webhook(monkeypatch, json.dumps({"url": hook.url, "format": "json"}))
-        result = invoke("notify", execution_change("RUNNING", "run-9"))
+        result = invoke("notify", started("run-9"))
     assert result["posted"] is True and result["chat"]["tries"] == 2
     assert [p["kind"] for p in hook.posts] == ["started", "started"]
 
 
-def test_a_refusing_webhook_is_not_tried_again_and_an_unreachable_one_is_answered(aws, monkeypatch):
+def test_a_refusing_webhook_is_not_tried_again_and_an_unreachable_one_is_answered(aws, machine, monkeypatch):
     with receiver([400]) as hook:
         use_webhook(monkeypatch, hook.url)
-        refused = invoke("notify", execution_change("RUNNING", "run-9"))
+        run = started("run-9")
+        refused = invoke("notify", run)
     assert refused["chat"] == {"kind": "started", "delivered": False, "tries": 1, "status": 400}
     from lustrain_core.steps import notices
 
     notices.forget()
     # the receiver is gone: the connection is refused, three times, and nothing is raised
-    gone = invoke("notify", execution_change("RUNNING", "run-9"))
+    gone = invoke("notify", run)
     assert gone["chat"]["delivered"] is False and gone["chat"]["tries"] == 3
     assert gone["chat"]["error"] in ("URLError", "ConnectionRefusedError")
 
@@ -327,16 +338,16 @@ def test_a_secret_that_is_no_webhook_is_reported_by_its_field_and_the_run_goes_o
     assert result["chat"]["delivered"] is False and "the secret's format" in result["chat"]["error"]
 
 
-def test_the_webhook_is_read_once_per_warm_container(aws, monkeypatch):
+def test_the_webhook_is_read_once_per_warm_container(aws, machine, monkeypatch):
     from lustrain_core.steps import notices
 
     with receiver() as hook:
         use_webhook(monkeypatch, hook.url)
-        invoke("notify", execution_change("RUNNING", "run-9"))
+        invoke("notify", started("run-9"))
         # a changed secret is not read again while the webhook answers
         secrets = boto3.client("secretsmanager", region_name=REGION)
         secrets.put_secret_value(SecretId="team/hook", SecretString="https://hooks.example.com/elsewhere")
-        invoke("notify", execution_change("RUNNING", "run-10"))
+        invoke("notify", started("run-10"))
     assert len(hook.posts) == 2 and len(notices._cache) == 1
 
 
@@ -460,6 +471,25 @@ def told(hook: Any, monkeypatch: pytest.MonkeyPatch, *events: dict[str, Any]) ->
 def refused(result: dict[str, Any], why: str) -> None:
     assert result["posted"] is False, result
     assert result["reason"].startswith("not verified: ") and why in result["reason"], result["reason"]
+
+
+def test_a_forged_start_posts_nothing_and_a_real_one_is_told_from_step_functions_own_input(aws, machine, monkeypatch):
+    """A started notice speaks for a run: an execution Step Functions does not know, or one whose start time is not
+    the event's, is not told; a real one is told with the input Step Functions holds, not the event's copy."""
+    real = started("run-real", given=json.dumps({"spec_s3_uri": "s3://jobs/jobs/tiny.yaml"}))
+    forged_input = json.dumps({"spec_s3_uri": "s3://jobs/jobs/phishing.yaml"})
+    with receiver() as hook:
+        ghost, moved, result = told(
+            hook,
+            monkeypatch,
+            execution_change("RUNNING", "run-ghost", startDate=millis(STOPPED)),
+            {**real, "detail": {**real["detail"], "startDate": 1}},
+            {**real, "detail": {**real["detail"], "input": forged_input}},
+        )
+    refused(ghost, "DescribeExecution knows no execution")
+    refused(moved, "not the execution's start")
+    assert result["posted"] is True and len(hook.posts) == 1
+    assert "tiny.yaml" in json.dumps(hook.posts[0]) and "phishing" not in json.dumps(hook.posts[0])
 
 
 @pytest.mark.parametrize("status", ENDS)

@@ -140,3 +140,33 @@ def verified_end(
             f"{_at(ended.stopDate)}: not the execution's end"
         )
     return ended
+
+
+def verified_start(detail: dict[str, Any], *, sfn: Any, settings: Settings) -> dict[str, Any] | str:
+    """DescribeExecution's answer for the start an execution event tells of, or why the event is not borne out: the
+    event must name this stack's state machine and an execution of it that Step Functions knows, started at the
+    event's start time (it may have ended since). The started notice is told from this answer (its input), never
+    from the event's."""
+    try:
+        change = ExecutionStatusChange.model_validate(detail)
+        machine = own_state_machine(settings)
+    except ValidationError as exc:
+        fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+        return f"not a Step Functions execution's status change (detail {', '.join(fields)})"
+    except ValueError as exc:
+        return str(exc)
+    if change.stateMachineArn != machine or change.executionArn != records.execution_arn(machine, change.name):
+        return f"execution {change.executionArn} is not an execution of this stack's state machine ({machine})"
+    try:
+        described: dict[str, Any] = sfn.describe_execution(executionArn=change.executionArn)
+    except ClientError as exc:
+        if error_code(exc) in NO_EXECUTION:
+            return f"DescribeExecution knows no execution {change.executionArn} ({error_code(exc)})"
+        return f"DescribeExecution of {change.executionArn} failed ({explained(exc)})"
+    started = millis(described.get("startDate"))
+    if change.startDate is None or started is None or abs(change.startDate - started) > STOP_SLACK_MS:
+        return (
+            f"the event says execution {change.name} started at {_at(change.startDate)} but DescribeExecution says "
+            f"{_at(started)}: not the execution's start"
+        )
+    return described

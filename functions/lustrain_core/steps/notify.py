@@ -357,8 +357,12 @@ def _execution_notice(
     if not isinstance(name, str) or not name:
         return "the execution change names no execution"
     if status == "RUNNING":
+        described = executions.verified_start(detail, sfn=sfn, settings=settings)
+        if isinstance(described, str):
+            return NOT_VERIFIED + described
+        # the input Step Functions holds, not the event's copy of it
         try:
-            started_with = json.loads(detail.get("input") or "null")
+            started_with = json.loads(described.get("input") or "null")
         except (TypeError, json.JSONDecodeError):
             started_with = None
         return notices.started(name, _started_from(_object(started_with)), settings)
