@@ -149,3 +149,17 @@ def test_a_one_team_stack_takes_a_spec_anywhere_under_jobs(aws):
         found = records.get(boto3.client("dynamodb", region_name=REGION), aws.jobs_table, job["job_id"])
         assert found is not None and found.team == "default"
     assert job_step.team_of(job_step.parse_start({"execution": "e", "input": {"spec": {}}}), aws) == "default"
+
+
+def test_a_run_recorded_before_teams_is_not_resumed_where_no_job_may_read_it(teams):
+    """A run whose checkpoints lie outside the team's folders (recorded before the stack had teams) is refused at
+    registration, naming where a job may read, rather than failing its job with AccessDenied after all is built."""
+    old = "tiny-0a1b2c3d"
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    launch = {"checkpoint_s3_uri": f"{RESULTS}tiny/{old}/checkpoints/"}
+    records.put_new(ddb, teams.jobs_table, records.JobRecord(job_id=old, team="vision", launch=launch))
+    doc = of_team("vision", checkpoints={"resume_from": old})
+    with pytest.raises(SpecInvalid) as refused:
+        invoke("register_job", {"execution": "late", "input": {"spec": doc, "team": "vision"}})
+    assert [e.path for e in refused.value.errors] == ["checkpoints.resume_from"]
+    assert f"outside team vision's folders ({RESULTS}vision/)" in refused.value.errors[0].message

@@ -315,6 +315,15 @@ def find_resume(
             "runs (its job id, or an s3:// prefix in its checkpoints folder)",
         )
     base = earlier.checkpoint_s3_uri
+    folders = Policy.for_stack(settings).team_folders(team)
+    if folders and not any(base.startswith(folder) for folder in folders):
+        # a run recorded before the stack had teams: its checkpoints lie where no job's role of a team may read
+        raise SpecInvalid.one(
+            field,
+            ref,
+            f"its checkpoints ({base}) lie outside team {team}'s folders ({', '.join(folders)}), where a run's job "
+            f"may read them: copy them to <folder>{earlier.job_id}/checkpoints/ of a run of your team and name that",
+        )
     prefix = ref if ref.startswith("s3://") else base
     prefix = prefix if prefix.endswith("/") else prefix + "/"
     steps = []
