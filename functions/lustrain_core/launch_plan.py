@@ -53,6 +53,8 @@ PRELOAD_IMAGE_VERSION = "2.8"
 
 #: What a run's checkpoints are called under its location: <checkpoints.s3_uri or output.s3_uri>/<job id>/...
 CHECKPOINTS_DIR = "checkpoints/"
+#: the folder of a run's results output.to_filesystem exports to (output_location)
+OUTPUT_DIR = "output/"
 #: The trainer learns its run, and the run it may continue, from these (the training job's Environment).
 RUN_ID_VARIABLE = "LUSTRAIN_RUN_ID"
 RESUME_FROM_VARIABLE = "LUSTRAIN_RESUME_FROM"
@@ -328,6 +330,13 @@ def instances_of(spec: JobSpec) -> Instances:
     )
 
 
+def output_location(spec: JobSpec, job_id: str) -> str:
+    """Where output.to_filesystem's files reach S3: <output.s3_uri>/<job id>/output/, the run's own folder (never the
+    team's folder itself, where FSx's export, which no job's role limits, would write beside other runs' folders),
+    beside its checkpoints."""
+    return f"{spec.output.s3_uri.rstrip('/')}/{job_id}/{OUTPUT_DIR}"
+
+
 def checkpoint_location(spec: JobSpec, job_id: str) -> str:
     """The run's own checkpoints: <checkpoints.s3_uri or output.s3_uri>/<job id>/checkpoints/. Two runs never share
     one, so a run never resumes another's final checkpoint unless checkpoints.resume_from says so."""
@@ -548,7 +557,7 @@ def link_for(spec: JobSpec, job_id: str) -> LinkPlan:
     ckpt = _checkpoint_link(spec, job_id, mount)
     links = [Link(path=mount, s3_uri=spec.data.s3_uri, purpose="data")]
     if out is not None:
-        links.append(Link(path=out, s3_uri=spec.output.s3_uri, purpose="output"))
+        links.append(Link(path=out, s3_uri=output_location(spec, job_id), purpose="output"))
     if ckpt is not None:
         links.append(ckpt)
     scratch_at_root = (
@@ -586,14 +595,14 @@ def _checkpoint_link(spec: JobSpec, job_id: str, mount: str) -> Link | None:
     field = "checkpoints.to_filesystem"
     _check_room_beside(spec, mount, CHECKPOINT_ROOT, field, "checkpoints")
     s3_uri = checkpoint_location(spec, job_id)
-    if spec.output.to_filesystem and _s3_overlaps(s3_uri, spec.output.s3_uri):
+    if spec.output.to_filesystem and _s3_overlaps(s3_uri, output_location(spec, job_id)):
         # each DRA of a file system links its own S3 prefix (CreateDataRepositoryAssociation's API reference:
         # "a unique S3 bucket or prefix"); the output's link would hold the checkpoints' prefix inside its own
         raise SpecInvalid.one(
             field,
             True,
-            f"with output.to_filesystem the checkpoints need a prefix of their own, outside output.s3_uri "
-            f"{spec.output.s3_uri}: set checkpoints.s3_uri (for example s3://<bucket>/checkpoints/)",
+            f"with output.to_filesystem the checkpoints need a prefix of their own, outside the run's output "
+            f"{output_location(spec, job_id)}",
         )
     return Link(path=checkpoint_path(job_id), s3_uri=s3_uri, purpose="checkpoints")
 

@@ -246,26 +246,33 @@ def test_a_failed_export_keeps_the_file_system_so_the_checkpoints_are_not_lost(a
             "filesystem.mount_path",
             "writes checkpoints",
         ),
-        ({"output": {"to_filesystem": True}}, "checkpoints.to_filesystem", "outside output.s3_uri"),
+        (
+            {
+                "output": {"to_filesystem": True, "s3_uri": "s3://lustrain-test-results/x/"},
+                "checkpoints": {**ON_LUSTRE, "s3_uri": "s3://lustrain-test-results/x/run-0123abcd/output/"},
+            },
+            "checkpoints.to_filesystem",
+            "outside the run's output s3://lustrain-test-results/x/run-0123abcd/output/",
+        ),
     ],
 )
 def test_a_spec_whose_checkpoints_cannot_have_their_own_link_is_refused_naming_the_field(
     sections, field, words
 ):
-    doc = spec(checkpoints=ON_LUSTRE, **sections)
+    doc = spec(**{"checkpoints": ON_LUSTRE, **sections})
     with pytest.raises(SpecInvalid) as refused:
         link_for(validate_spec(doc), "run-0123abcd")
     (error,) = refused.value.errors
     assert error.path == field and words in error.message
 
 
-def test_output_and_checkpoints_both_on_lustre_work_with_a_checkpoint_prefix_of_their_own():
-    doc = spec(
-        checkpoints={**ON_LUSTRE, "s3_uri": "s3://lustrain-test-ckpt/runs/"}, output={"to_filesystem": True}
-    )
-    links = link_for(validate_spec(doc), "run-0123abcd")
-    assert [link.purpose for link in links.links] == ["data", "output", "checkpoints"]
-    assert links.export_paths == ["/lustrain-output/run-0123abcd", "/lustrain-checkpoints/run-0123abcd"]
+def test_output_and_checkpoints_both_on_lustre_work_each_in_the_runs_own_folder():
+    for checkpoints in ({}, {"s3_uri": "s3://lustrain-test-ckpt/runs/"}):
+        doc = spec(checkpoints={**ON_LUSTRE, **checkpoints}, output={"to_filesystem": True})
+        links = link_for(validate_spec(doc), "run-0123abcd")
+        assert [link.purpose for link in links.links] == ["data", "output", "checkpoints"]
+        assert links.export_paths == ["/lustrain-output/run-0123abcd", "/lustrain-checkpoints/run-0123abcd"]
+        assert links.links[1].s3_uri == "s3://lustrain-test-results/tiny/run-0123abcd/output/"
 
 
 def test_the_twins_export_of_a_path_under_no_link_fails_as_fsx_does(aws):

@@ -162,7 +162,7 @@ def test_output_on_the_file_system_is_linked_for_export_and_noted_for_teardown(a
     out = f"/lustrain-output/{job_id}"
     assert twin_fsx.linked_paths(fs_id) == {
         "/data": "s3://lustrain-test-data/tokens/",
-        out: "s3://lustrain-test-results/tiny/",
+        out: f"s3://lustrain-test-results/tiny/{job_id}/output/",
     }
     assert document["filesystem"]["output_directory_path"] == f"/{document['filesystem']['mount_name']}{out}"
     links = fsx().describe_data_repository_associations(

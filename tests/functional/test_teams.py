@@ -39,7 +39,9 @@ def of_team(team: str, **sections) -> dict:
 
 
 def test_a_dropped_spec_belongs_to_the_team_of_its_folder_and_carries_it_everywhere(teams):
-    job = invoke("register_job", {"execution": "v-1", "input": drop(of_team("vision"), key="jobs/vision/a.yaml")})
+    job = invoke(
+        "register_job", {"execution": "v-1", "input": drop(of_team("vision"), key="jobs/vision/a.yaml")}
+    )
     record = job_record(teams.jobs_table, job["job_id"])
     assert record["team"] == "vision"
     assert {"Key": "lustrain:team", "Value": "vision"} in record["launch"]["tags"]
@@ -71,7 +73,10 @@ def test_a_run_writes_only_its_teams_folder(teams):
     with pytest.raises(SpecForbidden) as refused:
         invoke("register_job", {"execution": "x", "input": drop(of_team("speech"), key="jobs/vision/a.yaml")})
     assert refused.value.details["field"] == "output.s3_uri"
-    assert f"{RESULTS}vision/" in str(refused.value) and f"{RESULTS}speech/" not in str(refused.value).split(":", 1)[1]
+    assert (
+        f"{RESULTS}vision/" in str(refused.value)
+        and f"{RESULTS}speech/" not in str(refused.value).split(":", 1)[1]
+    )
     assert records_in(teams.jobs_table) == []
 
 
@@ -90,7 +95,9 @@ def checkpoint_of(job_id: str, team: str, run_claimed: str, **config) -> str:
 
 
 def test_a_run_resumes_only_a_run_of_its_team_and_learns_nothing_of_another_teams(teams):
-    vision = invoke("register_job", {"execution": "v", "input": drop(of_team("vision"), key="jobs/vision/v.yaml")})
+    vision = invoke(
+        "register_job", {"execution": "v", "input": drop(of_team("vision"), key="jobs/vision/v.yaml")}
+    )
     checkpoint_of(vision["job_id"], "vision", vision["job_id"], n_layer=7)
     hyper = {"hyperparameters": {"preset": "tiny"}}
 
@@ -99,7 +106,9 @@ def test_a_run_resumes_only_a_run_of_its_team_and_learns_nothing_of_another_team
     for named in (vision["job_id"], "tiny-0badc0de"):
         doc = of_team("speech", code={**spec()["code"], **hyper}, checkpoints={"resume_from": named})
         with pytest.raises(SpecInvalid) as refused:
-            invoke("register_job", {"execution": f"s-{len(causes)}", "input": {"spec": doc, "team": "speech"}})
+            invoke(
+                "register_job", {"execution": f"s-{len(causes)}", "input": {"spec": doc, "team": "speech"}}
+            )
         assert [e.path for e in refused.value.errors] == ["checkpoints.resume_from"]
         causes.append(refused.value.errors[0].message)
     assert len(set(causes)) == 1 and "no run of team speech" in causes[0]
@@ -110,11 +119,15 @@ def test_a_run_resumes_only_a_run_of_its_team_and_learns_nothing_of_another_team
     with pytest.raises(SpecForbidden) as forbidden:
         invoke("register_job", {"execution": "s-uri", "input": {"spec": doc, "team": "speech"}})
     assert forbidden.value.details["field"] == "checkpoints.resume_from"
-    assert f"use a location under {RESULTS}speech/" in str(forbidden.value) and "n_layer" not in str(forbidden.value)
+    assert f"use a location under {RESULTS}speech/" in str(forbidden.value) and "n_layer" not in str(
+        forbidden.value
+    )
     assert len(records_in(teams.jobs_table)) == 1  # vision's run alone: no refusal recorded anything
 
     # within the team, the resume tag is the record's run id, whatever the manifest claims
-    other = invoke("register_job", {"execution": "v2", "input": drop(of_team("vision"), key="jobs/vision/w.yaml")})
+    other = invoke(
+        "register_job", {"execution": "v2", "input": drop(of_team("vision"), key="jobs/vision/w.yaml")}
+    )
     checkpoint_of(other["job_id"], "vision", "someone-else-0123abcd", n_layer=2)
     doc = of_team("vision", code={**spec()["code"], **hyper}, checkpoints={"resume_from": other["job_id"]})
     resumed = invoke("register_job", {"execution": "v3", "input": {"spec": doc, "team": "vision"}})
@@ -134,12 +147,18 @@ def test_a_job_reads_only_its_teams_secrets_and_never_the_chat_webhook(teams):
         doc = of_team("vision", code={**spec()["code"], "secrets": {name: arn}})
         with pytest.raises(SpecForbidden) as refused:
             invoke("register_job", {"execution": "x", "input": {"spec": doc, "team": "vision"}})
-        assert (refused.value.details["field"], refused.value.details["rule"]) == (f"code.secrets.{name}", rule)
+        assert (refused.value.details["field"], refused.value.details["rule"]) == (
+            f"code.secrets.{name}",
+            rule,
+        )
         # the refusal names what the run may use instead: its team's secrets
         assert "lustrain-test/vision/*" in str(refused.value)
     assert records_in(teams.jobs_table) == []
     doc = of_team("vision", code={**spec()["code"], "secrets": {"TOKEN": own}})
-    assert invoke("register_job", {"execution": "ok", "input": {"spec": doc, "team": "vision"}})["kind"] == "train"
+    assert (
+        invoke("register_job", {"execution": "ok", "input": {"spec": doc, "team": "vision"}})["kind"]
+        == "train"
+    )
 
 
 def test_a_one_team_stack_takes_a_spec_anywhere_under_jobs(aws):
@@ -163,3 +182,26 @@ def test_a_run_recorded_before_teams_is_not_resumed_where_no_job_may_read_it(tea
         invoke("register_job", {"execution": "late", "input": {"spec": doc, "team": "vision"}})
     assert [e.path for e in refused.value.errors] == ["checkpoints.resume_from"]
     assert f"outside team vision's folders ({RESULTS}vision/)" in refused.value.errors[0].message
+
+
+def test_a_run_reads_no_other_teams_results_as_its_data(teams):
+    """Data, code and a preparation's source under a results location lie in the run's own team's folder: FSx would
+    bring another team's checkpoints into the run's file system, which IAM does not guard."""
+    for field, sections in (
+        ("data.s3_uri", {"data": {"s3_uri": f"{RESULTS}speech/speech-0123abcd/checkpoints/", "size_gib": 5}}),
+        ("code.source", {"code": {**spec()["code"], "source": f"{RESULTS}speech/code/"}}),
+    ):
+        doc = {**of_team("vision"), **sections}
+        with pytest.raises(SpecForbidden) as refused:
+            invoke("register_job", {"execution": "x", "input": {"spec": doc, "team": "vision"}})
+        assert refused.value.details["field"] == field and f"{RESULTS}vision/" in str(refused.value)
+    prep = {
+        "kind": "prepare",
+        "name": "c",
+        "source": f"{RESULTS}speech/text/",
+        "output": f"{RESULTS}vision/c/",
+    }
+    with pytest.raises(SpecForbidden) as refused:
+        invoke("register_job", {"execution": "p", "input": {"spec": prep, "team": "vision"}})
+    assert refused.value.details["field"] == "source"
+    assert records_in(teams.jobs_table) == []

@@ -87,11 +87,20 @@ def test_persistent_is_always_linked_by_an_association_even_at_the_root():
 
 
 def test_output_on_the_file_system_gets_its_own_export_link_per_job():
-    links = launch_plan.link_for(
-        job_with(output={"to_filesystem": True, "expected_size_gib": 10}).spec, "gpt-0badc0de"
-    )
+    """The run's own folder, never output.s3_uri itself (a team's folder, where FSx's export, which no job's role
+    limits, would write beside, over or delete other runs' files); and beside its checkpoints' link."""
+    spec = job_with(output={"to_filesystem": True, "expected_size_gib": 10}).spec
+    links = launch_plan.link_for(spec, "gpt-0badc0de")
     assert links.output_path == "/lustrain-output/gpt-0badc0de"
-    assert launch_plan.Link(path="/lustrain-output/gpt-0badc0de", s3_uri="s3://results/gpt/", purpose="output") in links.dra_links
+    output = launch_plan.Link(
+        path="/lustrain-output/gpt-0badc0de", s3_uri="s3://results/gpt/gpt-0badc0de/output/", purpose="output"
+    )
+    assert output in links.dra_links
+    both = launch_plan.link_for(job_with(output={"to_filesystem": True}, checkpoints={"to_filesystem": True}).spec, "j-1")
+    assert {link.s3_uri for link in both.dra_links if link.purpose != "data"} == {
+        "s3://results/gpt/j-1/output/",
+        "s3://results/gpt/j-1/checkpoints/",
+    }
 
 
 def test_output_on_the_file_system_with_data_at_the_root_is_refused_at_mount_path():

@@ -94,6 +94,8 @@ def millis(moment: Any) -> int | None:
 #: how far the event's stop time may be from DescribeExecution's: the event gives epoch milliseconds, botocore a
 #: datetime (its float seconds may lose the last millisecond on the way)
 STOP_SLACK_MS = 1000
+
+
 def _at(millis: int | None) -> str:
     if millis is None:
         return "no time"
@@ -104,9 +106,7 @@ def _at(millis: int | None) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def verified_end(
-    detail: dict[str, Any], *, sfn: Any, settings: Settings
-) -> ExecutionStatusChange | str:
+def verified_end(detail: dict[str, Any], *, sfn: Any, settings: Settings) -> ExecutionStatusChange | str:
     """The end an execution event tells of, as Step Functions bears it out, or why it does not: what notify (the
     chat notice) and the MLflow logging (steps/tracking.py) act on.
 
@@ -155,8 +155,12 @@ def verified_start(detail: dict[str, Any], *, sfn: Any, settings: Settings) -> d
         return f"not a Step Functions execution's status change (detail {', '.join(fields)})"
     except ValueError as exc:
         return str(exc)
-    if change.stateMachineArn != machine or change.executionArn != records.execution_arn(machine, change.name):
-        return f"execution {change.executionArn} is not an execution of this stack's state machine ({machine})"
+    if change.stateMachineArn != machine or change.executionArn != records.execution_arn(
+        machine, change.name
+    ):
+        return (
+            f"execution {change.executionArn} is not an execution of this stack's state machine ({machine})"
+        )
     try:
         described: dict[str, Any] = sfn.describe_execution(executionArn=change.executionArn)
     except ClientError as exc:

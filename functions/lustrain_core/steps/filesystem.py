@@ -28,8 +28,9 @@ mount_path "/" cannot be combined with output.to_filesystem (SpecInvalid at file
 
 Output on the file system (output.to_filesystem)
 ------------------------------------------------
-The job writes under OUTPUT_ROOT/<job id> (`output_path`), linked by a second DRA to output.s3_uri with
-AutoExport (NEW, CHANGED, DELETED). The job record notes `export_on_teardown`, and teardown runs an
+The job writes under OUTPUT_ROOT/<job id> (`output_path`), linked by a second DRA to the run's own
+<output.s3_uri><job id>/output/ (launch_plan.output_location: never the team's folder itself, where FSx's export,
+which no job's role limits, would reach other runs' files) with AutoExport (NEW, CHANGED, DELETED). The job record notes `export_on_teardown`, and teardown runs an
 EXPORT_TO_REPOSITORY task over that path and waits for it before anything is deleted.
 
 Checkpoints on the file system (checkpoints.to_filesystem)

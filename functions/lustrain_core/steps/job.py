@@ -316,7 +316,7 @@ def find_resume(
         )
     base = earlier.checkpoint_s3_uri
     folders = Policy.for_stack(settings).team_folders(team)
-    if folders and not any(base.startswith(folder) for folder in folders):
+    if folders and base not in {f"{folder}{earlier.job_id}/{launch_plan.CHECKPOINTS_DIR}" for folder in folders}:
         # a run recorded before the stack had teams: its checkpoints lie where no job's role of a team may read
         raise SpecInvalid.one(
             field,

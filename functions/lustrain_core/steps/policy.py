@@ -140,6 +140,10 @@ class Policy:
         """The rules a spec alone decides for a run of `team`; run before anything is measured or created."""
         self._not_reserved(spec)
         self._under(spec.data.s3_uri, self.data_prefixes, "data.s3_uri", DATA_PREFIXES, "data")
+        read = [("data.s3_uri", spec.data.s3_uri)]
+        if spec.code.source.startswith("s3://"):
+            read.append(("code.source", spec.code.source))
+        self._no_other_teams(read, team)
         self._in_team_folder(spec.output.s3_uri, "output.s3_uri", team)
         self._in_team_folder(spec.checkpoints_base, "checkpoints.s3_uri", team)
         resume = spec.checkpoints.resume_from
@@ -212,6 +216,21 @@ class Policy:
         """The secrets a job of `team` may read: the stack's list with the team in place of its policy variable."""
         return tuple(allowed.replace(TEAM_VARIABLE, team) for allowed in self.secrets)
 
+    def _no_other_teams(self, located: list[tuple[str, str]], team: str) -> None:
+        """What a run reads (its data, code, a preparation's source and tokenizer) lies in no other team's folder of
+        a results location: FSx would bring another team's checkpoints or model into the run's file system, which
+        IAM does not guard, and a preparation's role would be granted them."""
+        for field, uri in located:
+            for prefix in self.output_prefixes:
+                rest = _prefix(uri)[len(_prefix(prefix)) :] if _prefix(uri).startswith(_prefix(prefix)) else None
+                if rest is not None and rest.split("/", 1)[0] != team:
+                    raise SpecForbidden(
+                        f"{field} {uri} lies in a results location outside team {team}'s folder "
+                        f"({team_folder(prefix, team)}): a run reads only its own team's results",
+                        rule=OUTPUT_PREFIXES,
+                        field=field,
+                    )
+
     def _in_team_folder(self, uri: str, field: str, team: str) -> None:
         """A run's results location is exactly its team's folder of an allowed output location."""
         folders = self.team_folders(team)
@@ -246,6 +265,7 @@ class Policy:
         self._under(spec.source, self.data_prefixes, "source", DATA_PREFIXES, "data")
         if spec.tokenizer.startswith("s3://"):
             self._under(spec.tokenizer, self.data_prefixes, "tokenizer", DATA_PREFIXES, "data")
+        self._no_other_teams([(field, uri) for field, uri in located if field != "output"], team)
         self._prepare_output(spec, team)
         if self.instance_types and spec.instance_type not in self.instance_types:
             raise SpecForbidden(
