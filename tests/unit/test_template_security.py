@@ -628,6 +628,14 @@ def test_the_training_role_reads_only_the_secrets_register_job_allows(given, all
     }
 
 
+def test_every_function_knows_the_stacks_teams():
+    """register_job decides a run's team and create_filesystem checks a reused file system's: both read the teams
+    from the one setting every function has (a function without it would see the default team alone)."""
+    globals_env = TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
+    assert globals_env["LUSTRAIN_TEAMS"] == {"Fn::Join": [",", {"Ref": "Teams"}]}
+    assert all("LUSTRAIN_TEAMS" not in function_env(lid) for lid in ("RegisterJobFunction", "CreateFilesystemFunction"))
+
+
 def test_no_training_job_reads_the_notice_webhook_whatever_the_secrets_lists_say():
     """The chat webhook posts under the stack's name: the training role is denied it outright (a Deny beats any
     AllowedSecrets an operator writes), wherever a webhook is named."""
