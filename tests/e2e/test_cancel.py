@@ -64,10 +64,12 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         jobs = {spec.name: until(lambda s=spec: training(sagemaker, s.name), f"{spec.name} training", 240)
                 for spec in (by_cli, bare)}
 
-        # `lustrain watch`, as the Python API has it, follows the first run until it ends
+        # `lustrain watch`, as the Python API has it, follows the first run until it ends: its record's end, which
+        # the teardown writes (the test waits for the teardown below; the watch's own bound is only a backstop, long
+        # enough for a busy machine: a shorter one ended the watch at the execution's ABORTED before the record's end)
         watched: list[operate.RunStatus] = []
         watcher = threading.Thread(
-            target=lambda: watched.extend(operate.watch(ours, "by-cli", poll_s=0.5, timeout_s=120)), daemon=True
+            target=lambda: watched.extend(operate.watch(ours, "by-cli", poll_s=0.5, timeout_s=900)), daemon=True
         )
         watcher.start()
         until(lambda: watched or None, "a first look from watch")
