@@ -16,6 +16,17 @@ from lustrain_core.steps import quota
 
 P4D = "ml.p4d.24xlarge for training job usage"
 P4D_SPOT = "ml.p4d.24xlarge for spot training job usage"
+ACROSS_ALL = "Number of instances across all training jobs"
+PER_JOB = "Maximum number of instances per training job"
+LONGEST_RUN = "Longest run time for a training job"
+#: the account-wide quotas of an account that raised them well beyond the type's
+ROOMY = {
+    ACROSS_ALL: 100.0,
+    "Number of instances across all spot training jobs": 100.0,
+    PER_JOB: 100.0,
+    "Maximum number of instances per spot training job": 100.0,
+    LONGEST_RUN: 2_419_200.0,
+}
 
 
 def error(code: str, operation: str) -> ClientError:
@@ -76,7 +87,9 @@ class FakeSageMaker:
         fake = self
 
         class Paginator:
-            def paginate(self, StatusEquals: str | None = None, WarmPoolStatusEquals: str | None = None) -> Any:
+            def paginate(
+                self, StatusEquals: str | None = None, WarmPoolStatusEquals: str | None = None
+            ) -> Any:
                 def listed(job: dict[str, Any]) -> bool:
                     if WarmPoolStatusEquals is not None:
                         return (job.get("WarmPoolStatus") or {}).get("Status") == WarmPoolStatusEquals
@@ -103,8 +116,8 @@ def training(
     }
 
 
-def document(count: int = 2, spot: bool = False) -> dict[str, Any]:
-    compute: dict[str, Any] = {"instance_count": count, "spot": spot}
+def document(count: int = 2, spot: bool = False, hours: float = 24) -> dict[str, Any]:
+    compute: dict[str, Any] = {"instance_count": count, "spot": spot, "max_runtime_hours": hours}
     if spot:
         compute["max_wait_hours"] = 48
     spec = validate_spec(
@@ -132,7 +145,7 @@ def run(
 
 
 def test_the_quota_is_found_by_name_on_a_later_page_whatever_its_code():
-    quotas = FakeQuotas(applied={P4D: 8}, defaults={P4D: 0})
+    quotas = FakeQuotas(applied={P4D: 8}, defaults={P4D: 0, **ROOMY})
     result = run(document(), quotas)
     assert result == {
         "quota_code": quotas.codes[P4D],
@@ -221,3 +234,104 @@ def test_an_instance_type_without_a_quota_is_refused_at_compute_instance_type():
         run(document(), quotas)
     assert [e.path for e in exc.value.errors] == ["compute.instance_type"]
     assert P4D in exc.value.message and "eu-west-1" in exc.value.message
+
+
+def refused(quotas: FakeQuotas, doc: dict[str, Any], jobs: list[dict[str, Any]] = ()) -> QuotaExceeded:
+    with pytest.raises(QuotaExceeded) as exc:
+        run(doc, quotas, jobs)
+    return exc.value
+
+
+def test_the_account_wide_instance_quota_binds_counting_every_types_jobs_and_warm_pools():
+    quotas = FakeQuotas(applied={P4D: 8, ACROSS_ALL: 6}, defaults=ROOMY)
+    jobs = [
+        training("g5", "ml.g5.48xlarge", 2),
+        {
+            **training("pool", "ml.g5.2xlarge", 1, status="Completed"),
+            "WarmPoolStatus": {"Status": "Available"},
+        },
+        training("spot", "ml.g5.48xlarge", 5, spot=True),  # spot jobs count against the spot quota
+        training("old", "ml.g5.48xlarge", 5, status="Completed"),
+    ]
+    error = refused(quotas, document(count=4), jobs)
+    code = quotas.codes[ACROSS_ALL]
+    assert (
+        f"4 x ml.p4d.24xlarge requested, 3 of every type in use by running training jobs and warm pools, "
+        f"quota 6 ({ACROSS_ALL}, {code}) in eu-west-1: 3 free"
+    ) in error.message
+    assert f"--quota-code {code} --desired-value 7 --region eu-west-1" in error.message
+    assert (error.details["quota_name"], error.details["in_use"], error.details["available"]) == (
+        ACROSS_ALL,
+        3,
+        3,
+    )
+
+
+def test_with_room_in_both_the_types_quota_is_the_one_named():
+    quotas = FakeQuotas(applied={P4D: 8, ACROSS_ALL: 50}, defaults=ROOMY)
+    result = run(document(count=4), quotas, [training("g5", "ml.g5.48xlarge", 2)])
+    assert (result["quota_name"], result["available"]) == (P4D, 8)
+
+
+def test_more_instances_than_the_whole_account_wide_quota_can_never_fit():
+    quotas = FakeQuotas(applied={P4D: 8, ACROSS_ALL: 4}, defaults=ROOMY)
+    measured = quota.measure(
+        Job.from_document(document(count=6)),
+        quotas=quotas,
+        sagemaker=FakeSageMaker([]),
+        settings=Settings(region="eu-west-1"),
+    )
+    assert measured["quota_name"] == ACROSS_ALL and not quota.fits_ever(measured)
+
+
+def test_more_instances_than_one_job_may_have_are_refused_at_once_naming_the_quota():
+    quotas = FakeQuotas(applied={P4D: 64, PER_JOB: 20}, defaults=ROOMY)
+    doc = document(count=50)
+    measured = quota.measure(
+        Job.from_document(doc),
+        quotas=quotas,
+        sagemaker=FakeSageMaker([]),
+        settings=Settings(region="eu-west-1"),
+    )
+    assert not quota.fits_ever(measured)
+    error = refused(quotas, doc)
+    code = quotas.codes[PER_JOB]
+    assert (
+        f"50 x ml.p4d.24xlarge requested in one training job, above the quota 20 ({PER_JOB}, {code}) in eu-west-1"
+    ) in error.message
+    assert f"--quota-code {code} --desired-value 50 --region eu-west-1" in error.message
+
+
+def test_a_run_longer_than_the_longest_run_time_is_refused_with_the_field_and_the_command():
+    quotas = FakeQuotas(applied={P4D: 8}, defaults={**ROOMY, LONGEST_RUN: 432_000.0})
+    doc = document(hours=168)
+    measured = quota.measure(
+        Job.from_document(doc),
+        quotas=quotas,
+        sagemaker=FakeSageMaker([]),
+        settings=Settings(region="eu-west-1"),
+    )
+    assert not quota.fits_ever(measured)
+    error = refused(quotas, doc)
+    code = quotas.codes[LONGEST_RUN]
+    assert (
+        "compute.max_runtime_hours=168 asks for a MaxRuntimeInSeconds of 604800, above the quota 432000 "
+        f"({LONGEST_RUN}, {code}) in eu-west-1 (seconds: 120 h)"
+    ) in error.message
+    assert "Set compute.max_runtime_hours to at most 120" in error.message
+    assert f"--quota-code {code} --desired-value 604800 --region eu-west-1" in error.message
+
+
+def test_a_spot_run_is_measured_against_the_spot_account_wide_quotas():
+    spot_all = "Number of instances across all spot training jobs"
+    quotas = FakeQuotas(applied={P4D_SPOT: 8, spot_all: 3}, defaults=ROOMY)
+    # on-demand jobs and warm pools count against the on-demand quotas only
+    jobs = [training("od", "ml.g5.48xlarge", 40), training("s", "ml.g5.48xlarge", 1, spot=True)]
+    error = refused(quotas, document(count=4, spot=True), jobs)
+    assert (error.details["quota_name"], error.details["in_use"]) == (spot_all, 1)
+
+
+def test_account_wide_quotas_the_account_does_not_list_are_named_unchecked():
+    quotas = FakeQuotas(applied={P4D: 8}, defaults={PER_JOB: 20})
+    result = run(document(), quotas)
+    assert result["unchecked"] == [ACROSS_ALL, LONGEST_RUN]

@@ -10,6 +10,20 @@ default): `check_warm_pool` refuses it at once otherwise. The capacity queue (st
 measures with it and admits a run when its instances fit; a refusal (QuotaExceeded) carries the numbers and the
 command that asks for more; with LUSTRAIN_REQUEST_QUOTA_INCREASE=true the request is filed too, and the error says
 so.
+
+The account-wide quotas of SageMaker training are measured too, by name like the type's (AWS General Reference,
+"Amazon SageMaker AI endpoints and quotas"; the Service Quotas console): "Number of instances across all training
+jobs" (spot: "... across all spot training jobs"), against the instances of every type that InProgress and Stopping
+jobs of the same kind hold and, for on-demand, that Available warm pools keep (ListTrainingJobs with StatusEquals and
+WarmPoolStatusEquals, then DescribeTrainingJob for the counts, which the listing's summaries lack); "Maximum number of
+instances per training job" (spot: "... per spot training job"), against compute.instance_count; and "Longest run
+time for a training job" (seconds; 432,000 by default), against the job's MaxRuntimeInSeconds. The quota that binds
+is the one the answer names: a run the per-job or run-time quota can never admit, or more instances than a quota's
+whole value, is refused at once; otherwise the run waits in the queue for the quota with the fewest instances free.
+The queue's holds are those of the run's own line (its type and kind): instances promised to runs of other types
+are not counted against the account-wide quota, and SageMaker's ResourceLimitExceeded sends such a run back to the
+line. An account-wide quota that Service Quotas does not list for the account is named in the answer's `unchecked`.
+Jobs on a training plan's reserved instances are left out of every count, as of the type's.
 """
 
 from __future__ import annotations
@@ -27,15 +41,38 @@ from lustrain_core.steps import warm_pool
 SERVICE_CODE = "sagemaker"
 REQUEST_INCREASE = "LUSTRAIN_REQUEST_QUOTA_INCREASE"
 
+#: The account-wide quotas of SageMaker training, by purchase option (spot = True), named as Service Quotas lists them
+#: for ServiceCode sagemaker (AWS General Reference, "Amazon SageMaker AI endpoints and quotas")
+ACROSS_ALL = {
+    False: "Number of instances across all training jobs",
+    True: "Number of instances across all spot training jobs",
+}
+PER_JOB = {
+    False: "Maximum number of instances per training job",
+    True: "Maximum number of instances per spot training job",
+}
+#: in seconds (AWS's default 432,000: 5 days), for on-demand and spot jobs alike
+LONGEST_RUN = "Longest run time for a training job"
+
 
 def find_quota(quotas: Any, name: str) -> dict[str, Any] | None:
     """The quota with this name: the account's list first, then AWS's defaults (an account may list neither)."""
+    return find_quotas(quotas, [name]).get(name)
+
+
+def find_quotas(quotas: Any, names: list[str]) -> dict[str, dict[str, Any]]:
+    """The quotas with these names that Service Quotas lists, each found as `find_quota` finds it; the listings
+    (hundreds of SageMaker quotas, in pages) are read once for all of them, and no further than the last found."""
+    found: dict[str, dict[str, Any]] = {}
     for operation in ("list_service_quotas", "list_aws_default_service_quotas"):
         for page in quotas.get_paginator(operation).paginate(ServiceCode=SERVICE_CODE):
             for quota in page.get("Quotas", []):
-                if quota.get("QuotaName") == name:
-                    return dict(quota)
-    return None
+                name = quota.get("QuotaName")
+                if name in names and name not in found:
+                    found[name] = dict(quota)
+            if len(found) == len(set(names)):
+                return found
+    return found
 
 
 def quota_value(quotas: Any, code: str) -> float:
@@ -53,39 +90,40 @@ def quota_value(quotas: Any, code: str) -> float:
 HOLDING_STATUSES = ("InProgress", "Stopping")
 
 
-def instances_in_use(sagemaker: Any, instance_type: str, spot: bool) -> int:
-    """Instances of the type held by InProgress and Stopping training jobs that count against the same quota."""
-    used = 0
+def holding_jobs(sagemaker: Any) -> list[dict[str, Any]]:
+    """DescribeTrainingJob of every InProgress and Stopping job, less those on a training plan's reserved instances
+    (steps/training_plans.py), which count against no quota here."""
+    jobs: list[dict[str, Any]] = []
     for status in HOLDING_STATUSES:
         for page in sagemaker.get_paginator("list_training_jobs").paginate(StatusEquals=status):
             for summary in page.get("TrainingJobSummaries", []):
                 job = sagemaker.describe_training_job(TrainingJobName=summary["TrainingJobName"])
-                if bool(job.get("EnableManagedSpotTraining")) != spot:
-                    continue
-                resources = job.get("ResourceConfig", {})
-                if resources.get("TrainingPlanArn"):
-                    continue  # on a training plan's reserved instances (steps/training_plans.py)
-                if resources.get("InstanceType") == instance_type:
-                    used += int(resources.get("InstanceCount", 0))
-                for group in resources.get("InstanceGroups", []):
-                    if group.get("InstanceType") == instance_type:
-                        used += int(group.get("InstanceCount", 0))
-    return used
+                if not job.get("ResourceConfig", {}).get("TrainingPlanArn"):
+                    jobs.append(job)
+    return jobs
 
 
-def instances_in_warm_pools(sagemaker: Any, instance_type: str) -> int:
-    """Instances of the type kept in Available warm pools: they count against the training quota too ("All warm
-    pool instance usage counts toward your SageMaker training resource limit")."""
-    kept = 0
+def pooled_jobs(sagemaker: Any) -> list[dict[str, Any]]:
+    """DescribeTrainingJob of every job whose warm pool is Available."""
+    jobs: list[dict[str, Any]] = []
     for page in sagemaker.get_paginator("list_training_jobs").paginate(WarmPoolStatusEquals="Available"):
         for summary in page.get("TrainingJobSummaries", []):
             job = sagemaker.describe_training_job(TrainingJobName=summary["TrainingJobName"])
-            if (job.get("WarmPoolStatus") or {}).get("Status") != "Available":
-                continue
-            resources = job.get("ResourceConfig", {})
-            if resources.get("InstanceType") == instance_type:
-                kept += int(resources.get("InstanceCount", 0))
-    return kept
+            if (job.get("WarmPoolStatus") or {}).get("Status") == "Available":
+                jobs.append(job)
+    return jobs
+
+
+def instance_count(job: dict[str, Any], instance_type: str | None = None) -> int:
+    """The instances a described job holds: of `instance_type`, or of every type (None), its instance groups
+    included."""
+    resources = job.get("ResourceConfig", {})
+    groups = [resources, *resources.get("InstanceGroups", [])]
+    return sum(
+        int(group.get("InstanceCount", 0))
+        for group in groups
+        if group.get("InstanceType") and (instance_type is None or group.get("InstanceType") == instance_type)
+    )
 
 
 def increase_command(code: str, desired: int, region: str) -> str:
@@ -115,32 +153,71 @@ def measure(
     """The quota the run counts against, what running jobs and on-demand warm pools use of it (and `held`:
     instances the capacity queue has promised to runs whose jobs do not exist yet; `reusable`: instances of a warm
     pool the run will take over, which move to it rather than add to it), what the run asks for and what is left
-    for it."""
+    for it: of the type's quota and the account-wide ones, the one that binds (the module's docstring)."""
     compute = job.spec.compute
     name = job.launch.quota.name
-    quota = find_quota(quotas, name)
-    if quota is None:
+    account_wide = [ACROSS_ALL[compute.spot], PER_JOB[compute.spot], LONGEST_RUN]
+    found = find_quotas(quotas, [name, *account_wide])
+    if name not in found:
         raise SpecInvalid.one(
             "compute.instance_type",
             compute.instance_type,
             f"SageMaker in {settings.region} has no quota named {name!r}: the instance type is not offered for "
             "training here (check the type and the region)",
         )
-    code = str(quota["QuotaCode"])
-    limit = quota_value(quotas, code)
-    in_use = instances_in_use(sagemaker, compute.instance_type, compute.spot)
+
+    def numbers(quota_name: str, in_use: int, requested: int, taken: int, **extra: Any) -> dict[str, Any]:
+        code = str(found[quota_name]["QuotaCode"])
+        limit = quota_value(quotas, code)
+        return {
+            "quota_code": code,
+            "quota_name": quota_name,
+            "limit": limit,
+            "in_use": in_use,
+            "held": taken,
+            "requested": requested,
+            "available": max(0, math.floor(limit) - in_use - taken),
+            **extra,
+        }
+
+    unchecked = [n for n in account_wide if n not in found]
+    extra: dict[str, Any] = {"unchecked": unchecked} if unchecked else {}
+    # what no wait can change: the job's own size and length
+    if PER_JOB[compute.spot] in found:
+        per_job = numbers(PER_JOB[compute.spot], 0, compute.instance_count, 0, **extra)
+        if not fits_ever(per_job):
+            return per_job
+    if LONGEST_RUN in found:
+        runtime = numbers(LONGEST_RUN, 0, job.launch.max_runtime_seconds, 0, unit="seconds", **extra)
+        if not fits_ever(runtime):
+            return runtime
+
+    jobs = [j for j in holding_jobs(sagemaker) if bool(j.get("EnableManagedSpotTraining")) == compute.spot]
+    type_in_use = sum(instance_count(j, compute.instance_type) for j in jobs)
+    all_in_use = sum(instance_count(j) for j in jobs)
     if not compute.spot:
-        # spot jobs keep no warm pools, and count against a quota of their own
-        in_use += max(0, instances_in_warm_pools(sagemaker, compute.instance_type) - reusable)
-    return {
-        "quota_code": code,
-        "quota_name": name,
-        "limit": limit,
-        "in_use": in_use,
-        "held": held,
-        "requested": compute.instance_count,
-        "available": max(0, math.floor(limit) - in_use - held),
-    }
+        # spot jobs keep no warm pools, and count against quotas of their own
+        pools = pooled_jobs(sagemaker)
+        type_in_use += max(0, instances_in_pools(pools, compute.instance_type) - reusable)
+        all_in_use += max(0, instances_in_pools(pools, None) - reusable)
+    candidates = [numbers(name, type_in_use, compute.instance_count, held, **extra)]
+    if ACROSS_ALL[compute.spot] in found:
+        candidates.append(
+            numbers(ACROSS_ALL[compute.spot], all_in_use, compute.instance_count, held, **extra)
+        )
+    never = [m for m in candidates if not fits_ever(m)]
+    # the type's quota where both leave as much
+    return never[0] if never else min(candidates, key=lambda m: int(m["available"]))
+
+
+def instances_in_pools(pools: list[dict[str, Any]], instance_type: str | None) -> int:
+    """The instances of the type (of every type: None) in these Available warm pools: they count against the training
+    quotas too ("All warm pool instance usage counts toward your SageMaker training resource limit")."""
+    return sum(
+        int(job.get("ResourceConfig", {}).get("InstanceCount", 0))
+        for job in pools
+        if instance_type is None or job.get("ResourceConfig", {}).get("InstanceType") == instance_type
+    )
 
 
 def fits_now(measured: dict[str, Any]) -> bool:
@@ -166,12 +243,29 @@ def refusal(
     )
     desired = in_use + held + requested
     promised = f", {held} promised to queued runs" if held else ""
-    message = (
-        f"{requested} x {compute.instance_type} requested, {in_use} in use by running training jobs{promised}, "
-        f"quota {limit:g} ({name}, {code}) in {settings.region}: {measured['available']} free"
-        + (f"; {why}" if why else "")
-        + f". Ask for at least {desired}: {increase_command(code, desired, settings.region)}"
-    )
+    quota = f"quota {limit:g} ({name}, {code}) in {settings.region}"
+    if measured.get("unit") == "seconds":
+        message = (
+            f"compute.max_runtime_hours={compute.max_runtime_hours:g} asks for a MaxRuntimeInSeconds of "
+            f"{requested}, above the {quota} (seconds: {limit / 3600:g} h): SageMaker refuses the job. Set "
+            f"compute.max_runtime_hours to at most {math.floor(limit) // 3600}, or ask for at least {desired}"
+        )
+    elif name in PER_JOB.values():
+        message = (
+            f"{requested} x {compute.instance_type} requested in one training job, above the {quota}: SageMaker "
+            f"refuses the job. Ask for at least {desired}"
+        )
+    else:
+        used = (
+            f"{in_use} of every type in use by running training jobs and warm pools"
+            if name in ACROSS_ALL.values()
+            else f"{in_use} in use by running training jobs"
+        )
+        message = (
+            f"{requested} x {compute.instance_type} requested, {used}{promised}, {quota}: "
+            f"{measured['available']} free" + (f"; {why}" if why else "") + f". Ask for at least {desired}"
+        )
+    message += f": {increase_command(code, desired, settings.region)}"
     filed = None
     if settings.extra.get(REQUEST_INCREASE, "").strip().lower() == "true":
         filed = _request_increase(quotas, code, desired)
