@@ -308,6 +308,8 @@ class RunStatus:
     stages: list[dict[str, Any]] = field(default_factory=list)
     #: where the run's MLflow run is (mlflow_run()), where the stack logs to MLflow
     mlflow: dict[str, Any] | None = None
+    #: the warm pools its training jobs kept and what they billed (warm_pools()); None for a run that keeps none
+    warm_pool: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -422,6 +424,58 @@ def evaluation_text(shown: dict[str, Any]) -> str:
     return f"{'final' if shown.get('final') else 'latest'}{where}: {text}"
 
 
+def warm_pools(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The warm pools the run's training jobs (oldest first) kept, as DescribeTrainingJob's WarmPoolStatus gives
+    them: each one's status, its retained billable seconds (ResourceRetainedBillableTimeInSeconds) and what SageMaker
+    bills for them ("ResourceRetainedBillableTimeInSeconds * InstanceCount", the API reference's WarmPoolStatus),
+    with the totals; None for a run whose jobs keep none. An Available pool still bills, up to its job's
+    KeepAlivePeriodInSeconds after the job's end."""
+    pools = []
+    for job in jobs:
+        status = job.get("WarmPoolStatus")
+        if not isinstance(status, dict) or not status.get("Status"):
+            continue
+        billed = int(status.get("ResourceRetainedBillableTimeInSeconds") or 0)
+        resources = job.get("ResourceConfig") or {}
+        instances = int(resources.get("InstanceCount") or 1)
+        pools.append(
+            {
+                "training_job": job["TrainingJobName"],
+                "status": status["Status"],
+                "billed_s": billed,
+                "instances": instances,
+                "billed_instance_s": billed * instances,
+                "keep_alive_s": resources.get("KeepAlivePeriodInSeconds"),
+                "reused_by": status.get("ReusedByJob"),
+            }
+        )
+    if not pools:
+        return None
+    return {
+        "pools": pools,
+        "billed_s": sum(p["billed_s"] for p in pools),
+        "billed_instance_s": sum(p["billed_instance_s"] for p in pools),
+        "available": [p["training_job"] for p in pools if p["status"] == "Available"],
+    }
+
+
+def warm_pool_text(shown: dict[str, Any]) -> str:
+    """One line of the run's warm pools, as `status` and `report` show them:
+    run-1 Terminated, 92 s billed x 2 instances = 184 instance-seconds"""
+    parts = []
+    for pool in shown["pools"]:
+        text = (
+            f"{pool['training_job']} {pool['status']}, {pool['billed_s']:,} s billed x {pool['instances']} "
+            f"instance{'s' if pool['instances'] != 1 else ''} = {pool['billed_instance_s']:,} instance-seconds"
+        )
+        if pool["status"] == "Available" and pool.get("keep_alive_s"):
+            text += f" (still billing, up to {int(pool['keep_alive_s']):,} s after the job's end)"
+        elif pool.get("reused_by"):
+            text += f" (taken over by {pool['reused_by']})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
 def processing_jobs(stack: Stack, record: JobRecord) -> list[dict[str, Any]]:
     """The stages of a data preparation run that have a processing job, in order; [] for a training run."""
     preparation = prepare.of_record(record)
@@ -445,7 +499,8 @@ def processing_jobs(stack: Stack, record: JobRecord) -> list[dict[str, Any]]:
 
 
 def status(stack: Stack, run: str, now: float | None = None, with_mlflow: bool = False) -> RunStatus:
-    """One run: its summary, the state-by-state timeline, its quota, file system, training job and last metrics;
+    """One run: its summary, the state-by-state timeline, its quota, file system, training job and last metrics,
+    the warm pools its jobs kept and their billed seconds;
     `with_mlflow`, where its MLflow run is (a call to the tracking server: `lustrain status` asks, the dashboard's
     looks and the report do not)."""
     moment = time.time() if now is None else now
@@ -503,6 +558,7 @@ def status(stack: Stack, run: str, now: float | None = None, with_mlflow: bool =
         resources_left=[dict(r) for r in record.resources],
         stages=processing_jobs(stack, record),
         mlflow=mlflow_run(stack, record) if with_mlflow else None,
+        warm_pool=warm_pools(jobs),
     )
 
 

@@ -6,7 +6,8 @@
   token is not), with the evaluation's latest or final figures (operate.evaluation) on the page;
 - speed by step, from the same lines: tokens/s per GPU and, on GPUs, MFU (model FLOPs over the GPUs' bf16 peak);
 - the states on a time line: the execution's history;
-- cost: the plan's estimate before launch against what the run has cost so far (lustrain.operate);
+- cost: the plan's estimate before launch against what the run has cost so far (lustrain.operate), and the warm
+  pools its training jobs kept with their billed seconds (operate.warm_pools);
 - file-system throughput: what the plan provisioned against what the GPUs demand (data.ingest_mb_s_per_gpu).
 
 The page and `Report.tensorboard_logdir` also say where the run's TensorBoard files are: its training jobs'
@@ -229,6 +230,8 @@ def _html(shown: operate.RunStatus, pngs: dict[str, Path], logdir: str | None = 
     cause = f"<p>{html.escape(shown.cause)}</p>" if shown.cause else ""
     if shown.evaluation:
         cause += f"<p>evaluation, {html.escape(operate.evaluation_text(shown.evaluation))}</p>"
+    if shown.warm_pool:
+        cause += f"<p>warm pool: {html.escape(operate.warm_pool_text(shown.warm_pool))}</p>"
     if logdir:
         cause += f"<p>TensorBoard: <code>tensorboard --logdir {html.escape(logdir)}</code></p>"
     return (

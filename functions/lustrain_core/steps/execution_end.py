@@ -18,8 +18,10 @@ here. Per event:
 - a run whose record is finished with nothing left (a FAILED execution whose Catch already ran the teardown) is
   left as it is;
 - any other is torn down with the state machine's own teardown (steps/teardown.py `teardown_job`): its training
-  job is stopped (the trainer checkpoints on SIGTERM) and waited for, the file system and then the network are
-  deleted once their interfaces are gone, and what the spec keeps stays. The record ends FAILED with RunCancelled
+  job is asked to stop (stop_request.py: the trainer checkpoints and exits), then stopped, and waited for, the file system and then the network are
+  deleted once their interfaces are gone, and what the spec keeps stays; a warm pool the stopped job left is ended
+  (steps/warm_pool.py: nothing bills after the run) unless a queued run of its shape takes it over. The record
+  ends FAILED with RunCancelled
   (ABORTED), RunTimedOut (TIMED_OUT) or the execution's own error, and the cause says who stopped it as far as
   the event tells: StopExecution's error and cause (`lustrain cancel` names its caller there; the console and the
   AWS CLI give none, and then CloudTrail's StopExecution record names the caller);

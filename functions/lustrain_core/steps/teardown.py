@@ -6,7 +6,10 @@ something and failed before recording it). Each one is checked before it is touc
 deleted, even if its id somehow reached the ledger. A file system the spec keeps (filesystem.keep, or its
 `lustrain:keep` tag when the job record is gone) and one the run reused (filesystem.file_system_id, never
 recorded) stay, and so does the network a kept file system lives in, or a live warm pool runs in (steps/warm_pool.py:
-the sweeper's later teardowns delete it once the pool has ended); the report lists what was kept and why.
+the sweeper's later teardowns delete it once the pool has ended); the report lists what was kept and why. A run
+that ends FAILED (a failure, a cancel, its budget, an aborted or timed-out execution) keeps no pool billing: its
+teardown ends the pool (UpdateTrainingJob, KeepAlivePeriodInSeconds 0) unless a queued run of its shape takes it
+over, and lists the ended pools in `warm_pools_ended`.
 
 Order, as AWS's dependencies dictate:
 0. training jobs (start_training records {type: training_job, id: <name>} before it creates one): one still
@@ -169,6 +172,7 @@ def teardown_job(
     ledger = [dict(r) for r in record.resources] if record is not None else []
     resources = _unique(ledger + list(found or []) + work.discover() + (work.discover_role() if preparation else []))
     problems: list[str] = []
+    ended: list[str] = []
     for entry in resources:
         if entry["type"] == TRAINING_JOB:
             problem = work.stop_training_job(entry["id"])
@@ -184,12 +188,22 @@ def teardown_job(
             f"{r['type']} {r['id']} (waits for the run's jobs)" for r in resources if r["type"] not in JOBS
         ]
     else:
-        pool = (
-            warm_pool.keep_for_pool(sagemaker, ddb, settings, job_id, record, resources)
+        verdict = (
+            warm_pool.keep_for_pool(
+                sagemaker,
+                ddb,
+                settings,
+                job_id,
+                record,
+                resources,
+                failed=status == "FAILED",
+                line=queue.pool_of(spec.compute) if spec is not None else None,
+            )
             if record is not None
-            else None
+            else warm_pool.PoolVerdict()
         )
-        problems += _delete_storage_and_network(work, resources, keep, export, pool)
+        ended = list(verdict.ended)
+        problems += _delete_storage_and_network(work, resources, keep, export, verdict.reason)
         roles = [r for r in resources if r["type"] == ROLE]
         if problems:
             # SageMaker deletes the processing instances' network interfaces with the run's role
@@ -205,7 +219,7 @@ def teardown_job(
     kept = {(r["type"], r["id"]) for r in work.report.kept}
     work.report.remaining = [r for r in left if (r["type"], r["id"]) not in kept]
     changed = (
-        bool(work.report.deleted or work.report.stopped)
+        bool(work.report.deleted or work.report.stopped or ended)
         or record is None
         or ledger != left
         or record.status != status
@@ -214,10 +228,14 @@ def teardown_job(
     # What earlier teardowns of this job deleted and stopped: a retry after a lost answer finds nothing left, and
     # its report must still say what the run's teardown did.
     earlier = record.torn_down if record is not None else {}
-    torn_down = {
+    torn_down: dict[str, Any] = {
         "deleted": _merged(earlier.get("deleted"), work.report.deleted),
         "stopped": _merged(earlier.get("stopped"), work.report.stopped),
     }
+    pools_ended = list(dict.fromkeys([*_names(earlier.get(warm_pool.ENDED)), *ended]))
+    if pools_ended:
+        # the training jobs whose warm pool a teardown of the run ended: a later sweep never offers them
+        torn_down[warm_pool.ENDED] = pools_ended
     if record is not None and changed:
         # a teardown that changed nothing (a repeat, or a sweep that found only kept resources) leaves the
         # record, and its finished_at, as they were
@@ -231,8 +249,15 @@ def teardown_job(
             torn_down=torn_down,
             error=error or None,
         )
-    # deleted/stopped: what this invocation did; torn_down: all the job's teardowns did, for the run's report
-    result = {**work.report.to_dict(), "torn_down": torn_down, "job_id": job_id, "status": status}
+    # deleted/stopped: what this invocation did; torn_down: all the job's teardowns did, for the run's report;
+    # warm_pools_ended: the training jobs whose warm pool this invocation ended (UpdateTrainingJob)
+    result = {
+        **work.report.to_dict(),
+        "warm_pools_ended": ended,
+        "torn_down": torn_down,
+        "job_id": job_id,
+        "status": status,
+    }
     if problems:
         raise TeardownIncomplete(
             f"teardown of {job_id} is not finished; still there: {'; '.join(problems)}",
@@ -241,6 +266,10 @@ def teardown_job(
             stopped=work.report.stopped,
         )
     return result
+
+
+def _names(earlier: Any) -> list[str]:
+    return [str(name) for name in earlier] if isinstance(earlier, list) else []
 
 
 def _merged(earlier: Any, now: list[dict[str, Any]]) -> list[dict[str, Any]]:

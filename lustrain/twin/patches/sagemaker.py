@@ -22,6 +22,10 @@ three of moto's SageMaker response methods and adds one:
   filters on the live status. A job that does not exist is ValidationException "Requested resource not found."
   (as AWS answers; moto says "Could not find training job ...").
 - StopTrainingJob: InProgress -> Stopping -> Stopped; the trainer gets SIGTERM and the grace period.
+- UpdateTrainingJob (moto has none) with ResourceConfig.KeepAlivePeriodInSeconds, as the warm pools guide
+  describes it: allowed once the job is complete and its pool Available; 0 terminates the pool (WarmPoolStatus
+  Terminated, its retained billable time stops). The Debugger and remote-debugging updates are refused with a
+  message saying the twin does not model them.
 """
 
 from __future__ import annotations
@@ -425,6 +429,38 @@ def stop_training_job(self: SageMakerResponse) -> EmptyResult:
     return EmptyResult()
 
 
+#: UpdateTrainingJob's members the twin does not model (SageMaker Debugger, remote debugging)
+_UNMODELLED_UPDATES = ("ProfilerConfig", "ProfilerRuleConfigurations", "RemoteDebugConfig")
+
+
+def update_training_job(self: SageMakerResponse) -> ActionResult:
+    """UpdateTrainingJob: a warm pool's KeepAlivePeriodInSeconds (0 ends the pool now)."""
+    backend = self.sagemaker_backend
+    name = str(self._get_param("TrainingJobName"))
+    unmodelled = [member for member in _UNMODELLED_UPDATES if self._get_param(member) is not None]
+    if unmodelled:
+        raise ValidationError(
+            f"the twin models only ResourceConfig.KeepAlivePeriodInSeconds of UpdateTrainingJob, not "
+            f"{', '.join(unmodelled)}"
+        )
+    resources = self._get_param("ResourceConfig")
+    if not isinstance(resources, dict) or "KeepAlivePeriodInSeconds" not in resources:
+        raise ValidationError(
+            "1 validation error detected: ResourceConfig.KeepAlivePeriodInSeconds is required to update a "
+            "training job's warm pool"
+        )
+    # its range (botocore's 0..21600) is checked with every request against the model, as AWS checks it
+    seconds = int(resources["KeepAlivePeriodInSeconds"])
+    job = _state(backend).jobs.get(name)
+    if job is None:
+        raise ValidationError(NOT_FOUND)
+    refused = job.update_keep_alive(seconds)
+    if refused:
+        raise ValidationError(refused)
+    _sync(backend.training_jobs[name], job)
+    return ActionResult({"TrainingJobArn": job.arn})
+
+
 def _list_training_jobs(original: Any, self: SageMakerModelBackend, *args: Any, **kwargs: Any) -> Any:
     state = _state(self)
     with state.lock:  # a run's CreateTrainingJob (another thread) may be adding its job meanwhile
@@ -497,6 +533,7 @@ def install() -> None:
     wrap(SageMakerModelBackend, "list_training_jobs", _list_training_jobs)
     wrap(SageMakerResponse, "list_training_jobs", _list_training_jobs_response)
     SageMakerResponse.stop_training_job = stop_training_job  # type: ignore[attr-defined]
+    SageMakerResponse.update_training_job = update_training_job  # type: ignore[attr-defined]
     SageMakerResponse.describe_training_plan = describe_training_plan  # type: ignore[attr-defined]
     simulator.connect(collaborators())
     setattr(SageMakerResponse, _PATCHED, True)

@@ -279,6 +279,34 @@ class SimulatedJob:
             self.pool_terminated_at = now()
             return True
 
+    def update_keep_alive(self, seconds: int) -> str | None:
+        """UpdateTrainingJob's ResourceConfig.KeepAlivePeriodInSeconds: why SageMaker refuses it, or None once done.
+
+        "When the training job is complete and the warm pool status is Available, then you can update the
+        KeepAlivePeriodInSeconds value"; 0 terminates the pool ("To manually terminate a warm pool, set the
+        KeepAlivePeriodInSeconds value to 0", SageMaker Developer Guide, "Use SageMaker AI managed warm pools"): it
+        shows Terminated and its ResourceRetainedBillableTimeInSeconds stops growing. Another value keeps the pool
+        that long after the job's end (one already past ends it now). DescribeTrainingJob's ResourceConfig keeps
+        the value the job was created with."""
+        with self._lock:
+            pool = self.warm_pool_status()
+            state = (pool or {}).get("Status")
+            if state != "Available":
+                held = f"its warm pool is {state}" if state else "it has no warm pool"
+                return (
+                    f"Training job {self.name} is {self.status} and {held}: KeepAlivePeriodInSeconds can be "
+                    "updated only when the training job is complete and its warm pool is Available."
+                )
+            if seconds == 0:
+                self.terminate_pool()
+                return None
+            end = self.training_end_time or now()
+            if end + timedelta(seconds=seconds * self.keep_alive_scale) <= now():
+                self.pool_terminated_at = now()  # already past: it ends now, billed until now
+            else:
+                self.keep_alive_s = seconds
+            return None
+
     def event_detail(self) -> dict[str, Any]:
         """The `detail` of the EventBridge event: the description, times as epoch-ms strings, Tags as a map."""
         detail: dict[str, Any] = _times_as_epoch_ms(self.describe())
