@@ -1,6 +1,7 @@
-"""A run on a training plan, on the twin: with no on-demand p4d quota at all, the run waits for its plan to start
-(nothing created meanwhile), is admitted against the plan's instances, builds its network in the plan's zone, starts
-its training job with TrainingPlanArn, and ends SUCCEEDED with 0 resources left."""
+"""A run on a training plan, on the twin: with no on-demand p4d quota at all, the run is admitted against the plan's
+instances while the plan is still Scheduled (its capacity starts within two days), builds its network and file system
+in the plan's zone before the capacity starts, starts its training job with TrainingPlanArn and a
+MaxRuntimeInSeconds that ends before the capacity's usable end, and ends SUCCEEDED with 0 resources left."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ QUICK = Path(__file__).with_name("quick.yaml")
 PLAN = "reserved-quick"
 
 
-def test_a_run_on_a_training_plan_waits_for_it_and_uses_its_reserved_instances_in_its_zone(tmp_path):
+def test_a_run_on_a_training_plan_is_built_while_it_is_scheduled_and_uses_its_reserved_instances(tmp_path):
     doc = yaml.safe_load(QUICK.read_text())
     doc["name"] = "planned"
     doc["compute"]["training_plan"] = PLAN
@@ -40,8 +41,8 @@ def test_a_run_on_a_training_plan_waits_for_it_and_uses_its_reserved_instances_i
     run = rehearse(
         path,
         quota=0,  # no on-demand instances: only the plan's can carry the run
-        # Scheduled when the run is registered, Active half a minute after the plan was bought
-        training_plan={"availability_zone": "us-east-1c", "instance_count": 4, "starts_in_s": 30},
+        # Scheduled when the run is registered, Active two minutes after the plan was bought
+        training_plan={"availability_zone": "us-east-1c", "instance_count": 4, "starts_in_s": 120},
         inspect=inspect,
     )
 
@@ -51,17 +52,21 @@ def test_a_run_on_a_training_plan_waits_for_it_and_uses_its_reserved_instances_i
     registered = next(o["job"] for o in outputs if isinstance(o.get("job"), dict) and "launch" in o["job"])
     assert registered["launch"]["training_plan"]["status"] == "Scheduled"
     looks = [o["quota"] for o in outputs if isinstance(o.get("quota"), dict)]
-    assert looks[0]["admitted"] is False and looks[0]["plan_status"] == "Scheduled"
-    assert looks[-1]["admitted"] is True and looks[-1]["pool"] == f"ml.p4d.24xlarge#training-plan/{PLAN}"
-    # the network was made only after the plan started
+    # admitted at once: its capacity starts within two days, so its job may wait for it Pending
+    assert looks[0]["admitted"] is True and looks[0]["plan_status"] == "Scheduled"
+    assert looks[-1]["pool"] == f"ml.p4d.24xlarge#training-plan/{PLAN}"
+    # the network was made while the plan was still Scheduled, not in its paid reserved hours
     made = next(
         e["timestamp"]
         for e in seen["history"]
         if e.get("stateEnteredEventDetails", {}).get("name") == "Create the network"
     )
-    assert made >= seen["plan"]["StartTime"]
+    assert made < seen["plan"]["StartTime"]
     network = next(o["network"] for o in outputs if isinstance(o.get("network"), dict))
     assert network["availability_zone"] == "us-east-1c"
     (job,) = seen["jobs"]
     assert job["ResourceConfig"]["TrainingPlanArn"] == seen["plan"]["TrainingPlanArn"]
-    assert seen["plan"]["AvailableInstanceCount"] == 4  # the job is done: its instances are the plan's again
+    # its StoppingCondition (which counts the wait Pending) ends 30 minutes before the capacity does
+    usable_end = seen["plan"]["ReservedCapacitySummaries"][0]["EndTime"].timestamp() - 30 * 60
+    assert job["CreationTime"].timestamp() + job["StoppingCondition"]["MaxRuntimeInSeconds"] <= usable_end + 1
+    assert seen["plan"]["InUseInstanceCount"] == 0  # the job is done: no job holds the plan's instances

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import boto3
@@ -54,7 +55,7 @@ from lustrain_core.launch_plan import archive_target
 
 # the name of an attempt's job is the launch plan's decision; operate and the steps look it up here too
 from lustrain_core.launch_plan import training_job_name as training_job_name
-from lustrain_core.steps import queue, records
+from lustrain_core.steps import queue, records, training_plans
 from lustrain_core.steps.budget import (
     MIN_RUNTIME_SECONDS,
     AttemptBudget,
@@ -299,6 +300,42 @@ def _store_token(
     )
 
 
+def attempt_runtime(
+    run: Run, sagemaker: Any, budget: AttemptBudget | None, now: float
+) -> tuple[int | None, AttemptBudget | None]:
+    """The runtime the attempt's StoppingCondition gets (None: compute.max_runtime_hours) and its budget.
+    What the budget leaves, or for a run on a training plan the job's whole time on its reserved capacity
+    (steps/training_plans.job_runtime_seconds): its wait Pending for the capacity, which MaxRuntimeInSeconds counts,
+    plus that runtime, capped to the capacity's usable end. Where the plan's end sets it, the budget does not
+    bind (reaching it is not BudgetExceeded)."""
+    runtime = budget.runtime_seconds if budget is not None else None
+    plan = run.job.launch.training_plan
+    if plan is None:
+        return runtime, budget
+    compute = run.job.spec.compute
+    wanted = runtime if runtime is not None else run.job.launch.max_runtime_seconds
+    described = training_plans.describe(sagemaker, plan.arn)
+    allowed = training_plans.job_runtime_seconds(
+        described, now, instance_type=compute.instance_type, instance_count=compute.instance_count, runtime_s=wanted
+    )
+    if allowed is None or allowed < MIN_RUNTIME_SECONDS:
+        raise QuotaExceeded(
+            f"the training plan {plan.name} has no reserved capacity left for {compute.instance_count} x "
+            f"{compute.instance_type} with {MIN_RUNTIME_SECONDS} s before its usable end (each ends for its jobs "
+            f"{training_plans.TERMINATION_LEAD_S // 60} minutes before its end)",
+            quota_code="training-plan",
+            quota_name=f"training plan {plan.name}",
+            plan_status=str(described.get("Status")),
+        )
+    window = training_plans.window(
+        described, compute.instance_type, compute.instance_count, now, runtime_s=wanted
+    )
+    waits = max(0, int((window.start if window is not None else now) - now))
+    if budget is not None and budget.binds and allowed < waits + budget.runtime_seconds:
+        budget = replace(budget, binds=False)
+    return allowed, budget
+
+
 def start_training(
     document: dict[str, Any],
     *,
@@ -346,9 +383,8 @@ def start_training(
             f"it: under the {MIN_RUNTIME_SECONDS} s worth starting a fleet for",
             **budget.to_dict(),
         )
-    request = aws_requests.training_job(
-        run, name, settings, budget.runtime_seconds if budget is not None else None
-    )
+    runtime, budget = attempt_runtime(run, sagemaker, budget, clock())
+    request = aws_requests.training_job(run, name, settings, runtime)
     _store_token(ddb, settings, job, name, attempt, token, clock(), budget)
     records.add_resources(ddb, settings.jobs_table, job.job_id, [{"type": RESOURCE_TYPE, "id": name}])
     try:

@@ -195,6 +195,12 @@ def _queue_name(params: Mapping[str, Any]) -> list[str] | None:
     return [str(url).rstrip("/").rsplit("/", 1)[-1]] if url else None
 
 
+def _reserved_capacities(params: Mapping[str, Any]) -> list[str] | None:
+    from lustrain.twin import training_plans
+
+    return training_plans.reserved_capacity_ids(dict(params)) if params.get("ResourceConfig") else None
+
+
 #: An ARN format's variable -> how a call's parameters give its value(s); None: the call names no such resource.
 VARIABLES: dict[str, Callable[[Mapping[str, Any]], list[str] | None]] = {
     "BucketName": lambda p: _one(p.get("Bucket")),
@@ -209,6 +215,9 @@ VARIABLES: dict[str, Callable[[Mapping[str, Any]], list[str] | None]] = {
         p.get("TrainingPlanName") or (p.get("ResourceConfig") or {}).get("TrainingPlanArn"), 5, r"training-plan/(.+)"
     )
     or _one(p.get("TrainingPlanName")),
+    # CreateTrainingJob on a plan is authorized against the plan's reserved capacities too (reserved-capacity/
+    # ${RandomString}): the twin's plan names them (lustrain.twin.training_plans); no other call names one
+    "RandomString": _reserved_capacities,
     "FileSystemId": lambda p: _many(p.get("FileSystemId") or p.get("FileSystemIds")),
     "FileSystemIdOrFileCacheId": lambda p: _one(p.get("FileSystemId")),
     "DataRepositoryAssociationId": lambda p: _one(p.get("AssociationId")),
