@@ -450,9 +450,16 @@ def model_output_path(settings: Settings, job_id: str) -> str:
     return archive_target(settings, job_id) + JOBS_DIR
 
 
-def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[str, str]:
+def hyperparameters(
+    spec: JobSpec, submit_directory: str, region: str, plan: dict[str, Any] | None = None
+) -> dict[str, str]:
     """Script mode's hyperparameters: every value JSON-encoded, as the SageMaker SDK sends them. Their limits
-    (count, key and value lengths) are CreateTrainingJob's, checked by the launch compiler against its model."""
+    (count, key and value lengths) are CreateTrainingJob's, checked by the launch compiler against its model.
+
+    The trainer's checkpoint_every_minutes is the plan's (goodput.checkpoint_every_minutes: checkpoints.every_minutes,
+    else Young-Daly's optimum), from `plan` (the run's $.job.plan) or, without one, from the spec planned here; it
+    is left out where the plan has none (no preset named: the entry point may not be lustrain's trainer), and a
+    checkpoint_every_minutes in code.hyperparameters is the user's own (the planner checks it)."""
     values: dict[str, Any] = {
         # with code.secrets SageMaker starts the launcher upload_code adds, which reads them and runs the entry point
         "sagemaker_program": secrets_launcher.LAUNCHER_FILE if spec.code.secrets else spec.code.entry_point,
@@ -461,6 +468,17 @@ def hyperparameters(spec: JobSpec, submit_directory: str, region: str) -> dict[s
     }
     if spec.code.distribution == "torchrun":
         values["sagemaker_torch_distributed_enabled"] = True
+    every = spec.checkpoints.every_minutes
+    if every is None:
+        try:
+            goodput = plan.get("goodput") if plan is not None else planner.plan(spec).goodput
+        except SpecInvalid:
+            # the spec alone does not plan here (the run's plan had measured data or other prices): the run's own
+            # plan, which register_job and the CLI check before this, says why; the trainer then saves by steps
+            goodput = None
+        every = planner.trainer_checkpoint_every_minutes(goodput)
+    if every is not None:
+        values["checkpoint_every_minutes"] = every
     values.update(spec.code.hyperparameters)
     return {key: json.dumps(value) for key, value in values.items()}
 

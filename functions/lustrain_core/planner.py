@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -85,6 +87,51 @@ PRELOAD_UNKNOWN_SECONDS = 24 * 3600
 PRELOAD_MIN_SECONDS = 3600
 #: checkpoints the trainer keeps (trainer/lustrain_trainer/hparams.py's keep_checkpoints default)
 TRAINER_KEEP_CHECKPOINTS = 2
+#: steps between the trainer's checkpoints and micro-steps per step where the spec and the preset do not say
+#: (trainer/lustrain_trainer/hparams.py's checkpoint_interval and grad_accum defaults)
+TRAINER_CHECKPOINT_INTERVAL = 500
+TRAINER_GRAD_ACCUM = 1
+
+# --- goodput (plan_goodput): what a run loses to checkpoints, interruptions and its stop ---------------------------
+#: The interruption rate a fleet is planned with: "During a 54-day snapshot period of pre-training, we experienced a
+#: total of 466 job interruptions ... 419 were unexpected" on up to 16,384 H100 GPUs (Dubey et al., "The Llama 3 Herd
+#: of Models", 2024, arXiv:2407.21783, section 3.3.4 and table 5): 419 / (54 x 24 x 16,384) = 1.97e-5 a GPU-hour,
+#: one GPU's mean time between interruptions 50,677 h; a fleet of N GPUs sees one every 50,677 / N hours.
+LLAMA3_UNEXPECTED_INTERRUPTIONS = 419
+LLAMA3_SNAPSHOT_DAYS = 54
+LLAMA3_GPUS = 16_384
+GPU_MTBF_HOURS = LLAMA3_SNAPSHOT_DAYS * 24 * LLAMA3_GPUS / LLAMA3_UNEXPECTED_INTERRUPTIONS
+GPU_MTBF_SOURCE = (
+    "Llama 3 (Dubey et al. 2024, arXiv:2407.21783, section 3.3.4): 419 unexpected interruptions in 54 days on 16,384 "
+    "GPUs, one GPU's MTBF 50,677 h"
+)
+#: The stack setting (template parameter GpuMtbfHours) that replaces GPU_MTBF_HOURS: one GPU's mean time between
+#: unexpected interruptions, in hours; empty or 0 keeps Llama 3's
+GPU_MTBF_SETTING = "LUSTRAIN_GPU_MTBF_HOURS"
+#: Seconds between rank 0's reads of the run's stop request: trainer/lustrain_trainer/stopping.py's DEFAULT_POLL_S
+#: (the trainer ships without the control plane, so it is stated here too; a test keeps the two equal)
+STOP_REQUEST_POLL_SECONDS = 10
+#: What the bounded wait before StopTrainingJob (goodput.stop_wait_s) allows beyond stop_to_saved_s: a minute for
+#: what the plan does not count, torch.distributed.checkpoint's planning over every rank and the staging buffers'
+#: allocation (issue 39 names both; neither is measured yet)
+STOP_WAIT_MARGIN_S = 60
+#: The share of the GPU's dense bf16 peak a step runs at, until a step-time model exists: the low end of Llama 3's
+#: 38-43% BF16 model FLOPs utilisation on 8,192 to 16,384 H100s (Dubey et al. 2024, table 4); MFU counts the model's
+#: FLOPs, as Shape.flops_per_token does. Not measured on A100 or with this trainer.
+STEP_MFU = 0.38
+STEP_MFU_SOURCE = "38% of the GPU's dense bf16 peak: the low end of Llama 3's 38-43% BF16 MFU (Dubey et al. 2024, table 4)"
+#: GB/s one instance uploads to S3 through SageMaker's checkpoint sync: one TCP flow's 5 Gbps ("Bandwidth for
+#: single-flow traffic is limited to 5 Gbps", EC2 User Guide, "Amazon EC2 instance network bandwidth"). SageMaker
+#: documents neither its sync's parallelism nor its pace, so the plan takes one flow: a bound, not a measurement.
+S3_SYNC_GB_S = 5 / 8
+S3_SYNC_SOURCE = (
+    "SageMaker's checkpoint sync at one TCP flow's 5 Gbps a host (EC2 User Guide, instance network bandwidth: "
+    "single-flow limit; the sync's parallelism is undocumented), after the local NVMe write"
+)
+LUSTRE_SOURCE = (
+    "the file system's throughput capacity, storage x MB/s per TiB (FSx for Lustre User Guide, performance), less "
+    "the GPUs' data ingest while training reads"
+)
 
 
 def quota_name(instance_type: str, *, spot: bool) -> str:
@@ -186,6 +233,8 @@ class Plan:
     instance: dict[str, Any] | None = None
     #: a cold first epoch (each file read through to S3 while the fleet bills) next to the data.preload warm-up
     preload: dict[str, Any] | None = None
+    #: what the run loses to checkpoints, interruptions and its stop, and the checkpoint interval (plan_goodput)
+    goodput: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -197,9 +246,11 @@ def plan(
     data_gib: float | None = None,
     extension_bytes: dict[str, int] | None = None,
     prices: PriceTable | None = None,
+    gpu_mtbf_hours: float | None = None,
 ) -> Plan:
     """Plan a run. `data_gib` (measured from S3) wins over the spec's hint; `extension_bytes` is a sample of the
-    data's bytes per file extension, used to judge how well it compresses."""
+    data's bytes per file extension, used to judge how well it compresses; `gpu_mtbf_hours` one GPU's mean time
+    between interruptions (default: the stack's setting, else Llama 3's rate; see gpu_mtbf_hours)."""
     prices = prices or PriceTable()
     errors: list[FieldError] = []
     warnings: list[str] = []
@@ -221,7 +272,7 @@ def plan(
             "or add hourly_usd, price_as_of and price_source to its row",
         )
 
-    memory = _plan_memory(spec, errors)
+    memory, layout = _plan_memory(spec, errors)
     fs = _plan_filesystem(spec, itype, data_gib, extension_bytes, prices, errors, warnings, memory)
     net = _plan_network(spec, itype, fs, errors)
     output = _plan_output(spec, itype, errors, memory)
@@ -242,6 +293,10 @@ def plan(
                 f"system's {preload['import_mb_s']:,.0f} MB/s (${cold_usd:,.2f}): it pays off only where FSx loads "
                 "the files from S3 slower than that"
             )
+    goodput = plan_goodput(
+        spec, itype, fs, layout, errors, warnings,
+        gpu_mtbf_hours if gpu_mtbf_hours is not None else mtbf_setting(),
+    )
     recommendation = _recommend(spec, fs)
     if (
         recommendation["deployment_type"] != spec.filesystem.deployment_type
@@ -283,7 +338,7 @@ def plan(
             "(see its row in data/instance_types.json)"
         )
     return Plan(
-        net, fs, output, quota, cost, recommendation, warnings, memory, instance_summary(itype), preload
+        net, fs, output, quota, cost, recommendation, warnings, memory, instance_summary(itype), preload, goodput
     )
 
 
@@ -338,6 +393,270 @@ def plan_preload(
     return result
 
 
+def mtbf_setting(env: Mapping[str, str] | None = None) -> float:
+    """One GPU's mean time between unexpected interruptions, in hours: the stack's LUSTRAIN_GPU_MTBF_HOURS (template
+    parameter GpuMtbfHours), else (unset, empty or 0) Llama 3's GPU_MTBF_HOURS. A value that is not a number of hours
+    is the stack's mistake, not the spec's: ValueError, naming the setting."""
+    raw = (os.environ if env is None else env).get(GPU_MTBF_SETTING, "").strip()
+    if not raw:
+        return GPU_MTBF_HOURS
+    try:
+        hours = float(raw)
+    except ValueError:
+        hours = -1.0
+    if not math.isfinite(hours) or hours < 0:
+        raise ValueError(
+            f"stack setting {GPU_MTBF_SETTING}={raw!r} is not a number of hours at or above 0 (0: Llama 3's rate): "
+            "fix the stack's parameter GpuMtbfHours"
+        )
+    return hours or GPU_MTBF_HOURS
+
+
+def _figure(value: float) -> str:
+    """A figure for a sentence: whole above 10, else three significant digits."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
+
+
+def _whole(raw: Any, default: int) -> int:
+    """A hyperparameter's whole number as SageMaker passes it ("500", 500, "5e2"); the trainer's default where it is
+    not one (the trainer refuses it itself at start)."""
+    try:
+        value = float(str(raw))
+    except ValueError:
+        return default
+    return int(value) if math.isfinite(value) and value >= 1 else default
+
+
+def _checkpoint_medium(
+    spec: JobSpec, fs: FilesystemPlan, layout: trainer_plan.Plan, keep: int, devices: int
+) -> dict[str, Any]:
+    """Where the checkpoints go, and at what pace a checkpoint is written there and read back at a restart.
+
+    - Lustre (checkpoints.to_filesystem): every rank writes its shards to the file system, which takes them at its
+      throughput capacity less the data the GPUs read meanwhile; at a restart every rank reads its own shards
+      (a host its 1/hosts share), before training reads data, at the whole throughput.
+    - S3 through SageMaker's checkpoint sync (CheckpointConfig): each host writes its share to local NVMe (the memory
+      plan's checkpoint_write_s), which SageMaker uploads at S3_SYNC_GB_S; at a restart SageMaker copies the whole
+      checkpoint prefix (the kept checkpoints) to every instance before the entry point starts.
+    A figure is None where the file system's throughput is not the plan's (a reused file system)."""
+    c = spec.compute
+    checkpoint = layout.checkpoint_bytes
+    if spec.checkpoints.to_filesystem:
+        throughput = fs.throughput_mb_s
+        if not throughput:
+            return {"medium": "lustre", "write_s": None, "resume_gb_per_host": checkpoint / c.instance_count / 1e9,
+                    "resume_s": None, "source": "a reused file system's throughput is not the plan's"}
+        ingest = devices * spec.data.ingest_mb_s_per_gpu
+        spare = throughput - ingest if throughput > ingest else throughput
+        return {
+            "medium": "lustre",
+            "write_s": checkpoint / (spare * 1e6),
+            "resume_gb_per_host": checkpoint / c.instance_count / 1e9,
+            "resume_s": checkpoint / (throughput * 1e6),
+            "source": f"{LUSTRE_SOURCE}: {spare:,.0f} of {throughput:,.0f} MB/s for a write, all of it at a resume",
+        }
+    upload_s = layout.host_checkpoint_bytes / (S3_SYNC_GB_S * 1e9)
+    prefix = keep * checkpoint
+    return {
+        "medium": "s3 (SageMaker checkpoint sync)",
+        "write_s": layout.checkpoint_write_s + upload_s,
+        "resume_gb_per_host": prefix / 1e9,
+        "resume_s": prefix / (S3_SYNC_GB_S * 1e9),
+        "source": f"{S3_SYNC_SOURCE}; a restart copies the whole prefix ({keep} kept) to every instance",
+    }
+
+
+def _interval_given(
+    spec: JobSpec, hp: dict[str, Any], errors: list[FieldError]
+) -> tuple[str, float] | None:
+    """The checkpoint interval in minutes the spec gives, and the field it gives it in: checkpoints.every_minutes, or
+    the trainer's own hyperparameter checkpoint_every_minutes (0 there: by steps only); None where neither does."""
+    field_name = "code.hyperparameters.checkpoint_every_minutes"
+    raw = hp.get("checkpoint_every_minutes")
+    if spec.checkpoints.every_minutes is not None:
+        if raw is not None:
+            errors.append(FieldError(
+                field_name, raw,
+                "the checkpoint interval is given twice: keep checkpoints.every_minutes (which the plan checks and "
+                "passes to the trainer) and remove this hyperparameter",
+            ))
+        return "checkpoints.every_minutes", spec.checkpoints.every_minutes
+    if raw is None:
+        return None
+    try:
+        minutes = float(str(raw))
+    except ValueError:
+        minutes = -1.0
+    if not math.isfinite(minutes) or minutes < 0:
+        errors.append(FieldError(
+            field_name, raw, "a number of minutes above 0, or 0 for checkpoints by steps only (checkpoint_interval)"
+        ))
+        return None
+    return field_name, minutes
+
+
+def plan_goodput(
+    spec: JobSpec,
+    itype: InstanceType,
+    fs: FilesystemPlan,
+    layout: trainer_plan.Plan | None,
+    errors: list[FieldError],
+    warnings: list[str],
+    gpu_mtbf_hours: float = GPU_MTBF_HOURS,
+) -> dict[str, Any]:
+    """What a run loses of its billed GPU-hours, and the checkpoint interval that loses least: one computation, which
+    `lustrain plan` shows, the run's record keeps ($.job.plan.goodput) and launch_plan.hyperparameters passes to the
+    trainer (checkpoint_every_minutes).
+
+    The interval: checkpoints.every_minutes, else Young-Daly's optimum sqrt(2 x C x MTBF) (Young 1974, Daly 2006) for
+    a save that blocks training C seconds (the memory plan's checkpoint_blocking_s) on a fleet whose GPUs fail
+    independently at one per `gpu_mtbf_hours` (MTBF = gpu_mtbf_hours / GPUs), never shorter than a checkpoint's
+    write (an asynchronous save cannot start before the one before it is written). The trainer also saves every
+    checkpoint_interval steps, whichever comes first; the losses count the clock's interval (the steps' only where
+    code.hyperparameters.checkpoint_every_minutes is 0: by steps only).
+
+    The losses, in GPU-seconds of every GPU: each save's blocking time; at each expected interruption (GPUs x
+    hours / gpu_mtbf_hours), the work since the last checkpoint on disk (half an interval plus a write, on average)
+    and the restart's checkpoint read (resume_s); the stop at the run's end (stop_to_saved_s). Billed GPU-hours are
+    the cost plan's: every GPU for compute.max_runtime_hours. Figures are None where a term is unknown (no preset,
+    so no memory plan; a reused file system's throughput). Refused, by field: an interval under the save's blocking
+    time or longer than the run."""
+    c = spec.compute
+    devices = c.instance_count * max(itype.gpus, 1)
+    hours = c.max_runtime_hours
+    hp = {str(key).replace("-", "_"): value for key, value in dict(spec.code.hyperparameters).items()}
+    preset = trainer_presets.PRESETS.get(str(hp.get("preset", "")), {})
+    keep = _whole(hp.get("keep_checkpoints", preset.get("keep_checkpoints")), TRAINER_KEEP_CHECKPOINTS)
+    steps = _whole(hp.get("checkpoint_interval", preset.get("checkpoint_interval")), TRAINER_CHECKPOINT_INTERVAL)
+    grad_accum = _whole(hp.get("grad_accum", preset.get("grad_accum")), TRAINER_GRAD_ACCUM)
+    fleet_mtbf_h = gpu_mtbf_hours / devices
+    medium = _checkpoint_medium(spec, fs, layout, keep, devices) if layout is not None else None
+    blocking = layout.checkpoint_blocking_s if layout is not None else None
+    write_s = medium["write_s"] if medium else None
+    peak = itype.bf16_dense_tflops_per_gpu
+    step_s = layout.micro_batch_flops * grad_accum / (peak * 1e12 * STEP_MFU) if layout and peak else None
+    young_daly_s = math.sqrt(2 * blocking * fleet_mtbf_h * 3600) if blocking else None
+
+    given = _interval_given(spec, hp, errors)
+    every: float | None
+    if given is not None:
+        path, every = given
+        source = f"as given ({path})"
+        if every > 0 and blocking is not None and every * 60 < blocking:
+            errors.append(FieldError(
+                path, every,
+                f"under the save's blocking time: each checkpoint stops training for {blocking:.2f} s on "
+                f"{c.instance_count} x {c.instance_type} (the memory plan's checkpoint_blocking_s); use at least "
+                f"{math.ceil(blocking / 60 * 100) / 100:g} minutes, or leave it unset for Young-Daly's optimum",
+            ))
+        if every > hours * 60:
+            errors.append(FieldError(
+                path, every,
+                f"longer than the run: compute.max_runtime_hours is {hours:g} ({hours * 60:g} minutes), so no "
+                f"checkpoint would be taken by the clock; use at most {hours * 60:g} minutes",
+            ))
+        if every > 0 and write_s is not None and every * 60 < write_s:
+            warnings.append(
+                f"{path} {every:g}: shorter than a checkpoint's write ({write_s:,.1f} s to "
+                f"{medium['medium'] if medium else 'its medium'}): each save waits for the one before it to be "
+                "written, and training waits with it"
+            )
+    elif young_daly_s is not None and blocking is not None:
+        every = round(max(young_daly_s, write_s or 0.0) / 60, 2)
+        source = (
+            f"Young-Daly: sqrt(2 x {_figure(blocking)} s x {fleet_mtbf_h:,.1f} h) = {young_daly_s / 60:.2f} min"
+            + (f", raised to a checkpoint's write ({write_s:,.1f} s)" if write_s and write_s > young_daly_s else "")
+        )
+    else:
+        every, source = None, (
+            "none by the clock: without one of the trainer's presets in code.hyperparameters the save's blocking "
+            "time is unknown (set checkpoints.every_minutes)"
+        )
+
+    by_clock_s = every * 60 if every else None
+    by_steps_s = steps * step_s if step_s else None
+    # the clock's interval where there is one: the steps' at the plan's step time (a floor: FLOPs at STEP_MFU leave
+    # out every fixed cost of a step) would count saves a small model does not make
+    interval_s = by_clock_s or by_steps_s
+    stop_to_saved_s = (
+        STOP_REQUEST_POLL_SECONDS + step_s + blocking + 2 * write_s
+        if step_s is not None and blocking is not None and write_s is not None else None
+    )
+    resume_s = medium["resume_s"] if medium else None
+    interruptions = devices * hours / gpu_mtbf_hours
+    billed = devices * hours
+    lost: float | None = None
+    if interval_s and blocking is not None and write_s is not None and resume_s is not None and stop_to_saved_s:
+        per_gpu_s = (
+            hours * 3600 / interval_s * blocking
+            + interruptions * (interval_s / 2 + write_s + resume_s)
+            + stop_to_saved_s
+        )
+        lost = devices * per_gpu_s / 3600
+
+    def rounded(value: float | None, digits: int = 1) -> float | None:
+        return None if value is None else round(value, digits)
+
+    mtbf_source = (
+        GPU_MTBF_SOURCE if gpu_mtbf_hours == GPU_MTBF_HOURS
+        else f"the stack's setting {GPU_MTBF_SETTING} (template parameter GpuMtbfHours): {gpu_mtbf_hours:,.0f} h a GPU"
+    )
+    return {
+        "checkpoint_every_minutes": every,
+        "checkpoint_blocking_s": rounded(blocking, 3),
+        "checkpoint_write_s": rounded(write_s),
+        "checkpoint_medium": medium["medium"] if medium else None,
+        "checkpoint_interval_s": rounded(interval_s),
+        "young_daly_minutes": rounded(young_daly_s / 60 if young_daly_s else None, 2),
+        "gpus": devices,
+        "gpu_mtbf_hours": round(gpu_mtbf_hours, 1),
+        "fleet_mtbf_hours": round(fleet_mtbf_h, 2),
+        "step_s": rounded(step_s),
+        "stop_request_poll_s": STOP_REQUEST_POLL_SECONDS,
+        "stop_to_saved_s": rounded(stop_to_saved_s),
+        "stop_wait_s": math.ceil(stop_to_saved_s + STOP_WAIT_MARGIN_S) if stop_to_saved_s is not None else None,
+        "resume_read_gb_per_host": rounded(medium["resume_gb_per_host"] if medium else None, 2),
+        "resume_s": rounded(resume_s),
+        "expected_interruptions": round(interruptions, 2),
+        "billed_gpu_hours": round(billed, 1),
+        "lost_gpu_hours": rounded(lost),
+        "fraction": None if lost is None else round(max(0.0, 1 - lost / billed), 4),
+        "sources": {
+            "checkpoint_every_minutes": source
+            + (f"; the trainer also saves every {steps} steps (at least {_figure(by_steps_s)} s at the plan's step "
+               "time), whichever comes first" if by_steps_s else ""),
+            "checkpoint_blocking_s": "the memory plan: this rank's state copied to host memory at the catalogue's "
+            "stage_gbps (an assumption until bench/gpu_check.py measures it)",
+            "checkpoint_write_s": medium["source"] if medium else "unknown: no memory plan",
+            "gpu_mtbf_hours": mtbf_source,
+            "step_s": f"the memory plan's {grad_accum} x {layout.micro_batch_flops / 1e12:,.1f} TFLOP a GPU at "
+            f"{STEP_MFU_SOURCE}" if layout and step_s else "unknown: no memory plan or no GPU peak",
+            "stop_request_poll_s": "the trainer's read of the run's stop request (trainer/lustrain_trainer/stopping.py)",
+            "stop_to_saved_s": "the poll, the step in flight, the save's blocking time and two writes (the one in "
+            "flight, then the stop's own)",
+            "stop_wait_s": f"stop_to_saved_s + {STOP_WAIT_MARGIN_S} s for what is not counted (checkpoint planning "
+            "over every rank, staging buffers' allocation)",
+            "resume_s": "the checkpoint's read from instances ready to the first step, at the medium's rate; the "
+            "image's pull and torchrun's rendezvous are not counted (no published figure)",
+            "expected_interruptions": "GPUs x compute.max_runtime_hours / gpu_mtbf_hours (spot reclaims not "
+            "counted)",
+            "lost_gpu_hours": "every save's blocking time; per interruption half an interval, a write and resume_s; "
+            "the final stop's stop_to_saved_s",
+            "fraction": "1 - lost_gpu_hours / billed_gpu_hours (every GPU for compute.max_runtime_hours, as the cost)",
+        },
+    }
+
+
+def trainer_checkpoint_every_minutes(goodput: dict[str, Any] | None) -> float | None:
+    """The checkpoint interval by the clock the trainer is passed (checkpoint_every_minutes), from the plan's goodput:
+    None where the plan has none (the spec names none of the trainer's presets and sets no checkpoints.every_minutes:
+    its entry point may not be lustrain's trainer)."""
+    if not goodput:
+        return None
+    every = goodput.get("checkpoint_every_minutes")
+    return float(every) if every else None
+
+
 def instance_summary(itype: InstanceType) -> dict[str, Any]:
     """The catalogue row's figures the plan rests on, as `lustrain plan --json` shows them."""
     return {
@@ -358,18 +677,21 @@ def instance_summary(itype: InstanceType) -> dict[str, Any]:
     }
 
 
-def _plan_memory(spec: JobSpec, errors: list[FieldError]) -> dict[str, Any] | None:
+def _plan_memory(
+    spec: JobSpec, errors: list[FieldError]
+) -> tuple[dict[str, Any] | None, trainer_plan.Plan | None]:
     """The trainer's memory plan for the spec's hyperparameters, when they name one of its presets and the instance
-    type is one the plan knows; a model that cannot fit its instances is refused, naming the smallest count that
-    fits. The same numbers as `train.py --dry_run`."""
+    type is one the plan knows, as `lustrain plan` shows it and as the trainer's plan computed it (unrounded, for
+    plan_goodput); a model that cannot fit its instances is refused, naming the smallest count that fits. The same
+    numbers as `train.py --dry_run`."""
     inputs = trainer_presets.plan_inputs(dict(spec.code.hyperparameters))
     if inputs is None or spec.compute.instance_type not in trainer_plan.INSTANCES:
-        return None
+        return None, None
     try:
         layout = trainer_plan.plan_of_run(inputs, spec.compute.instance_type, spec.compute.instance_count)
     except ValueError as exc:
         errors.append(FieldError("code.hyperparameters.shard_group", inputs["shard_group"], str(exc)))
-        return None
+        return None, None
     memory = dict(line.split("=", 1) for line in layout.lines())
     if not layout.fits:
         enough = trainer_plan.smallest_fitting_count(inputs, spec.compute.instance_type)
@@ -382,7 +704,7 @@ def _plan_memory(spec: JobSpec, errors: list[FieldError]) -> dict[str, Any] | No
             f"{spec.compute.instance_type} ({memory['sharding']}, shard group {layout.shard}), more than the "
             f"{trainer_plan.USABLE_GPU_SHARE * layout.gpu_bytes / trainer_plan.GIB:.1f} GiB a GPU can give: {fix}, "
             "or change code.hyperparameters (a smaller preset, batch_size, activation_checkpointing true)"))
-    return memory
+    return memory, layout
 
 
 def _plan_filesystem(

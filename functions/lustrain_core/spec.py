@@ -363,6 +363,11 @@ class Checkpoints(_Section):
     #: instance's disk and SageMaker's checkpoint sync; exported to s3_uri at the end of each attempt and before the
     #: file system is deleted (steps/filesystem.py, "Checkpoints on the file system")
     to_filesystem: bool = False
+    #: minutes between checkpoints by the clock (the trainer's checkpoint_every_minutes); unset: the plan's
+    #: Young-Daly optimum, sqrt(2 x the save's blocking time x the fleet's mean time between interruptions), never
+    #: shorter than a checkpoint's write (planner.plan_goodput). The planner refuses one under the save's blocking
+    #: time or longer than compute.max_runtime_hours; at most SageMaker's longest run here.
+    every_minutes: float | None = Field(None, gt=0, le=MAX_RUNTIME_HOURS * 60)
 
     @field_validator("resume_from")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -58,6 +59,9 @@ class Hyperparameters:
     eval_interval: int = 500
     eval_batches: int = 20
     checkpoint_interval: int = 500
+    #: minutes between checkpoints by the clock, besides checkpoint_interval's steps (whichever comes first); 0: by
+    #: steps only. lustrain passes its plan's (goodput.checkpoint_every_minutes: Young-Daly's optimum by default)
+    checkpoint_every_minutes: float = 0.0
     keep_checkpoints: int = 2
     seed: int = 1337
     prefetch: int = 4
@@ -133,7 +137,7 @@ MINIMUM = {"n_layer": 1, "n_head": 1, "n_embd": 1, "seq_len": 2, "batch_size": 1
            "max_steps": 1, "log_interval": 1, "eval_interval": 0, "eval_batches": 1, "checkpoint_interval": 1,
            "keep_checkpoints": 1, "prefetch": 1, "warmup_steps": 0, "lr": 0, "weight_decay": 0,
            "grad_clip": 0, "seed": 0, "cpu_threads": 0, "shard_group": 0, "collective_timeout_s": 60,
-           "n_kv_head": 0, "ffn_hidden": 0}
+           "n_kv_head": 0, "ffn_hidden": 0, "checkpoint_every_minutes": 0}
 BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
 
@@ -169,6 +173,10 @@ def _check(hp: Hyperparameters) -> None:
     for name, low in MINIMUM.items():
         if getattr(hp, name) < low:
             raise HyperparameterError(f"hyperparameter {name}: {getattr(hp, name)} is below the minimum {low}")
+    if not math.isfinite(hp.checkpoint_every_minutes):
+        raise HyperparameterError(
+            f"hyperparameter checkpoint_every_minutes: {hp.checkpoint_every_minutes} is not allowed (use a number of "
+            "minutes above 0, or 0 for checkpoints by steps only)")
     if hp.lr <= 0:
         raise HyperparameterError(f"hyperparameter lr: {hp.lr} is not allowed (use a number above 0)")
     if not 0 <= hp.dropout < 1:
@@ -216,6 +224,8 @@ HELP = {
     "grad_clip": "gradient norm clip (0: off)", "max_steps": "optimizer steps to train",
     "log_interval": "steps between metric lines", "eval_interval": "steps between validations (0: off)",
     "eval_batches": "validation batches per rank", "checkpoint_interval": "steps between checkpoints",
+    "checkpoint_every_minutes": "minutes between checkpoints by the clock, besides checkpoint_interval's steps "
+                                "(whichever comes first; 0: by steps only); lustrain's plan passes Young-Daly's optimum",
     "keep_checkpoints": "checkpoints kept", "seed": "initialisation and data order",
     "prefetch": "batches read ahead", "cpu_threads": "torch threads on CPU (0: torch's default)",
     "fsdp": "auto | true | false (auto: when the memory plan says a whole replica does not fit one GPU)",

@@ -202,6 +202,15 @@ class Plan:
     stage_bytes: int
     checkpoint_blocking_s: float
     checkpoint_write_s: float
+    #: training FLOPs a token (Shape.flops_per_token) and the tokens of one rank's micro-batch: what a step costs a
+    #: GPU, for a step's time at a fraction of the GPU's peak (lustrain's planner, goodput.step_s)
+    flops_per_token: float = 0.0
+    micro_batch_tokens: int = 0
+
+    @property
+    def micro_batch_flops(self) -> float:
+        """The model's FLOPs one rank spends on one micro-batch, forward and backward (no recomputation counted)."""
+        return self.flops_per_token * self.micro_batch_tokens
 
     @property
     def peak_bytes(self) -> int:
@@ -253,6 +262,7 @@ class Plan:
             f"checkpoint_blocking_s={self.checkpoint_blocking_s:.1f}",
             f"checkpoint_write_s={self.checkpoint_write_s:.1f}",
             f"stop_to_saved_s={self.stop_to_saved_s:.1f}",
+            f"micro_batch_tflop_per_gpu={self.micro_batch_flops / 1e12:.1f}",
             f"stop_within_sagemaker_grace={'yes' if self.stop_to_saved_s <= SAGEMAKER_STOP_GRACE_S else 'no'}",
             f"stop_within_torchrun_default_grace={'yes' if self.stop_to_saved_s <= TORCHRUN_DEFAULT_GRACE_S else 'no'}",
             f"rates={WRITE_RATE_SOURCE}",
@@ -294,6 +304,7 @@ def plan(shape: Shape, *, batch_size: int, activation_checkpointing: bool, world
         host_checkpoint_bytes=checkpoint // hosts, stage_bytes=stage,
         checkpoint_blocking_s=stage / (hw.stage_gbps * 1e9),
         checkpoint_write_s=checkpoint / hosts / (hw.write_gbps * 1e9),
+        flops_per_token=shape.flops_per_token(), micro_batch_tokens=tokens,
     )
 
 
