@@ -202,7 +202,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from lustrain.operate import as_json, evaluation_text, status
+    from lustrain.operate import as_json, evaluation_text, status, warm_pool_text
 
     found = status(_stack(args), args.run, with_mlflow=True)
     if args.json:
@@ -253,6 +253,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  training:    {job['name']} {job['status']} ({job['secondary_status']})")
         if job["metrics"]:
             print("  metrics:     " + ", ".join(f"{k}={v:g}" for k, v in sorted(job["metrics"].items())))
+    if found.warm_pool:
+        # what the run's warm pools billed after their jobs ended, and whether one still does
+        print(f"  warm pool:   {warm_pool_text(found.warm_pool)}")
     if found.evaluation:
         print(f"  evaluation:  {evaluation_text(found.evaluation)}")
     if found.mlflow:
@@ -607,6 +610,28 @@ def _preload_rows(preload: dict[str, Any] | None) -> list[tuple[str, str]]:
     return [("  cold 1st epoch", cold), ("  warm-up", f"{state}: {warm}")]
 
 
+def goodput_line(g: dict[str, Any]) -> str:
+    """The plan's goodput object in one line (each figure's source is in `lustrain plan --json`, goodput.sources);
+    "?" where the plan cannot say (no preset named, so no memory plan)."""
+
+    def figure(key: str, fmt: str = ",.1f") -> str:
+        value = g.get(key)
+        return "?" if value is None else format(value, fmt)
+
+    every = g.get("checkpoint_every_minutes")
+    interval = f"every {every:g} min" if every else "by steps only"
+    fraction = g.get("fraction")
+    return (
+        f"checkpoint {interval} (blocks {figure('checkpoint_blocking_s', '.3g')} s, written in "
+        f"{figure('checkpoint_write_s')} s); stop request polled every {figure('stop_request_poll_s', 'g')} s, saved "
+        f"{figure('stop_to_saved_s')} s after, StopTrainingJob after {figure('stop_wait_s', 'g')} s; resume reads "
+        f"{figure('resume_read_gb_per_host', ',.2f')} GB a host in {figure('resume_s')} s; "
+        f"{figure('expected_interruptions', '.2f')} interruptions expected: {figure('lost_gpu_hours')} of "
+        f"{figure('billed_gpu_hours', ',.0f')} GPU-hours lost, "
+        + ("? train" if fraction is None else f"{fraction:.2%} train")
+    )
+
+
 def render_plan(name: str, p: Plan) -> str:
     n, f, c = p.network, p.filesystem, p.cost
     rows: list[tuple[str, str]] = [
@@ -677,9 +702,11 @@ def render_plan(name: str, p: Plan) -> str:
                        f"{m['replicas']} replica(s)); peak {m['peak_gib_per_gpu']} of {m['gpu_gib']} GiB a GPU: "
                        f"fits {m['fits']}"),
             ("checkpoint", f"{m['checkpoint_gb']} GB ({m['checkpoint_gb_per_host']} GB a host), training blocked "
-                           f"{m['checkpoint_blocking_s']} s, written in {m['checkpoint_write_s']} s; SIGTERM to "
+                           f"{m['checkpoint_blocking_s']} s, written to local NVMe in {m['checkpoint_write_s']} s; SIGTERM to "
                            f"saved {m['stop_to_saved_s']} s at worst"),
         ]
+    if p.goodput is not None:
+        rows.append(("goodput", goodput_line(p.goodput)))
     width = max(len(k) for k, _ in rows)
     lines = [f"plan for {name}"] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
     lines += [f"  warning: {w}" for w in p.warnings]

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any, Protocol
 
-from lustrain_core import prepare_plan, recovery
+from lustrain_core import prepare_plan, recovery, stop_request
 from lustrain_core.config import Settings
 from lustrain_core.document import Job, Network, Run
 from lustrain_core.errors import MISSING, SpecInvalid
@@ -108,10 +108,14 @@ def inter_container_encryption(settings: Settings) -> bool:
 
 
 def stopping_condition(launch: LaunchPlan, budget_runtime_seconds: int | None = None) -> dict[str, int]:
-    """compute.max_runtime_hours, or less where the budget left pays for less (steps/budget.py)."""
+    """compute.max_runtime_hours, or less where the budget left pays for less (steps/budget.py). On a training plan
+    start_training gives the job's whole time instead (steps/training.attempt_runtime): MaxRuntimeInSeconds counts
+    the job's wait Pending for its reserved capacity, so it is that wait plus the runtime, capped to the capacity's
+    usable end (steps/training_plans.job_runtime_seconds), and may exceed compute.max_runtime_hours by the wait."""
     runtime = launch.max_runtime_seconds
     if budget_runtime_seconds is not None:
-        runtime = min(runtime, budget_runtime_seconds)
+        planned = launch.training_plan is not None
+        runtime = budget_runtime_seconds if planned else min(runtime, budget_runtime_seconds)
     condition = {"MaxRuntimeInSeconds": runtime}
     if launch.max_wait_seconds is not None:
         condition["MaxWaitTimeInSeconds"] = launch.max_wait_seconds
@@ -232,6 +236,12 @@ def training_job(
         # code, checkpoints and results
         "SessionChainingConfig": {"EnableSessionTagChaining": True},
     }
+    # how the stack asks the trainer to stop, and the deadline it stops itself before (stop_request.py)
+    environment.update(
+        stop_request.environment(
+            settings, job.job_id, job.plan, request["StoppingCondition"]["MaxRuntimeInSeconds"]
+        )
+    )
     if launch.checkpoint_path is None:
         # SageMaker syncs LocalPath to S3 while the job runs and back at its start (and at a spot restart)
         request["CheckpointConfig"] = {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH}

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 
 #: where the CLI uploads a local code directory before a run (lustrain submit), under the artifacts bucket
+#: the stack's stop requests (lustrain_core/stop_request.py)
+CONTROL_PREFIX = "control/"
 UPLOADS_PREFIX = "uploads/"
 
 
@@ -53,9 +55,11 @@ class Settings:
 
     @property
     def reserved_prefixes(self) -> tuple[str, ...]:
-        """The stack's own locations of code bundles, uploaded code and archives: no run's data or results."""
+        """The stack's own locations of code bundles, uploaded code, archives and stop requests: no run's data or
+        results."""
         bucket = f"s3://{self.artifacts_bucket}/"
-        return (bucket + self.code_prefix, bucket + UPLOADS_PREFIX, bucket + self.archive_prefix)
+        return (bucket + self.code_prefix, bucket + UPLOADS_PREFIX, bucket + self.archive_prefix,
+                bucket + CONTROL_PREFIX)
 
     def whole_seconds(self, name: str, *, least: int) -> int | None:
         """A stack setting in whole seconds (at least `least`), or None where the stack leaves it unset."""

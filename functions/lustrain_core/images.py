@@ -140,3 +140,26 @@ def prepare_image(region: str) -> str:
     return ECR_URI_TEMPLATE.format(
         registry=registry, hostname=hostname, repository=config["repository"], tag=tag
     )
+
+
+#: SageMaker's PyTorch training images' tags begin with their framework version ("2.8-gpu-py312", "2.8.0-gpu-...")
+_TAG_VERSION = re.compile(r"^(\d+\.\d+(?:\.\d+)?)-")
+
+
+def pytorch_training_version(image_uri: str) -> str | None:
+    """The framework version of one of SageMaker's PyTorch training images (its repository and registries, from
+    the same config), or None for any other image. The twin runs such an image's entry point as that image does
+    (lustrain/twin/simulator: a first process that does not pass SIGTERM on)."""
+    config = _config()
+    match = re.fullmatch(r"(\d{12})\.dkr\.[^/]+/([^:@]+):([^@]+)", image_uri)
+    if match is None:
+        return None
+    registry, repository, tag = match.groups()
+    entries = config["versions"].values()
+    if not any(
+        entry.get("repository") == repository and registry in entry.get("registries", {}).values()
+        for entry in entries
+    ):
+        return None
+    version = _TAG_VERSION.match(tag)
+    return version[1] if version else None

@@ -50,6 +50,9 @@ FAST_PARAMETERS: dict[str, str] = {
     "TeardownRetryIntervalSeconds": "1",
     "TeardownRetryMaxDelaySeconds": "2",
     "AttemptWaitMaxSeconds": "1",
+    # the twin's trainer reads its stop request each second, and its SageMaker starts the entry point at once
+    "StopPollSeconds": "1",
+    "StartAllowanceSeconds": "1",
     "TrainingHeartbeatSeconds": "300",
     # a run's whole wait for its training job: the heartbeat catches a silent job; this only bounds a job that
     # reports and never ends, and must outlast a busy machine's slowest run (the fault matrix runs 56 at once)

@@ -4,13 +4,16 @@ sweeper's next round: bench/cancel.py measures how soon (within a minute is the 
 
 On AWS a stopped execution is ABORTED and runs no Catch; the twin does the same (tests/e2e/test_sweeper.py proves
 that no teardown state runs). What tears the run down is the stack's rule on "Step Functions Execution Status
-Change" and on_execution_end: it stops the training job (the trainer saves on SIGTERM), deletes the file system
-and the network, records who stopped the run, and publishes a notice saying so.
+Change" and on_execution_end: it asks the trainer to stop through the run's stop request (SageMaker's PyTorch
+image, which the twin runs the entry point as, passes no SIGTERM on), and the trainer saves the step it reached and
+exits: the job ends Completed with not one step lost. Then it deletes the file system and the network, records who
+stopped the run, and publishes a notice saying so.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -90,7 +93,15 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
             until(lambda s=spec: rehearse.resources_left(job_ids[s.name], s)[0] == [] or None,
                   f"0 resources left of {spec.name}", timeout=60)
         for name, job in jobs.items():
-            assert sagemaker.describe_training_job(TrainingJobName=job)["TrainingJobStatus"] == "Stopped", name
+            # the trainer heard the stop request, saved and exited: nothing was killed
+            assert sagemaker.describe_training_job(TrainingJobName=job)["TrainingJobStatus"] == "Completed", name
+        for spec in (by_cli, bare):
+            lines = [line.message for line in operate.logs(ours, job_ids[spec.name])]
+            # it stopped because it was asked (no signal reaches it), and its checkpoints hold every step it reached
+            stopped = [int(m[1]) for line in lines if (m := re.search(r"interrupted at step (\d+) of", line))]
+            saved = [int(m[1]) for line in lines if (m := re.search(r"checkpoint saved step-\d+-\w+ at step (\d+)", line))]
+            logged = [int(m[1]) for line in lines if (m := re.search(r"\bstep=(\d+) ", line))]
+            assert stopped and saved and max(saved) == stopped[-1] == max(logged), (stopped, saved[-3:], max(logged))
 
         # the record and `lustrain runs` / `status` say who stopped the run and what is left (nothing)
         runs = {r.name: r for r in operate.runs(ours)}
@@ -100,7 +111,7 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         caller = session.client("sts").get_caller_identity()["Arn"]
         assert shown.cause and f"cancelled by {caller} with lustrain cancel" in shown.cause
         assert shown.resources_left == []
-        assert shown.training_job and shown.training_job["status"] == "Stopped"
+        assert shown.training_job and shown.training_job["status"] == "Completed"
         assert [s.state for s in shown.timeline][-1] == "Start the training job"
         # the training state ended when the execution was stopped, not at "now"
         trained = shown.timeline[-1]

@@ -7,6 +7,7 @@ import dataclasses
 import boto3
 import pytest
 from infra_support import any_role, stack_resources
+from lustrain_core import stop_request
 from lustrain_core.config import Settings
 from moto import mock_aws
 
@@ -36,6 +37,10 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    # a training job here (held, or a stand-in) reads no stop request: teardown waits a second for it, not a poll
+    # and a save's 30 s, before StopTrainingJob (lustrain_core.stop_request)
+    monkeypatch.setenv(stop_request.POLL_SETTING, "1")
+    monkeypatch.setattr(stop_request, "UNKNOWN_SAVE_SECONDS", 0)
     return s
 
 

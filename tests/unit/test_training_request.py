@@ -281,9 +281,17 @@ def test_environment_passes_through_and_is_checked_against_the_api():
     doc = document({"code": {"environment": {"NCCL_DEBUG": "INFO"}}})
     # the trainer learns its run from LUSTRAIN_RUN_ID: it continues only that run's checkpoints; torchrun gives its
     # workers 110 of SageMaker's 120 s to save on a stop, unless the spec says otherwise
-    assert request_for(doc)["Environment"] == {"NCCL_DEBUG": "INFO", "LUSTRAIN_RUN_ID": doc["job"]["job_id"],
-                                               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110",
-                                               "LUSTRAIN_TENSORBOARD_DIR": "/opt/ml/output/tensorboard"}
+    environment = request_for(doc)["Environment"]
+    stops = {k: environment.pop(k) for k in list(environment) if k.startswith("LUSTRAIN_STOP_")
+             or k == "LUSTRAIN_MAX_RUNTIME_SECONDS"}
+    assert environment == {"NCCL_DEBUG": "INFO", "LUSTRAIN_RUN_ID": doc["job"]["job_id"],
+                           "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110",
+                           "LUSTRAIN_TENSORBOARD_DIR": "/opt/ml/output/tensorboard"}
+    # how the stack asks the trainer to stop (no signal reaches it), and its deadline: MaxRuntimeInSeconds
+    assert stops["LUSTRAIN_STOP_REQUEST"].endswith(f"/control/{doc['job']['job_id']}/stop-request.json")
+    assert stops["LUSTRAIN_MAX_RUNTIME_SECONDS"] == str(request_for(doc)["StoppingCondition"]["MaxRuntimeInSeconds"])
+    assert set(stops) == {"LUSTRAIN_STOP_REQUEST", "LUSTRAIN_STOP_POLL_SECONDS", "LUSTRAIN_MAX_RUNTIME_SECONDS",
+                          "LUSTRAIN_STOP_RESERVE_SECONDS", "LUSTRAIN_STOP_WAIT_SECONDS"}
     mine = document({"code": {"environment": {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}}})
     assert request_for(mine)["Environment"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "60"
     with pytest.raises(SpecInvalid) as info:

@@ -3,8 +3,10 @@
     python train.py --data DIR [--preset tiny] [--max_steps 300] ...      (one process)
     python -m torch.distributed.run --nproc_per_node N train.py ...        (DDP or FSDP)
 
-On SIGTERM (SageMaker stopping the job, a spot interruption) or Ctrl-C every rank finishes its step, a
-checkpoint is saved and the process exits 0; the next start resumes from the newest good checkpoint.
+On the run's stop request (the stack's cancel, a teardown), a signal where one arrives, or Ctrl-C every rank
+finishes its step, a checkpoint is saved and the process exits 0; at the run's deadline (MaxRuntimeInSeconds less
+the time to save, a training plan's end) the same save is made, then the trainer waits for SageMaker's stop
+(stopping.py says why). The next start resumes from the newest good checkpoint.
 
 Exit codes: 0 trained (or stopped with a checkpoint), 2 the run's own input is wrong (hyperparameters, data, a
 checkpoint of another model), faults.INFRASTRUCTURE_EXIT_CODE (75) the machine under it failed (NCCL, EFA, CUDA,
@@ -20,19 +22,17 @@ import math
 import os
 import resource
 import shutil
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 import torch
 from torch import nn
 
-from . import checkpoint, distributed, faults, plan, shards
+from . import checkpoint, distributed, faults, plan, shards, stopping
 from . import tokenizer as tok
 from .data import Batch, BatchPlan, Prefetcher, ShardReader
 from .distributed import Dist
@@ -58,6 +58,7 @@ from .model import (
     local_part,
 )
 from .shards import DataError, DataIndex, read_index
+from .stopping import StopRequest
 
 DATA_TRACE_ENV = "LUSTRAIN_DATA_TRACE"
 #: SageMaker's directory of the "resume" channel: the checkpoint of the run this one continues
@@ -68,29 +69,6 @@ SUMMARY_FILE = "summary.json"
 def say(message: str) -> None:
     """Information for people; metric lines go through format_line so the MetricDefinitions see only them."""
     print(f"lustrain: {message}", flush=True)
-
-
-class StopRequest:
-    """Set by SIGTERM/SIGINT; the loop notices it between steps, when a consistent checkpoint can be taken."""
-
-    def __init__(self) -> None:
-        self.signal: str | None = None
-        self._previous: dict[signal.Signals, Any] = {}
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.signal and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: someone wants out now, checkpoint or not
-        self.signal = signal.Signals(signum).name
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[StopRequest]:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        try:
-            yield self
-        finally:
-            for sig, handler in self._previous.items():
-                signal.signal(sig, handler)
 
 
 def lr_at(step: int, hp: Hyperparameters) -> float:
@@ -213,6 +191,8 @@ class Trainer:
             self.log("validation bits per byte off: the data's index gives no source bytes for its val split")
         self.evaluated_at: int | None = None
         self.saved_step = -1
+        #: when the last checkpoint began (monotonic), for checkpoint_every_minutes
+        self.last_save_started = time.monotonic()
         # TensorBoard's scalars from the writing rank (metrics.Board); the gradients' norm is measured at each
         # logged step on every rank (under FSDP it is a collective), whoever writes it
         self.board = Board.open(os.environ.get(TENSORBOARD_DIR_ENV), self.writes, say)
@@ -263,6 +243,7 @@ class Trainer:
                     "tokens_seen": tokens_seen, "global_micro_batches": self.global_micro_batches,
                     "world_size": self.info.world_size, "hyperparameters": self.hp.to_dict(),
                     "tokenizer": self.tokenizer_info}
+        self.last_save_started = time.monotonic()
         blocked = self.checkpointer.save(step, self._sharded_state(), manifest, self.save_id, reason, blocking)
         self.saved_step = step
         return blocked
@@ -402,12 +383,20 @@ class Trainer:
         self.model.train()
         return float(distributed.all_reduce(total / batches, self.info).item())
 
-    def _stop_agreed(self, stop: StopRequest) -> bool:
-        """Whether any rank was asked to stop: all must leave the loop at the same step."""
+    def _agreed(self, stop: StopRequest, save_due: bool) -> tuple[int, bool]:
+        """Why the loop ends, if it does (stopping.NONE, REQUESTED, DEADLINE), and whether a checkpoint is due by
+        time, as every rank must see them: all leave the loop, and all save, at the same step. One all-reduce."""
+        code = stop.code()
         if not self.info.active:
-            return stop.signal is not None
-        flag = torch.tensor([1.0 if stop.signal else 0.0], device=self.info.device)
-        return bool(distributed.all_reduce(flag, self.info, op="max").item() > 0)
+            return code, save_due
+        flags = torch.tensor([float(code), 1.0 if save_due else 0.0], device=self.info.device)
+        agreed = distributed.all_reduce(flags, self.info, op="max").tolist()
+        return int(agreed[0]), bool(agreed[1])
+
+    def _save_due_by_time(self) -> bool:
+        """checkpoint_every_minutes since the last save began (0: by steps only)."""
+        every_s = 60.0 * self.hp.checkpoint_every_minutes
+        return every_s > 0 and time.monotonic() - self.last_save_started >= every_s
 
     def train_step(self, step: int, lr: float, next_batch: Callable[[], Batch], measure: bool = False) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns this rank's loss (detached, no sync). The
@@ -469,12 +458,18 @@ class Trainer:
         loss_sum = torch.zeros((), device=info.device)
         window_steps, window_start = 0, time.perf_counter()
         step, status = start, "completed"
+        stopped_by, save_due = stopping.NONE, False
         self.model.train()
         try:
             while step < hp.max_steps:
-                if self._stop_agreed(stop):
-                    status = "interrupted"
+                stopped_by, save_due = self._agreed(stop, self._save_due_by_time())
+                if stopped_by != stopping.NONE:
+                    status = "deadline" if stopped_by == stopping.DEADLINE else "interrupted"
                     break
+                if save_due and step > start:
+                    values = {"ckpt_blocking_s": self.save_checkpoint(step, tokens_seen, "interval (time)")}
+                    if info.is_main:
+                        print(format_line(step, values), flush=True)
                 step += 1
                 lr = lr_at(step, hp)
                 logged = step % hp.log_interval == 0 or step == hp.max_steps
@@ -518,9 +513,9 @@ class Trainer:
             if trace:
                 trace.close()
         # Blocking: the process ends after this, and a stop must end in a committed checkpoint (the write in
-        # flight, if any, finishes first). Under torchrun of torch < 2.12 this must fit its 30 s grace.
-        self.save_checkpoint(step, tokens_seen, "stop requested by " + str(stop.signal)
-                             if status == "interrupted" else "end of training", blocking=True)
+        # flight, if any, finishes first).
+        self.save_checkpoint(step, tokens_seen, "end of training" if status == "completed"
+                             else stop.describe(stopped_by), blocking=True)
         if status == "completed":
             self.write_model(step, metrics)
         return Outcome(status, step, resumed_from, metrics, tokens_seen)
@@ -679,8 +674,9 @@ def main(argv: list[str] | None = None) -> int:
         return faults.report(kind, exc)
     shut_down = True
     try:
-        stop = StopRequest()
-        with stop.installed():
+        stop = StopRequest(say=say if info.is_main else None)
+        # rank 0 reads the stop request; the loop's all-reduce tells the others
+        with stop.installed(poll=info.rank == 0):
             if info.is_main:
                 for warning in warnings:
                     say(f"warning: {warning}")
@@ -746,6 +742,10 @@ def main(argv: list[str] | None = None) -> int:
                                              summary["elapsed_s"], trainer.evaluated_at)
             _write_json(paths.output / SUMMARY_FILE, summary)
             say(f"{outcome.status} at step {outcome.step} of {hp.max_steps}; summary in {paths.output / SUMMARY_FILE}")
+        if outcome.status == "deadline":
+            # the job must end Stopped (a budget spent, a run out of time), not Completed: SageMaker stops it
+            trainer.log("checkpoint committed before the deadline; waiting for SageMaker to stop the job")
+            stop.wait_for_sagemaker()
         return 0
     finally:
         if shut_down:

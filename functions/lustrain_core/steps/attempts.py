@@ -20,7 +20,7 @@ The state machine's Catch on the training task puts the attempt's end in $.failu
 
 No attempt starts beside a live one. If DescribeTrainingJob says the attempt's job is still InProgress or
 Stopping, next_attempt refuses another attempt and the run ends: the run's teardown stops the job (the trainer
-checkpoints on SIGTERM, and a new run can resume from it). It does not wait: on_training_event answers only an end
+checkpoints when its stop request asks, and a new run can resume from it). It does not wait: on_training_event answers only an end
 SageMaker confirms, so a live job reaches here only when its events stopped coming (States.Timeout,
 States.HeartbeatTimeout) or its token was answered by someone else; when, or whether, it ends is unknown, and a
 wait loop would only spend the execution's history while the fleet runs unwatched.
@@ -164,7 +164,7 @@ def _decided(run: Run, attempt: Attempt, earlier: list[Attempt], settings: Setti
         reason = (
             f"{attempt.error} ended attempt {attempt.attempt}, but SageMaker says its training job "
             f"{attempt.training_job_name} is {attempt.outcome}: no other attempt starts beside a live one, so the "
-            "run ends and its teardown stops the job (the trainer checkpoints on SIGTERM)"
+            "run ends and its teardown stops the job (its trainer checkpoints when the stop request asks)"
         )
     return Recovery(
         attempts=attempts,

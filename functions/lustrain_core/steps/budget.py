@@ -12,7 +12,7 @@ training job a MaxRuntimeInSeconds no longer than what the budget left pays for:
     runtime  = left / (the instances' hourly price + the file system's hourly price), at most compute.max_runtime_hours
 
 A job that reaches such a shortened MaxRuntime is stopped by SageMaker, which uploads what it wrote (the trainer
-saves a checkpoint on SIGTERM); on_training_event archives it and the run ends BudgetExceeded (the run policy's
+saved a checkpoint before it: the job carries its MaxRuntimeInSeconds, stop_request.py); on_training_event archives it and the run ends BudgetExceeded (the run policy's
 `budget` class: not retried). An attempt the budget leaves less than MIN_RUNTIME_SECONDS is not started at all.
 next_attempt counts the same costs (attempt_cost_usd) when it decides on another attempt.
 """

@@ -31,7 +31,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lustrain_core import prepare_plan, secrets_launcher
+from lustrain_core import prepare_plan, secrets_launcher, stop_request
 from lustrain_core.aws_errors import error_code, explained
 from lustrain_core.config import Settings
 from lustrain_core.document import Code, MetricDefinition, Run
@@ -227,7 +227,10 @@ def upload_code(document: dict[str, Any], *, s3: Any, settings: Settings) -> Cod
     metrics_body = dict(files).get(METRIC_DEFINITIONS_FILE)
     metric_definitions = parse_metric_definitions(metrics_body) if metrics_body is not None else []
 
-    return store_bundle(s3, settings, job.job_id, files, spec.code.source, metric_definitions)
+    code = store_bundle(s3, settings, job.job_id, files, spec.code.source, metric_definitions)
+    # before the training job exists: its trainer reads the request from its first step (stop_request.py)
+    stop_request.not_asked(s3, settings, job.job_id)
+    return code
 
 
 def upload_trainer(document: dict[str, Any], *, s3: Any, settings: Settings) -> Code:

@@ -113,6 +113,9 @@ class Scope:
     ) -> None:
         self.ec2, self.fsx, self.job_id, self.settings, self.clock = ec2, fsx, job_id, settings, clock
         self._sagemaker = sagemaker
+        self._s3: Any = None
+        #: seconds since the epoch: a stop request's wait is measured from its time, across invocations
+        self.wall_clock: Callable[[], float] = time.time
         self.report = Report()
 
     @property
@@ -121,6 +124,13 @@ class Scope:
         if self._sagemaker is None:
             self._sagemaker = clients.client("sagemaker")
         return self._sagemaker
+
+    @property
+    def s3(self) -> Any:
+        # built only to ask a running training job's trainer to stop (stop_request.py)
+        if self._s3 is None:
+            self._s3 = clients.client("s3")
+        return self._s3
 
     def ours(self, tags: list[dict[str, str]] | None) -> bool:
         found = tag_dict(tags)

@@ -21,8 +21,9 @@ How the cloud maps onto one machine:
 - Checkpoints: CheckpointConfig.S3Uri is copied into the local checkpoint directory before training (so a rerun
   resumes) and back to S3 at the end. SM_CHECKPOINT_DIR names the local directory, because the trainer cannot
   use /opt/ml/checkpoints here.
-- Stop: SIGTERM to the launcher (torchrun forwards it to every worker), then `stop_grace_s` (SageMaker's 120 s)
-  before SIGKILL. MaxRuntimeInSeconds ends the job the same way, as Stopped with SecondaryStatus
+- Stop: SIGTERM to the container's first process, then `stop_grace_s` (SageMaker's 120 s) before SIGKILL. In
+  SageMaker's PyTorch images that first process passes nothing on (container.sigterm_reaches_entry_point): the entry
+  point is only killed; lustrain's trainer stops when its run's stop request asks (objects.py serves its reads). MaxRuntimeInSeconds ends the job the same way, as Stopped with SecondaryStatus
   MaxRuntimeExceeded; a manual StopTrainingJob ends as Stopped/Stopped. The model is uploaded in both cases.
 
 The job's own calls (code and checkpoint downloads, checkpoint and model uploads, log writes) are made as its

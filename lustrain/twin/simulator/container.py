@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lustrain_core import images
+
 from lustrain.twin.simulator.job import FAILURE_REASON_MAX, JobFailure, SimulatedJob
+from lustrain.twin.training_plans import capacity_environment
 
 #: The current host's name, as SageMaker names the first instance of a job.
 CURRENT_HOST = "algo-1"
@@ -182,6 +185,8 @@ def training_env(
             "PYTHONPATH": os.pathsep.join(filter(None, [str(layout.code), env.get("PYTHONPATH", "")])),
         }
     )
+    # a job on a training plan learns when its capacity ends, as SageMaker tells it
+    env.update(capacity_environment(job.request))
     for name, path in channels.items():
         env[f"SM_CHANNEL_{name.upper()}"] = str(path)
     for key, value in user_hps.items():
@@ -217,6 +222,42 @@ def algorithm_error(layout: Layout, rc: int, stderr_tail: list[str], command: li
     if len(message) > room:
         message = message[-max(room, 0) :]
     return f"{head}{message}{tail}"
+
+
+#: torchrun kills its workers this long after it forwards a SIGTERM, in every torch before 2.12, which is the first
+#: to read TORCH_ELASTIC_SHUTDOWN_TIMEOUT (torch/distributed/elastic/agent/server/api.py)
+TORCHRUN_FIXED_GRACE_S = 30
+TORCHRUN_GRACE_VARIABLE = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+TORCHRUN_GRACE_READ_FROM = (2, 12)
+
+
+def framework_version(job: SimulatedJob) -> str | None:
+    """The PyTorch version of the job's image when it is one of SageMaker's PyTorch training images, else None."""
+    image = str((job.request.get("AlgorithmSpecification") or {}).get("TrainingImage") or "")
+    return images.pytorch_training_version(image)
+
+
+def sigterm_reaches_entry_point(job: SimulatedJob) -> bool:
+    """Whether a stop's SIGTERM reaches the job's program. SageMaker signals the container's first process. In its
+    PyTorch training images that is bash running start_with_right_hostname.sh, which starts the training toolkit
+    (`train`) as a child and passes no signal on; the toolkit installs no handler either (aws/sagemaker-training-
+    toolkit issues #125 and #173, aws/deep-learning-containers #632): the entry point never hears of the stop and
+    is killed at the end of the grace. A ContainerEntrypoint replaces that first process, and any other image's
+    first process is the image's own: those get the signal."""
+    spec = job.request.get("AlgorithmSpecification") or {}
+    return bool(spec.get("ContainerEntrypoint")) or framework_version(job) is None
+
+
+def image_environment(job: SimulatedJob) -> dict[str, str]:
+    """What the image's own torch does that this machine's (newer) torch would not: before 2.12 torchrun's grace
+    after a forwarded SIGTERM is 30 s whatever TORCH_ELASTIC_SHUTDOWN_TIMEOUT says."""
+    version = framework_version(job)
+    if version is None:
+        return {}
+    major_minor = tuple(int(part) for part in version.split(".")[:2])
+    if major_minor < TORCHRUN_GRACE_READ_FROM:
+        return {TORCHRUN_GRACE_VARIABLE: str(TORCHRUN_FIXED_GRACE_S)}
+    return {}
 
 
 def entrypoint(job: SimulatedJob, layout: Layout) -> list[str] | None:

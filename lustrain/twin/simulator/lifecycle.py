@@ -40,6 +40,7 @@ from lustrain.twin import faults
 from lustrain.twin.simulator import container, events, mounts, network
 from lustrain.twin.simulator.container import TENSORBOARD_DEFAULT_PATH, Layout, in_layout
 from lustrain.twin.simulator.job import JobFailure, JobView, SimulatedJob, max_runtime_s, now
+from lustrain.twin.simulator.objects import ObjectEndpoint
 from lustrain.twin.simulator.secrets import SecretsEndpoints
 from lustrain.twin.simulator.storage import (
     InvalidUri,
@@ -273,6 +274,8 @@ class _JobRun:
         self.hardware_failed = False
         #: Secrets Manager and SSM as the job's process reaches them, while it runs
         self.secrets: SecretsEndpoints | None = None
+        #: S3's objects as the job's process reads them (its stop request), while it runs
+        self.objects: ObjectEndpoint | None = None
 
     def _wait_for_creator(self) -> None:
         """Until the invocation that created the job has returned (its events come after its answer, as on AWS),
@@ -353,6 +356,8 @@ class _JobRun:
         finally:
             if self.secrets is not None:
                 self.secrets.close()
+            if self.objects is not None:
+                self.objects.close()
             self.logs.flush()
             remove_temp_workdir(job)
             job._done.set()
@@ -516,6 +521,9 @@ class _JobRun:
         hps = container.decoded_hyperparameters(job.request.get("HyperParameters") or {})
         env = container.training_env(job, layout, channels, hps, self.parts.environment())
         env.update(self._secrets_endpoints())
+        env.update(self._object_endpoint())
+        # the image's torch, not this machine's: its torchrun's grace after a forwarded SIGTERM
+        env.update(container.image_environment(job))
         command = container.entrypoint(job, layout) or container.command(
             job, code_dir, hps, self.settings.max_processes
         )
@@ -580,6 +588,13 @@ class _JobRun:
         self.secrets.start()
         return self.secrets.environment()
 
+    def _object_endpoint(self) -> dict[str, str]:
+        """S3's objects for the job's process, through its network and as its role (objects.py)."""
+        path = self.network.s3_path(self.job.request.get("VpcConfig"))
+        self.objects = ObjectEndpoint(self.storage, reachable=path.problem is None)
+        self.objects.start()
+        return self.objects.environment()
+
     def _pump(
         self,
         stream: io.BufferedReader | None,
@@ -616,8 +631,11 @@ class _JobRun:
             time.sleep(HARDWARE_POLL_S)
 
     def _supervise(self, process: subprocess.Popen[bytes], deadline: float) -> int:
-        """Wait for the trainer; on StopTrainingJob or MaxRuntime, SIGTERM, then SIGKILL after the grace."""
+        """Wait for the trainer; on StopTrainingJob or MaxRuntime, SIGTERM to the container's first process, then
+        SIGKILL after the grace. In SageMaker's PyTorch images that first process passes nothing on
+        (container.sigterm_reaches_entry_point): the entry point is only killed."""
         job = self.job
+        signalled = container.sigterm_reaches_entry_point(job)
         terminated_at: float | None = None
         while True:
             try:
@@ -632,8 +650,9 @@ class _JobRun:
                             job._move("Stopping", "Stopping")
                 if job.stop_reason:
                     self._publish_stopping()
-                    with contextlib.suppress(ProcessLookupError):
-                        process.send_signal(signal.SIGTERM)
+                    if signalled:
+                        with contextlib.suppress(ProcessLookupError):
+                            process.send_signal(signal.SIGTERM)
                     terminated_at = time.monotonic()
             elif time.monotonic() - terminated_at >= self.settings.stop_grace_s:
                 kill(process)

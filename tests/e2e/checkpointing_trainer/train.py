@@ -5,9 +5,11 @@ so a run that must train for a minute costs the suite no CPU.
 What it keeps of lustrain_trainer: a committed checkpoint is a step-N.json file in SM_CHECKPOINT_DIR (written
 whole, then renamed: SageMaker syncs the directory to S3, and the twin's `hardware-failure` fault waits for the
 first one); a job starts from the newest one there and logs `step=N resumed_from=N` once; each step logs
-`step=N train_loss=...` (metric_definitions.json beside it gives SageMaker both regexes); SIGTERM (a stop, or
-MaxRuntimeInSeconds) saves a checkpoint of the step reached and ends the job cleanly, within SageMaker's grace;
-the model goes to SM_MODEL_DIR at the end, however it came.
+`step=N train_loss=...` (metric_definitions.json beside it gives SageMaker both regexes); the run's stop request
+(read each second) or a SIGTERM where one arrives saves a checkpoint of the step reached and exits; the deadline
+(LUSTRAIN_MAX_RUNTIME_SECONDS less LUSTRAIN_STOP_RESERVE_SECONDS: no signal reaches an entry point in SageMaker's
+PyTorch images) saves it and waits for SageMaker's stop, as lustrain_trainer/stopping.py does; the model goes to
+SM_MODEL_DIR at the end, however it came.
 
 Hyperparameters: --steps (the last step), --step_s (seconds per step), --checkpoint_interval (steps).
 """
@@ -37,6 +39,23 @@ def save(checkpoints: Path, step: int) -> None:
     partial.rename(checkpoints / f"step-{step}.json")
 
 
+def stop_requested(client: list[object]) -> bool:
+    """Whether the run's stop request asks to stop (a read that fails says no: it is tried again)."""
+    uri = os.environ.get("LUSTRAIN_STOP_REQUEST", "")
+    if not uri.startswith("s3://"):
+        return False
+    try:
+        import boto3
+
+        if not client:
+            client.append(boto3.client("s3"))
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        body = client[0].get_object(Bucket=bucket, Key=key)["Body"].read()  # type: ignore[attr-defined]
+        return bool(json.loads(body).get("stop") is True)
+    except Exception:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=1_000_000)
@@ -45,19 +64,36 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    started = time.monotonic()
+    runtime = float(os.environ.get("LUSTRAIN_MAX_RUNTIME_SECONDS") or "inf")
+    deadline = started + runtime - float(os.environ.get("LUSTRAIN_STOP_RESERVE_SECONDS") or 0)
+    client: list[object] = []
+    looked = started
 
     checkpoints = Path(os.environ["SM_CHECKPOINT_DIR"])
     step = start = newest(checkpoints)
     if start:
         print(f"step={start} resumed_from={start}", flush=True)
+    at_deadline = False
     while step < args.steps and not stopping:
+        if time.monotonic() >= deadline:
+            at_deadline = True
+            break
+        if time.monotonic() - looked >= 1.0:
+            looked = time.monotonic()
+            if stop_requested(client):
+                break
         time.sleep(args.step_s)
         step += 1
         print(f"step={step} train_loss={1.0 / step:.4f}", flush=True)
         if step % args.checkpoint_interval == 0:
             save(checkpoints, step)
-    if stopping and step > start:
+    if (stopping or at_deadline or step < args.steps) and step > start:
         save(checkpoints, step)
+    if at_deadline:
+        # the job must end Stopped at MaxRuntimeInSeconds, as SageMaker ends a deadline's job
+        print(f"checkpoint step {step} saved before the deadline; waiting for SageMaker's stop", flush=True)
+        time.sleep(max(0.0, started + runtime + 300 - time.monotonic()))
     model_dir = Path(os.environ["SM_MODEL_DIR"])
     model_dir.mkdir(parents=True, exist_ok=True)
     model = {"training_job_name": os.environ.get("TRAINING_JOB_NAME", ""), "step": step, "resumed_from": start}

@@ -41,6 +41,17 @@ def on_sigterm(signum, frame):
 signal.signal(signal.SIGTERM, on_sigterm)
 mode = os.environ.get("STAND_IN_MODE", "train")
 data = os.environ["SM_CHANNEL_TRAINING"]
+if mode == "read":
+    import boto3
+    s3 = boto3.client("s3")
+    bucket, _, key = os.environ["READ_URI"][5:].partition("/")
+    print("read " + s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode(), flush=True)
+    bucket, _, key = os.environ["MISSING_URI"][5:].partition("/")
+    try:
+        s3.get_object(Bucket=bucket, Key=key)
+    except Exception as error:
+        print("missing " + error.response["Error"]["Code"], flush=True)
+    sys.exit(0)
 if mode == "fail":
     raise ValueError("bad shard in " + data)
 rank = os.environ.get("RANK", "0")
@@ -505,14 +516,17 @@ def test_file_system_not_yet_available_fails_the_mount(twin: Twin) -> None:
     assert "CREATING, not AVAILABLE" in reason
 
 
-def test_stop_training_job_sends_sigterm_then_stops_and_still_uploads_the_model(
+def test_stop_training_job_sends_sigterm_to_an_image_of_its_own_then_stops_and_still_uploads_the_model(
     twin: Twin, printed: Any
 ) -> None:
+    # an image whose first process is the entry point (not SageMaker's PyTorch image) hears the stop's SIGTERM
+
     fs_id, mount = twin.lustre()
     ready = printed("stop-me", "ready")
     request = twin.request(
         "stop-me", fs_id=fs_id, directory_path=f"/{mount}/data", Environment={"STAND_IN_MODE": "wait"}
     )
+    request["AlgorithmSpecification"]["TrainingImage"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/our-trainer:1"
     twin.sm.create_training_job(**request)
     assert ready.wait(30), "the trainer never started"
     # the line it printed is in CloudWatch while the job still runs (SageMaker streams a job's log)
@@ -557,6 +571,46 @@ def test_stop_training_job_sends_sigterm_then_stops_and_still_uploads_the_model(
         twin.sm.stop_training_job(TrainingJobName="stop-me")
     assert again.value.response["Error"]["Code"] == "ValidationException"
     assert "training job is in status Stopped" in again.value.response["Error"]["Message"]
+
+
+
+def test_in_sagemakers_pytorch_image_a_stop_never_reaches_the_entry_point_which_is_killed_at_the_grace(
+    twin: Twin, printed: Any
+) -> None:
+    # the probe of SageMaker's PyTorch image: an entry point that traps SIGTERM, then StopTrainingJob. Its first
+    # process (bash) passes nothing on: the trap never runs, the entry point is killed when the grace ends
+    simulator.configure(stop_grace_s=2.0)
+    fs_id, mount = twin.lustre()
+    ready = printed("probe", "ready")
+    request = twin.request(
+        "probe", fs_id=fs_id, directory_path=f"/{mount}/data", Environment={"STAND_IN_MODE": "wait"}
+    )
+    assert "/pytorch-training:" in request["AlgorithmSpecification"]["TrainingImage"]
+    twin.sm.create_training_job(**request)
+    assert ready.wait(30), "the trainer never started"
+    twin.sm.stop_training_job(TrainingJobName="probe")
+    simulator.wait_all(timeout=60)
+
+    stopped = twin.describe("probe")
+    assert (stopped["TrainingJobStatus"], stopped["SecondaryStatus"]) == ("Stopped", "Stopped")
+    assert "got SIGTERM" not in job_view("probe").log_path.read_text()  # type: ignore[union-attr]
+    assert untar(twin.object("results/probe/output/model.tar.gz")) == {}  # nothing saved
+
+
+def test_the_job_reads_its_own_objects_through_its_network_as_its_role(twin: Twin, printed: Any) -> None:
+    # what lustrain's trainer does to read the run's stop request: GetObject with the job's role, from its process
+    twin.s3.put_object(Bucket=BUCKET, Key="control/run-1/stop-request.json", Body=b'{"stop": true}')
+    fs_id, mount = twin.lustre()
+    request = twin.request(
+        "reader", fs_id=fs_id, directory_path=f"/{mount}/data", Environment={"STAND_IN_MODE": "read"}
+    )
+    request["Environment"]["READ_URI"] = f"s3://{BUCKET}/control/run-1/stop-request.json"
+    request["Environment"]["MISSING_URI"] = f"s3://{BUCKET}/control/run-1/nothing-here.json"
+    twin.sm.create_training_job(**request)
+    simulator.wait_all(timeout=60)
+    log = job_view("reader").log_path.read_text()  # type: ignore[union-attr]
+    assert 'read {"stop": true}' in log, log
+    assert "missing NoSuchKey" in log, log
 
 
 @pytest.mark.parametrize(
