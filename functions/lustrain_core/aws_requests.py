@@ -236,12 +236,13 @@ def training_job(
         # code, checkpoints and results
         "SessionChainingConfig": {"EnableSessionTagChaining": True},
     }
-    # how the stack asks the trainer to stop, and the deadline it stops itself before (stop_request.py)
-    environment.update(
-        stop_request.environment(
-            settings, job.job_id, job.plan, request["StoppingCondition"]["MaxRuntimeInSeconds"]
-        )
+    # how the stack asks the trainer to stop, and the deadline it stops itself before (stop_request.py); a region
+    # the spec's code.environment sets is its own
+    stops = stop_request.environment(
+        settings, job.job_id, job.plan, request["StoppingCondition"]["MaxRuntimeInSeconds"]
     )
+    for name, value in stops.items():
+        environment.setdefault(name, value)
     if launch.checkpoint_path is None:
         # SageMaker syncs LocalPath to S3 while the job runs and back at its start (and at a spot restart)
         request["CheckpointConfig"] = {"S3Uri": launch.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH}

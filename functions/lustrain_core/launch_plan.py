@@ -483,11 +483,10 @@ def hyperparameters(
     return {key: json.dumps(value) for key, value in values.items()}
 
 
-#: The job's environment unless the spec sets them. On a stop SageMaker sends SIGTERM and allows 120 s
-#: (StopTrainingJob's API reference); torchrun forwards the signal to its workers and kills them 30 s later, unless
-#: TORCH_ELASTIC_SHUTDOWN_TIMEOUT (read from torch 2.12 on) says otherwise: 110 s leaves the trainer's stop-time
-#: checkpoint the most of SageMaker's grace. (On older torch the 30 s stand: the memory plan says whether the
-#: stop's checkpoint fits them, stop_within_torchrun_default_grace.)
+#: The job's environment unless the spec sets them. SageMaker's PyTorch images pass no stop's SIGTERM on to the entry
+#: point (stop_request.py: the stack asks through the run's stop request instead); an image of the team's own may,
+#: and torchrun then forwards it to its workers and kills them 30 s later unless TORCH_ELASTIC_SHUTDOWN_TIMEOUT (read
+#: from torch 2.12 on) says otherwise: 110 s leaves such a stop's checkpoint the most of SageMaker's 120 s.
 ENVIRONMENT_DEFAULTS = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110"}
 
 

@@ -69,10 +69,10 @@ LAMBDA_INVOCATIONS_PER_RUN = 15
 #: runs longer than this are better off on a file system that survives a file-server failure
 PERSISTENT_AFTER_HOURS = 72
 #: checkpoints.to_filesystem: one checkpoint's write should take at most this long at the file system's
-#: throughput. A stop (StopTrainingJob, spot reclaim, max runtime) gives the job 120 s after SIGTERM and torchrun's
-#: workers 110 s of it (steps/training.py's TORCH_ELASTIC_SHUTDOWN_TIMEOUT); in that time the trainer finishes the
-#: write in flight, then stages and writes its stop-time checkpoint (trainer plan's stop_to_saved_s): two writes
-#: and a staging copy of a few seconds fit 110 s when each write takes at most 50 s.
+#: throughput. A stop, asked (the run's stop request) or at the trainer's own deadline, waits for the write in
+#: flight, then stages and writes its stop-time checkpoint (goodput.stop_to_saved_s): two writes and a staging copy
+#: of a few seconds fit SageMaker's 120 s between a stop and SIGKILL when each write takes at most 50 s, so that even
+#: a stop the trainer hears late (a deadline reached early) keeps its checkpoint.
 CHECKPOINT_WRITE_TARGET_S = 50
 #: data.preload: the warm-up job's one instance (steps/preload.py), a CPU type of the catalogue
 PRELOAD_INSTANCE_TYPE = "ml.m5.xlarge"
@@ -115,6 +115,10 @@ STOP_REQUEST_POLL_SECONDS = 10
 #: what the plan does not count, torch.distributed.checkpoint's planning over every rank and the staging buffers'
 #: allocation (issue 39 names both; neither is measured yet)
 STOP_WAIT_MARGIN_S = 60
+#: The longest a restart may spend in SageMaker's checkpoint sync: it copies the whole checkpoint prefix (every kept
+#: checkpoint) to every instance before the entry point starts, while the fleet is billed and idle. Above it the
+#: checkpoints must go to the file system (checkpoints.to_filesystem), where each rank reads only its own shards.
+SYNC_RESUME_MAX_S = 600
 #: The share of the GPU's dense bf16 peak a step runs at, until a step-time model exists: the low end of Llama 3's
 #: 38-43% BF16 model FLOPs utilisation on 8,192 to 16,384 H100s (Dubey et al. 2024, table 4); MFU counts the model's
 #: FLOPs, as Shape.flops_per_token does. Not measured on A100 or with this trainer.
@@ -536,6 +540,29 @@ def plan_goodput(
     peak = itype.bf16_dense_tflops_per_gpu
     step_s = layout.micro_batch_flops * grad_accum / (peak * 1e12 * STEP_MFU) if layout and peak else None
     young_daly_s = math.sqrt(2 * blocking * fleet_mtbf_h * 3600) if blocking else None
+    sync_max_gb = SYNC_RESUME_MAX_S * S3_SYNC_GB_S
+    if medium is not None and not spec.checkpoints.to_filesystem and medium["resume_s"] > SYNC_RESUME_MAX_S:
+        errors.append(FieldError(
+            "checkpoints.to_filesystem", False,
+            f"each restart would copy {medium['resume_gb_per_host']:,.0f} GB ({keep} kept checkpoints) to every one "
+            f"of the {c.instance_count} instances through SageMaker's checkpoint sync, about "
+            f"{medium['resume_s']:,.0f} s at {S3_SYNC_GB_S:g} GB/s a host, above the {SYNC_RESUME_MAX_S} s "
+            f"({sync_max_gb:,.0f} GB a host) a restart may spend there: set checkpoints.to_filesystem: true (each "
+            "rank then writes and reads only its own shards on Lustre, exported to S3), or keep fewer checkpoints "
+            "(code.hyperparameters.keep_checkpoints)",
+        ))
+
+    if (
+        spec.checkpoints.to_filesystem
+        and spec.filesystem.file_system_id is None
+        and spec.filesystem.deployment_type == "scratch"
+    ):
+        errors.append(FieldError(
+            "filesystem.deployment_type", "scratch",
+            "checkpoints.to_filesystem needs persistent: a scratch file system keeps one copy of its data, and a "
+            "file server's failure loses every checkpoint its export to S3 had not yet reached (FSx for Lustre "
+            "User Guide, deployment options); persistent replicates within its zone",
+        ))
 
     given = _interval_given(spec, hp, errors)
     every: float | None
@@ -616,6 +643,11 @@ def plan_goodput(
         "stop_to_saved_s": rounded(stop_to_saved_s),
         "stop_wait_s": math.ceil(stop_to_saved_s + STOP_WAIT_MARGIN_S) if stop_to_saved_s is not None else None,
         "resume_read_gb_per_host": rounded(medium["resume_gb_per_host"] if medium else None, 2),
+        # on Lustre each rank reads only the parts of the shards it holds (DCP reads by offset), on any mesh
+        "resume_read_gb_per_rank": rounded(
+            layout.checkpoint_bytes / devices / 1e9 if layout is not None and spec.checkpoints.to_filesystem
+            else medium["resume_gb_per_host"] if medium else None, 3),
+        "checkpoint_sync_max_gb_per_host": round(sync_max_gb, 1),
         "resume_s": rounded(resume_s),
         "expected_interruptions": round(interruptions, 2),
         "billed_gpu_hours": round(billed, 1),
@@ -636,6 +668,11 @@ def plan_goodput(
             "flight, then the stop's own)",
             "stop_wait_s": f"stop_to_saved_s + {STOP_WAIT_MARGIN_S} s for what is not counted (checkpoint planning "
             "over every rank, staging buffers' allocation)",
+            "resume_read_gb_per_rank": "on Lustre, the rank's share of the checkpoint: the same mesh reads its own "
+            "shards (bench/goodput.py's resume_read_ratio), a new mesh the parts of several it now holds, the same "
+            "bytes (DCP reads by offset); through SageMaker's sync every host gets the whole prefix first",
+            "checkpoint_sync_max_gb_per_host": f"SYNC_RESUME_MAX_S ({SYNC_RESUME_MAX_S} s of a restart in SageMaker's "
+            "checkpoint sync) at its rate: a larger checkpoint prefix is refused without checkpoints.to_filesystem",
             "resume_s": "the checkpoint's read from instances ready to the first step, at the medium's rate; the "
             "image's pull and torchrun's rendezvous are not counted (no published figure)",
             "expected_interruptions": "GPUs x compute.max_runtime_hours / gpu_mtbf_hours (spot reclaims not "

@@ -49,7 +49,11 @@ START_ALLOWANCE_SETTING = "LUSTRAIN_START_ALLOWANCE_SECONDS"
 DEFAULT_POLL_SECONDS = 10
 #: teardown's wait for a job whose Environment names no figure of its own
 DEFAULT_STOP_WAIT_SECONDS = 120
-DEFAULT_START_ALLOWANCE_SECONDS = 120
+#: What SageMaker's runtime clock counts before the entry point starts besides the plan's checkpoint read: the
+#: image's start on the instances and torchrun's rendezvous. No figure is published; an assumption, which the stack's
+#: StartAllowanceSeconds replaces (the trainer logs its deadline at start). A trainer that stops itself late still
+#: has SageMaker's 120 s between the stop and SIGKILL.
+IMAGE_START_ALLOWANCE_SECONDS = 120
 #: a stop's save where the plan cannot say (an entry point of the team's own, whose checkpoint lustrain does not
 #: know): the poll, then this long for the step in flight and the save
 UNKNOWN_SAVE_SECONDS = 30
@@ -69,10 +73,19 @@ def poll_seconds(settings: Settings) -> int:
 
 def not_asked(s3: Any, settings: Settings, job_id: str) -> None:
     """The run's stop request, asking nothing yet (upload_code, before the job exists). One already there (a
-    retried upload_code, a cancel that came first) is kept."""
-    if "stop" in read(s3, settings, job_id):
-        return
-    _put(s3, settings, job_id, {"stop": False})
+    retried upload_code, a cancel that came first) is kept: the write is conditional (If-None-Match: *), so a request
+    made between any read and this write is never overwritten."""
+    try:
+        s3.put_object(
+            Bucket=settings.artifacts_bucket,
+            Key=key(job_id),
+            Body=json.dumps({"stop": False}).encode(),
+            ContentType="application/json",
+            IfNoneMatch="*",
+        )
+    except ClientError as exc:
+        if error_code(exc) not in {"PreconditionFailed", "412", "ConditionalRequestConflict"}:
+            raise
 
 
 def read(s3: Any, settings: Settings, job_id: str) -> dict[str, Any]:
@@ -135,15 +148,19 @@ def reserve_seconds(plan: dict[str, Any] | None, settings: Settings) -> int:
     allowance = settings.whole_seconds(START_ALLOWANCE_SETTING, least=0)
     if allowance is None:
         resume = goodput.get("resume_s")
-        allowance = round(float(resume)) if isinstance(resume, int | float) else DEFAULT_START_ALLOWANCE_SECONDS
+        allowance = IMAGE_START_ALLOWANCE_SECONDS + (round(float(resume)) if isinstance(resume, int | float) else 0)
     stop = float(saved) if isinstance(saved, int | float) else poll_seconds(settings) + UNKNOWN_SAVE_SECONDS
     return round(stop) + allowance
 
 
 def environment(settings: Settings, job_id: str, plan: dict[str, Any] | None, max_runtime_seconds: int
                 ) -> dict[str, str]:
-    """The job's Environment for its stops: where its stop request is, how often to read it, its deadline."""
+    """The job's Environment for its stops: where its stop request is, how often to read it, its deadline, and
+    the region to read it in."""
     return {
+        # the trainer's S3 client needs the region: without one it would ask s3.amazonaws.com, which the run's
+        # subnet (an S3 gateway endpoint, no internet) does not reach
+        "AWS_DEFAULT_REGION": settings.region,
         STOP_REQUEST_VARIABLE: uri(settings, job_id),
         STOP_POLL_VARIABLE: str(poll_seconds(settings)),
         MAX_RUNTIME_VARIABLE: str(max_runtime_seconds),

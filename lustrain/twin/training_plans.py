@@ -19,9 +19,13 @@ The API, with botocore's shapes and error codes:
   least its count at once (ValidationException), and the job's subnets lie in the plan's zone (ValidationException).
   Such a job does not count against the account's on-demand quota. IAM authorizes it against the plan and its
   reserved capacities (`reserved_capacity_ids`; Service Authorization Reference: CreateTrainingJob's training-plan
-  and reserved-capacity resource types). What AWS does with a job asking more than the plan has free (it waits in the
-  plan's queue), or created before its capacity starts (it waits Pending, at most 2 days), the twin's simulator does
-  not model: lustrain's capacity queue admits only what fits.
+  and reserved-capacity resource types). A job created before its capacity starts waits InProgress/Pending
+  ("Training plans utilization for SageMaker training jobs": until the capacity is available, its StoppingCondition is
+  met, or it has been Pending for 2 days, then InsufficientCapacityError): `capacity_wait` says where it stands, the
+  simulator (simulator/lifecycle.py) waits. A plan's time is the twin's clock less the plan's `shift`s, so moving a
+  capacity nearer also passes the time its jobs have waited. What AWS does with a job asking more than the plan has
+  free (it waits in the plan's queue) the twin's simulator does not model: lustrain's capacity queue admits only what
+  fits.
 - A job on a plan gets SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP in its environment (`capacity_environment`):
   "Training plans utilization for SageMaker training jobs" names it for the checkpoint before the capacity expires,
   and its example reads it as whole seconds since the epoch (`datetime.fromtimestamp(int(value))`) compared with a
@@ -53,6 +57,9 @@ class ResourceNotFound(SagemakerClientError):
 TRAINING_JOB = "training-job"
 #: the variable "Training plans utilization for SageMaker training jobs" names
 EXPIRATION_VARIABLE = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+#: "Training plans utilization for SageMaker training jobs": a job Pending for its capacity this long "is terminated
+#: with an InsufficientCapacityError"
+PENDING_LIMIT_S = 2 * 24 * 3600.0
 
 
 @dataclass
@@ -75,6 +82,8 @@ class _Plan:
     capacities: list[_Capacity]
     target_resources: tuple[str, ...] = (TRAINING_JOB,)
     fixed_status: str | None = None
+    #: the seconds `shift` moved its capacities by, in all: the plan's clock is the twin's less this
+    shifted: float = 0.0
 
     @property
     def start(self) -> float:
@@ -163,7 +172,9 @@ def shift(name: str, seconds: float, *, account: str = DEFAULT_ACCOUNT_ID, regio
     """Move every reserved capacity of a plan by `seconds` (negative: earlier), as if that much time had passed
     the other way: how a test brings a plan's start near without waiting for it."""
     with _lock:
-        for capacity in _plans(account, region)[name].capacities:
+        plan = _plans(account, region)[name]
+        plan.shifted += seconds
+        for capacity in plan.capacities:
             capacity.start += seconds
             capacity.end += seconds
 
@@ -283,6 +294,36 @@ def _job_capacity(plan: _Plan, request: dict[str, Any], now: float) -> _Capacity
     if active:
         return max(active, key=lambda c: c.end)
     return min(of_type, key=lambda c: c.start, default=None)
+
+
+@dataclass(frozen=True)
+class CapacityWait:
+    """Where a job on a plan stands against its reserved capacity."""
+
+    #: the plan's clock now (seconds since the epoch, less the plan's shifts): what the job's wait is measured in
+    clock: float
+    #: seconds until the capacity the job runs in starts (0: active now); None when none of its type is left
+    starts_in: float | None
+
+
+def capacity_wait(request: dict[str, Any]) -> CapacityWait | None:
+    """How long a CreateTrainingJob request's job waits for its capacity, on the plan's clock (the module's docstring);
+    None for a job on no plan the twin knows."""
+    plan = _plan_of(request)
+    if plan is None:
+        return None
+    now = time.time()
+    with _lock:
+        capacity = None if plan.fixed_status in {"Failed", "Expired"} else _job_capacity(plan, request, now)
+        shifted = plan.shifted
+    starts_in = None if capacity is None else max(0.0, capacity.start - now)
+    return CapacityWait(clock=now - shifted, starts_in=starts_in)
+
+
+def waits_for_capacity(request: dict[str, Any]) -> bool:
+    """Whether a job created now on its plan starts Pending: its capacity has not started (or none is left)."""
+    wait = capacity_wait(request)
+    return wait is not None and wait.starts_in != 0
 
 
 def capacity_environment(request: dict[str, Any], now: float | None = None) -> dict[str, str]:

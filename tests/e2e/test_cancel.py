@@ -101,7 +101,8 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
             stopped = [int(m[1]) for line in lines if (m := re.search(r"interrupted at step (\d+) of", line))]
             saved = [int(m[1]) for line in lines if (m := re.search(r"checkpoint saved step-\d+-\w+ at step (\d+)", line))]
             logged = [int(m[1]) for line in lines if (m := re.search(r"\bstep=(\d+) ", line))]
-            assert stopped and saved and max(saved) == stopped[-1] == max(logged), (stopped, saved[-3:], max(logged))
+            # (the log shows every log_interval-th step: the step it stopped at is the last reached, logged or not)
+            assert stopped and saved and max(saved) == stopped[-1] >= max(logged), (stopped, saved[-3:], max(logged))
 
         # the record and `lustrain runs` / `status` say who stopped the run and what is left (nothing)
         runs = {r.name: r for r in operate.runs(ours)}

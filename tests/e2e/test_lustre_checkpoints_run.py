@@ -23,6 +23,8 @@ def test_checkpoints_on_lustre_resume_there_and_reach_s3_before_the_file_system_
     doc["name"] = "ckpt-lustre"
     doc["code"]["hyperparameters"].update({"checkpoint_interval": 2})
     doc["checkpoints"] = {"to_filesystem": True}
+    # checkpoints on Lustre need a file system that survives a file server's failure
+    doc.setdefault("filesystem", {})["deployment_type"] = "persistent"
     doc["output"]["compression"] = "none"
     spec = tmp_path / "ckpt-lustre.yaml"
     spec.write_text(yaml.safe_dump(doc))

@@ -128,7 +128,9 @@ def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, quick_
         for spec in (early, late):
             assert rehearse.resources_left(jobs[spec.name], spec) == ([], []), spec.name
         name = training["TrainingJobName"]
-        assert sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"] == "Stopped"
+        # asked through its stop request (no SIGTERM reaches it in SageMaker's PyTorch image), the trainer saved and
+        # exited: the job ended by itself
+        assert sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"] == "Completed"
         swept = {(s["job_id"], s["type"], s["id"]): s for s in result["swept"]}
         assert (jobs["late"], "training_job", name) in swept
         for spec, status in ((early, "ABORTED"), (late, late_status)):

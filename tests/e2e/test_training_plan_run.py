@@ -41,8 +41,9 @@ def test_a_run_on_a_training_plan_is_built_while_it_is_scheduled_and_uses_its_re
     run = rehearse(
         path,
         quota=0,  # no on-demand instances: only the plan's can carry the run
-        # Scheduled when the run is registered, Active two minutes after the plan was bought
-        training_plan={"availability_zone": "us-east-1c", "instance_count": 4, "starts_in_s": 120},
+        # Scheduled when the run is registered, Active 45 s after the plan was bought: the run's network and file
+        # system are made meanwhile, and its job waits Pending for the rest
+        training_plan={"availability_zone": "us-east-1c", "instance_count": 4, "starts_in_s": 45},
         inspect=inspect,
     )
 
@@ -66,7 +67,12 @@ def test_a_run_on_a_training_plan_is_built_while_it_is_scheduled_and_uses_its_re
     assert network["availability_zone"] == "us-east-1c"
     (job,) = seen["jobs"]
     assert job["ResourceConfig"]["TrainingPlanArn"] == seen["plan"]["TrainingPlanArn"]
-    # its StoppingCondition (which counts the wait Pending) ends 30 minutes before the capacity does
+    # the job waited Pending for the capacity and started with it
+    transitions = job["SecondaryStatusTransitions"]
+    starting = next(t for t in transitions if t["Status"] == "Starting")
+    assert transitions[0]["Status"] == "Pending" and starting["StartTime"] >= seen["plan"]["StartTime"]
+    # its MaxRuntimeInSeconds (run time: the wait Pending is not counted) ends 30 minutes before the capacity does
     usable_end = seen["plan"]["ReservedCapacitySummaries"][0]["EndTime"].timestamp() - 30 * 60
-    assert job["CreationTime"].timestamp() + job["StoppingCondition"]["MaxRuntimeInSeconds"] <= usable_end + 1
+    begins = max(job["CreationTime"].timestamp(), seen["plan"]["StartTime"].timestamp())
+    assert begins + job["StoppingCondition"]["MaxRuntimeInSeconds"] <= usable_end + 1
     assert seen["plan"]["InUseInstanceCount"] == 0  # the job is done: no job holds the plan's instances

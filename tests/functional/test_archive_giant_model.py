@@ -47,7 +47,8 @@ def _manifest(settings, job_id: str) -> dict:
 
 def _no_model_byte_read(s3_calls, job_id: str) -> None:
     reads = [params.get("Key") for op, params in s3_calls if op in READS]
-    assert reads == [f"archive/{job_id}/manifest.json"], reads
+    # the run's stop request (was it asked to stop?) and the archive's own manifest: no byte of the model
+    assert reads == [f"control/{job_id}/stop-request.json", f"archive/{job_id}/manifest.json"], reads
     assert not [op for op, _ in s3_calls if op in COPIES]
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import boto3
 import pytest
-from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register, spec
+from infra_support import REGION, MinuteLeft, count_of_job, invoke, job_record, register
+from infra_support import spec as any_spec
 from lustrain_core.errors import SpecInvalid, TeardownIncomplete
 from lustrain_core.launch_plan import checkpoint_location, link_for
 from lustrain_core.spec import validate_spec
@@ -21,6 +22,13 @@ from lustrain.twin.patches import service_quotas
 
 POLL = {"initial_seconds": 1, "max_seconds": 1, "max_polls": 20}
 ON_LUSTRE = {"to_filesystem": True}
+
+
+def spec(**sections: Any) -> dict[str, Any]:
+    """A spec whose checkpoints on Lustre live on a persistent file system (the planner refuses scratch for them)."""
+    if (sections.get("checkpoints") or {}).get("to_filesystem"):
+        sections["filesystem"] = {"deployment_type": "persistent", **(sections.get("filesystem") or {})}
+    return any_spec(**sections)
 
 
 @pytest.fixture(autouse=True)

@@ -203,14 +203,17 @@ def test_a_file_system_still_creating_after_max_polls_is_given_up(aws):
 # --- reusing a file system ---------------------------------------------------------------------------------
 
 
-def team_file_system(document: dict[str, Any], link_path: str | None = "/data", team: str | None = None) -> str:
+def team_file_system(
+    document: dict[str, Any], link_path: str | None = "/data", team: str | None = None, kind: str = "PERSISTENT_2"
+) -> str:
     """A file system someone made earlier in the job's subnet, linked to the data at `link_path` (given to `team`)."""
     created = fsx().create_file_system(
         FileSystemType="LUSTRE",
         StorageCapacity=1200,
         SubnetIds=[document["network"]["subnet_id"]],
         SecurityGroupIds=document["network"]["security_group_ids"],
-        LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 125},
+        LustreConfiguration={"DeploymentType": kind, **({"PerUnitStorageThroughput": 125} if kind == "PERSISTENT_2" else {})},
+        FileSystemTypeVersion="2.15",
         Tags=[{"Key": "Name", "Value": "team-shared"}, *([{"Key": "lustrain:team", "Value": team}] if team else [])],
     )["FileSystem"]
     fs_id = created["FileSystemId"]
@@ -277,6 +280,32 @@ def test_a_reused_file_system_serves_one_team(aws, monkeypatch):
     with pytest.raises(FileSystemFailed, match="is not a file system of team default"):
         invoke("create_filesystem", untagged)
     assert invoke("create_filesystem", reuse_ours)["file_system_id"] == ours
+
+
+def test_checkpoints_go_only_to_a_reused_file_system_of_the_teams_own_that_survives_a_file_server(aws):
+    """Checkpoints on Lustre are the run's resume: not on a scratch file system (one copy of its data), not on one
+    that anything else may mount (containers run as root: no IAM boundary inside Lustre), even on a stack of one
+    team."""
+    document = prepared()
+
+    def with_checkpoints(fs_id: str, name: str) -> dict[str, Any]:
+        again = register(
+            spec(filesystem={"file_system_id": fs_id, "deployment_type": "persistent"},
+                 checkpoints={"to_filesystem": True}),
+            execution=name,
+        )
+        return {**again, "network": document["network"], "poll": POLL}
+
+    untagged = team_file_system(document)
+    with pytest.raises(FileSystemFailed) as exc:
+        invoke("create_filesystem", with_checkpoints(untagged, "untagged"))
+    assert exc.value.message.startswith(f"checkpoints.to_filesystem: {untagged} is not tagged lustrain:team=default")
+    scratch = team_file_system(document, team="default", kind="SCRATCH_2")
+    with pytest.raises(FileSystemFailed) as exc:
+        invoke("create_filesystem", with_checkpoints(scratch, "scratch"))
+    assert exc.value.message.startswith(f"checkpoints.to_filesystem: {scratch} is SCRATCH_2")
+    ours = team_file_system(document, team="default")
+    assert invoke("create_filesystem", with_checkpoints(ours, "ours"))["file_system_id"] == ours
 
 
 def test_a_reused_file_system_that_does_not_exist_is_named(aws):

@@ -58,7 +58,9 @@ def test_an_existing_bundle_is_not_uploaded_again(aws):
         second = invoke("upload_code", doc)
 
     assert second["key"] == first["key"] and second["uploaded"] is False
-    assert "PutObject" not in [op for op, _ in calls]
+    # the bundle is not written again (the run's stop request is written only if absent: If-None-Match)
+    puts = [params for op, params in calls if op == "PutObject"]
+    assert all(p["Key"].startswith("control/") and p.get("IfNoneMatch") == "*" for p in puts), puts
 
 
 def test_a_bundle_planted_at_the_key_is_replaced_not_reused(aws):

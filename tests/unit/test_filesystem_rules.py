@@ -96,7 +96,11 @@ def test_output_on_the_file_system_gets_its_own_export_link_per_job():
         path="/lustrain-output/gpt-0badc0de", s3_uri="s3://results/gpt/gpt-0badc0de/output/", purpose="output"
     )
     assert output in links.dra_links
-    both = launch_plan.link_for(job_with(output={"to_filesystem": True}, checkpoints={"to_filesystem": True}).spec, "j-1")
+    both = launch_plan.link_for(
+        job_with(output={"to_filesystem": True}, checkpoints={"to_filesystem": True},
+                 filesystem={"deployment_type": "persistent"}).spec,
+        "j-1",
+    )
     assert {link.s3_uri for link in both.dra_links if link.purpose != "data"} == {
         "s3://results/gpt/j-1/output/",
         "s3://results/gpt/j-1/checkpoints/",

@@ -181,14 +181,27 @@ def test_a_shorter_interval_than_a_write_is_a_warning() -> None:
 
 
 def test_checkpoints_through_sagemakers_sync_are_written_and_read_back_at_s3s_pace() -> None:
-    g = planner.plan(example(checkpoints__to_filesystem=False)).goodput
+    # the 70B's 2 kept checkpoints through SageMaker's sync: every restart would copy them whole to every host
+    with pytest.raises(SpecInvalid) as refused:
+        planner.plan(example(checkpoints__to_filesystem=False))
+    error = next(e for e in refused.value.errors if e.path == "checkpoints.to_filesystem")
+    per_host_gb = 2 * CHECKPOINT / 1e9
+    assert f"{per_host_gb:,.0f} GB" in error.message and f"{2 * CHECKPOINT / 0.625e9:,.0f} s" in error.message
+    assert f"above the {planner.SYNC_RESUME_MAX_S} s" in error.message
+    # a model whose prefix fits goes through the sync: written to local NVMe at 8 GB/s, then to S3 at one flow's
+    # 5 Gbps; a restart copies the whole prefix (2 kept checkpoints) to every instance
+    small = example(checkpoints__to_filesystem=False, code__hyperparameters={"preset": "1.2b"}, compute__instance_count=2)
+    g = planner.plan(small).goodput
     assert g is not None and g["checkpoint_medium"] == "s3 (SageMaker checkpoint sync)"
-    per_host = CHECKPOINT / HOSTS
-    # the host's share to local NVMe at 8 GB/s, then to S3 at one flow's 5 Gbps
-    assert g["checkpoint_write_s"] == pytest.approx(per_host / 8e9 + per_host / 0.625e9, abs=0.05)
-    # a restart copies the whole prefix (2 kept checkpoints) to every instance
-    assert g["resume_read_gb_per_host"] == pytest.approx(2 * CHECKPOINT / 1e9, abs=0.01)
-    assert g["resume_s"] == pytest.approx(2 * CHECKPOINT / 0.625e9, abs=0.1)
+    assert g["resume_read_gb_per_host"] <= g["checkpoint_sync_max_gb_per_host"] == 375.0
+    assert g["resume_s"] == pytest.approx(g["resume_read_gb_per_host"] / 0.625, abs=0.1)
+
+
+def test_checkpoints_on_a_scratch_file_system_are_refused_by_its_deployment_type() -> None:
+    with pytest.raises(SpecInvalid) as refused:
+        planner.plan(example(filesystem__deployment_type="scratch"))
+    error = next(e for e in refused.value.errors if e.path == "filesystem.deployment_type")
+    assert "needs persistent" in error.message and "file server" in error.message
 
 
 def test_the_trainer_is_passed_the_plans_interval() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from lustrain_core import planner
+from lustrain_core.errors import SpecInvalid
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps import exports
 
@@ -32,6 +33,8 @@ def giant(to_filesystem: bool, **hyperparameters):
         },
         data={"s3_uri": "s3://bkt/data/", "size_gib": 100, "ingest_mb_s_per_gpu": 10},
         checkpoints={"to_filesystem": to_filesystem},
+        # checkpoints on Lustre need a file system that survives a file server (scratch keeps one copy)
+        filesystem={"deployment_type": "persistent"},
     )
 
 
@@ -49,10 +52,11 @@ def test_a_70b_runs_checkpoint_bursts_decide_lustres_size_and_its_checkpoints_ar
     # the file system writes a checkpoint within the target and holds all three
     assert fs.throughput_mb_s >= fs.demand_mb_s >= ckpt["burst_mb_s"]
     assert fs.storage_gib >= ckpt["kept_gib"]
-    # without checkpoints on Lustre the same run is sized by its data ingest alone, on a smaller file system
-    plain = planner.plan(giant(False)).filesystem
-    assert plain.checkpoints is None and plain.decided_by == "data ingest"
-    assert plain.storage_gib < fs.storage_gib
+    # without checkpoints on Lustre the same run is refused: each restart would copy both kept checkpoints to every
+    # host through SageMaker's sync, for far longer than a restart may take
+    with pytest.raises(SpecInvalid) as refused:
+        planner.plan(giant(False))
+    assert [e.path for e in refused.value.errors] == ["checkpoints.to_filesystem"]
 
 
 def test_keeping_more_checkpoints_holds_more_on_lustre():
@@ -63,7 +67,7 @@ def test_keeping_more_checkpoints_holds_more_on_lustre():
 
 
 def test_a_checkpoint_of_unknown_size_is_not_sized_and_the_plan_says_so():
-    p = planner.plan(spec_with(checkpoints={"to_filesystem": True}))
+    p = planner.plan(spec_with(checkpoints={"to_filesystem": True}, filesystem={"deployment_type": "persistent"}))
     assert p.filesystem.checkpoints is None
     assert any(
         w.startswith("checkpoints.to_filesystem: the checkpoints' size is unknown") for w in p.warnings

@@ -14,10 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def spec_with(hyperparameters: dict[str, object], count: int, instance_type: str = "ml.p4d.24xlarge"):
+    # checkpoints on Lustre: a 70B's through SageMaker's sync would be refused for its restarts' copy
     return validate_spec({
         "name": "gpt", "data": {"s3_uri": "s3://bkt/data/"}, "output": {"s3_uri": "s3://bkt/out/"},
         "compute": {"instance_type": instance_type, "instance_count": count},
         "code": {"source": "s3://bkt/code/", "hyperparameters": hyperparameters},
+        "checkpoints": {"to_filesystem": True}, "filesystem": {"deployment_type": "persistent"},
     })
 
 

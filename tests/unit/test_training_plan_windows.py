@@ -63,14 +63,15 @@ def test_an_expired_or_failed_capacity_carries_nothing():
     assert plans.usable_runtime_seconds(plan, T0, instance_type=P4D, instance_count=1) is None
 
 
-def test_the_job_runtime_adds_the_wait_pending_and_stops_at_the_usable_end():
+def test_the_job_runtime_is_its_training_time_and_stops_at_the_usable_end():
     plan = described(capacity(5, 10))
     now = T0
-    # 5 h Pending, then 8 h: within the 14.5 h to the usable end
-    assert plans.job_runtime_seconds(plan, now, instance_type=P4D, instance_count=4, runtime_s=8 * HOUR) == 13 * HOUR
-    # 12 h of training would run past it: capped
+    # 5 h Pending (not run time: MaxPendingTimeInSeconds' to count, and a Scheduled plan's wait counts for neither),
+    # then 8 h: within the 9.5 h from the capacity's start to its usable end
+    assert plans.job_runtime_seconds(plan, now, instance_type=P4D, instance_count=4, runtime_s=8 * HOUR) == 8 * HOUR
+    # 12 h of training would run past the usable end: capped to it, from the capacity's start
     assert plans.job_runtime_seconds(plan, now, instance_type=P4D, instance_count=4, runtime_s=12 * HOUR) == (
-        14.5 * HOUR
+        9.5 * HOUR
     )
 
 

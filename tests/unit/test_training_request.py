@@ -284,6 +284,9 @@ def test_environment_passes_through_and_is_checked_against_the_api():
     environment = request_for(doc)["Environment"]
     stops = {k: environment.pop(k) for k in list(environment) if k.startswith("LUSTRAIN_STOP_")
              or k == "LUSTRAIN_MAX_RUNTIME_SECONDS"}
+    # the trainer's S3 client reads the stop request in the run's region (no region: s3.amazonaws.com, unreachable
+    # from the run's subnet)
+    assert environment.pop("AWS_DEFAULT_REGION") == "us-east-1"
     assert environment == {"NCCL_DEBUG": "INFO", "LUSTRAIN_RUN_ID": doc["job"]["job_id"],
                            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "110",
                            "LUSTRAIN_TENSORBOARD_DIR": "/opt/ml/output/tensorboard"}

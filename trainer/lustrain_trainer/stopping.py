@@ -104,11 +104,13 @@ class StopRequest:
     step and all-reduces it, so every rank agrees on the step it stops after."""
 
     def __init__(self, env: dict[str, str] | None = None, *, clock: Callable[[], float] = time.time,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, started: float | None = None) -> None:
         env = dict(os.environ if env is None else env)
         self.clock = clock
         self.say = say or (lambda message: None)
-        self.started = clock()
+        #: the entry point's start (the trainer passes its main()'s first moment): MaxRuntimeInSeconds counts from
+        #: earlier still (the reserve covers that)
+        self.started = clock() if started is None else started
         #: why a stop was asked for (a signal's name, the stop request's reason), or None
         self.reason: str | None = None
         self.signal: str | None = None
@@ -139,6 +141,22 @@ class StopRequest:
         if not deadlines:
             return None, None
         return min(deadlines)
+
+    def spent_before(self, seconds: float) -> None:
+        """This job ran `seconds` before this process started (an earlier try of the same job: SageMaker restarts a
+        spot job in place, and its MaxRuntimeInSeconds counts every try): the runtime deadline comes that much
+        sooner. A capacity's end is a moment, not a runtime, and stays."""
+        if seconds <= 0 or self.deadline is None or self.deadline_reason is None:
+            return
+        if self.deadline_reason.startswith("MaxRuntimeInSeconds"):
+            self.deadline -= seconds
+            self.deadline_reason += f", {seconds:.0f} s of it spent by an earlier try of this job"
+
+    def describe_deadline(self) -> str | None:
+        """The deadline as the log shows it at start, or None without one."""
+        if self.deadline is None:
+            return None
+        return f"stops itself in {self.deadline - self.clock():,.0f} s ({self.deadline_reason})"
 
     # -- signals -----------------------------------------------------------------------------------------
 

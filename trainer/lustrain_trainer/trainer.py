@@ -61,6 +61,8 @@ from .shards import DataError, DataIndex, read_index
 from .stopping import StopRequest
 
 DATA_TRACE_ENV = "LUSTRAIN_DATA_TRACE"
+#: SageMaker names the training job in its container's environment (the same name across a spot job's tries)
+JOB_NAME_ENV = "TRAINING_JOB_NAME"
 #: SageMaker's directory of the "resume" channel: the checkpoint of the run this one continues
 RESUME_CHANNEL_ENV = "SM_CHANNEL_RESUME"
 SUMMARY_FILE = "summary.json"
@@ -193,6 +195,9 @@ class Trainer:
         self.saved_step = -1
         #: when the last checkpoint began (monotonic), for checkpoint_every_minutes
         self.last_save_started = time.monotonic()
+        #: this process's start (seconds since the epoch), and what earlier tries of the same job had run before it
+        self.process_started = time.time()
+        self.job_seconds_before = 0.0
         # TensorBoard's scalars from the writing rank (metrics.Board); the gradients' norm is measured at each
         # logged step on every rank (under FSDP it is a collective), whoever writes it
         self.board = Board.open(os.environ.get(TENSORBOARD_DIR_ENV), self.writes, say)
@@ -242,7 +247,10 @@ class Trainer:
         manifest = {"run": self.run_id, "model_config": self.config.to_dict(), "shape": shape_of(self.hp),
                     "tokens_seen": tokens_seen, "global_micro_batches": self.global_micro_batches,
                     "world_size": self.info.world_size, "hyperparameters": self.hp.to_dict(),
-                    "tokenizer": self.tokenizer_info}
+                    "tokenizer": self.tokenizer_info,
+                    # the SageMaker job and how long it has run by now: a restart of the same job in place (spot)
+                    # counts it against the job's MaxRuntimeInSeconds, which covers every try
+                    "job": os.environ.get(JOB_NAME_ENV), "job_seconds": round(self.job_seconds(), 1)}
         self.last_save_started = time.monotonic()
         blocked = self.checkpointer.save(step, self._sharded_state(), manifest, self.save_id, reason, blocking)
         self.saved_step = step
@@ -280,7 +288,11 @@ class Trainer:
                 "or start a new run to change the global batch (batch_size, grad_accum)")}, loaded
         return {"step": loaded.step, "sharded": loaded.sharded, "path": str(loaded.path),
                 "directory": loaded.path.parent == self.paths.checkpoints,
-                "tokens_seen": int(loaded.payload.get("tokens_seen", 0)), "global_micro_batches": micro}, loaded
+                "tokens_seen": int(loaded.payload.get("tokens_seen", 0)), "global_micro_batches": micro,
+                # how long this very training job had run at that save (an earlier try of it: a spot restart)
+                "job_seconds": float(loaded.payload.get("job_seconds") or 0.0)
+                if loaded.payload.get("job") and loaded.payload.get("job") == os.environ.get(JOB_NAME_ENV) else 0.0,
+                }, loaded
 
     def restore(self) -> tuple[int, int]:
         """Load the newest good checkpoint, as rank 0 chooses it: (step, tokens_seen), (0, 0) if none.
@@ -307,6 +319,7 @@ class Trainer:
         else:
             self._load_full(step, loaded, bool(choice["directory"]))
         self.log(f"resumed from {Path(choice['path']).name} at step {step}")
+        self.job_seconds_before = float(choice.get("job_seconds") or 0.0)
         self.saved_step = step
         self.checkpointer.committed_step = step
         return step, int(choice["tokens_seen"])
@@ -316,9 +329,20 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = self._sharded_state()
+        before = _bytes_read()
         dcp.load(state, checkpoint_id=str(path))
+        read = _bytes_read() - before if before >= 0 else -1
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
+        # what a restart reads: each rank only the parts of the shards it holds (DCP reads by offset), so on the
+        # same mesh about its own file; the busiest rank's bytes over its own shards' (Linux's rchar, where known)
+        own = sum(p.stat().st_size for p in path.glob(f"__{self.info.rank}_*.distcp"))
+        ratio = read / own if read >= 0 and own else -1.0
+        worst = distributed.all_reduce(torch.tensor([ratio, float(read)], device=self.info.device), self.info,
+                                       op="max").tolist() if self.info.active else [ratio, float(read)]
+        if worst[0] >= 0:
+            self.log(f"checkpoint read {worst[1] / 1e6:,.1f} MB on the busiest rank: resume_read_ratio "
+                     f"{worst[0]:.3f} of a rank's own shards")
 
     def _load_full(self, step: int, loaded: checkpoint.Loaded | None, own: bool) -> None:
         """A version 1 checkpoint: the whole state in one file."""
@@ -383,6 +407,10 @@ class Trainer:
         self.model.train()
         return float(distributed.all_reduce(total / batches, self.info).item())
 
+    def job_seconds(self) -> float:
+        """How long this SageMaker job has run so far, over its tries (as far as its checkpoints tell)."""
+        return self.job_seconds_before + time.time() - self.process_started
+
     def _agreed(self, stop: StopRequest, save_due: bool) -> tuple[int, bool]:
         """Why the loop ends, if it does (stopping.NONE, REQUESTED, DEADLINE), and whether a checkpoint is due by
         time, as every rank must see them: all leave the loop, and all save, at the same step. One all-reduce."""
@@ -429,8 +457,12 @@ class Trainer:
 
     def run(self, stop: StopRequest) -> Outcome:
         hp, info = self.hp, self.info
+        self.process_started = stop.started
         start, tokens_seen = self.restore()
         resumed_from = start or None
+        stop.spent_before(self.job_seconds_before)
+        if stop.deadline is not None:
+            self.log(f"deadline: {stop.describe_deadline()}")
         if info.is_main:
             # where this attempt starts: with the `step` metric's last value, how far a failed attempt got
             print(format_line(start, {"resumed_from": start}), flush=True)
@@ -519,6 +551,17 @@ class Trainer:
         if status == "completed":
             self.write_model(step, metrics)
         return Outcome(status, step, resumed_from, metrics, tokens_seen)
+
+
+def _bytes_read() -> int:
+    """The bytes this process has read so far (Linux's /proc/self/io rchar), or -1 where the system keeps none."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
 
 
 def _as_float(norm: torch.Tensor) -> float:
@@ -648,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     env = dict(os.environ)
     started = time.monotonic()
+    started_at = time.time()  # the entry point's start: the runtime deadline counts from it (stopping.py)
     planning, argv = _planning_args(argv)
     if planning.dry_run:
         try:
@@ -674,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         return faults.report(kind, exc)
     shut_down = True
     try:
-        stop = StopRequest(say=say if info.is_main else None)
+        stop = StopRequest(say=say if info.is_main else None, started=started_at)
         # rank 0 reads the stop request; the loop's all-reduce tells the others
         with stop.installed(poll=info.rank == 0):
             if info.is_main:

@@ -42,7 +42,7 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from lustrain_core import recovery
+from lustrain_core import recovery, stop_request
 from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import EventInvalid
@@ -287,6 +287,21 @@ def answer(
     if status not in ENDED:
         return {**seen, "ignored": True, "reason": f"SageMaker says {name} is {status}: nothing to answer"}
 
+    asked = stop_request.read(s3, settings, str(item["job_id"])) if status == "Completed" else {}
+    if asked.get("stop") is True:
+        # the stack asked it to stop (a cancel, a failed or aborted run's teardown) and its trainer saved and exited:
+        # the model did not finish training, whatever the exit code says (stop_request.py)
+        error = recovery.POLICY[recovery.FailureClass.STOPPED].error
+        cause = (
+            f"training job {name} saved its checkpoint and exited when the stack asked it to stop "
+            f"({asked.get('reason') or 'no reason given'})"
+        )
+        done = _call_back(
+            sfn, ddb, settings, name, {"error": error, "cause": cause}, "send_task_failure",
+            error=error[:MAX_ERROR_CHARS], cause=cause[:MAX_CAUSE_CHARS],
+        )
+        return {**seen, **done, "output": {"error": error, "cause": cause}}
+
     if status == "Completed":
         manifest = archive_training_job(s3, description, str(item["archive_target"]), str(item["job_id"]))
         output = completed_output(description, manifest, manifest["archive_s3_uri"] + MANIFEST)
@@ -309,7 +324,7 @@ def answer(
         cause = f"training job {name} was stopped ({secondary or 'Stopped'})"
     outcome: dict[str, Any] = {"error": error, "cause": cause}
     if failure is recovery.FailureClass.BUDGET:
-        # SageMaker uploaded what the job wrote when it stopped it (the trainer saved on SIGTERM): keep it
+        # SageMaker uploaded what the job wrote when it stopped it (the trainer saved before its deadline): keep it
         manifest = archive_training_job(s3, description, str(item["archive_target"]), str(item["job_id"]))
         budget = item.get("budget") or {}
         cause = (

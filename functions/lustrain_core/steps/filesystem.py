@@ -187,6 +187,8 @@ def validate_reuse(
             f"filesystem.file_system_id: {fs_id} is an FSx for {fs.get('FileSystemType')} file system, not Lustre",
             file_system_id=fs_id,
         )
+    if job.spec.checkpoints.to_filesystem:
+        _check_holds_checkpoints(fs, job)
     if fs.get("Lifecycle") not in {"AVAILABLE", "UPDATING"}:
         raise FileSystemFailed(
             f"filesystem.file_system_id: {fs_id} is {fs.get('Lifecycle')}, not AVAILABLE",
@@ -215,6 +217,29 @@ def validate_reuse(
             file_system_id=fs_id,
         )
     return fs
+
+
+def _check_holds_checkpoints(fs: dict[str, Any], job: Job) -> None:
+    """checkpoints.to_filesystem on a reused file system: it must keep them through a file server's failure (not
+    SCRATCH: one copy) and be the run's team's by its tag even on a stack of one team (a file system lustrain did not
+    create may be mounted by anything, and every container runs as root: no IAM boundary inside Lustre)."""
+    fs_id = str(fs.get("FileSystemId"))
+    kind = str((fs.get("LustreConfiguration") or {}).get("DeploymentType") or "")
+    if kind.startswith("SCRATCH"):
+        raise FileSystemFailed(
+            f"checkpoints.to_filesystem: {fs_id} is {kind}, which keeps one copy of its data: a file server's failure "
+            "loses every checkpoint its export had not reached; reuse a PERSISTENT file system or keep the "
+            "checkpoints in S3 (checkpoints.to_filesystem: false)",
+            file_system_id=fs_id,
+        )
+    owner = tag_dict(fs.get("Tags")).get(teams.TAG_TEAM)
+    if owner != job.launch.team:
+        raise FileSystemFailed(
+            f"checkpoints.to_filesystem: {fs_id} is not tagged {teams.TAG_TEAM}={job.launch.team}: whatever else "
+            "mounts it reads and writes the checkpoints as root; reuse a file system of the team's own, or keep the "
+            "checkpoints in S3 (checkpoints.to_filesystem: false)",
+            file_system_id=fs_id,
+        )
 
 
 # --------------------------------------------------------------------------- the steps

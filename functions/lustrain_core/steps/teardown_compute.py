@@ -49,7 +49,9 @@ class TrainingJobs(Scope):
             return None
         asked = False
         if job["TrainingJobStatus"] == "InProgress":
-            asked = stop_request.STOP_REQUEST_VARIABLE in (job.get("Environment") or {})
+            asked = stop_request.STOP_REQUEST_VARIABLE in (job.get("Environment") or {}) and (
+                job.get("SecondaryStatus") == "Training"
+            )
             job, waiting = self._ask_to_stop(name, job)
             if waiting:
                 return f"training job {name} was asked to stop and is saving (up to {waiting:.0f} s more)"
@@ -76,6 +78,9 @@ class TrainingJobs(Scope):
         environment = job.get("Environment") or {}
         if stop_request.STOP_REQUEST_VARIABLE not in environment:
             return job, 0.0  # started before stop requests: only StopTrainingJob reaches it
+        if job.get("SecondaryStatus") != "Training":
+            # no trainer runs yet (Pending, Starting, Downloading): nothing to save, nobody to hear it
+            return job, 0.0
         try:
             wait = float(environment.get(stop_request.STOP_WAIT_VARIABLE) or stop_request.DEFAULT_STOP_WAIT_SECONDS)
         except ValueError:

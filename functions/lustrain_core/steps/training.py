@@ -304,10 +304,9 @@ def attempt_runtime(
     run: Run, sagemaker: Any, budget: AttemptBudget | None, now: float
 ) -> tuple[int | None, AttemptBudget | None]:
     """The runtime the attempt's StoppingCondition gets (None: compute.max_runtime_hours) and its budget.
-    What the budget leaves, or for a run on a training plan the job's whole time on its reserved capacity
-    (steps/training_plans.job_runtime_seconds): its wait Pending for the capacity, which MaxRuntimeInSeconds counts,
-    plus that runtime, capped to the capacity's usable end. Where the plan's end sets it, the budget does not
-    bind (reaching it is not BudgetExceeded)."""
+    What the budget leaves, or for a run on a training plan that runtime capped to its capacity's usable end, from
+    the capacity's start (steps/training_plans.job_runtime_seconds: the wait Pending for a Scheduled capacity is not
+    run time). Where the plan's end sets it, the budget does not bind (reaching it is not BudgetExceeded)."""
     runtime = budget.runtime_seconds if budget is not None else None
     plan = run.job.launch.training_plan
     if plan is None:
@@ -327,11 +326,7 @@ def attempt_runtime(
             quota_name=f"training plan {plan.name}",
             plan_status=str(described.get("Status")),
         )
-    window = training_plans.window(
-        described, compute.instance_type, compute.instance_count, now, runtime_s=wanted
-    )
-    waits = max(0, int((window.start if window is not None else now) - now))
-    if budget is not None and budget.binds and allowed < waits + budget.runtime_seconds:
+    if budget is not None and budget.binds and allowed < budget.runtime_seconds:
         budget = replace(budget, binds=False)
     return allowed, budget
 

@@ -218,16 +218,17 @@ def usable_runtime_seconds(
 def job_runtime_seconds(
     described: dict[str, Any], now: float, *, instance_type: str, instance_count: int, runtime_s: int
 ) -> int | None:
-    """MaxRuntimeInSeconds of a job created now on the plan: its wait Pending for the capacity plus `runtime_s`
-    (what the spec or the budget allows it to train), never past its window's usable end nor SageMaker's 28 days;
-    None when no window carries it. The StoppingCondition counts the wait ("the job waits until [the capacity]
-    becomes available, or until the StoppingCondition is met"), so a job created a day ahead with a runtime of
-    a day would otherwise be stopped before it started."""
+    """MaxRuntimeInSeconds of a job created now on the plan: `runtime_s` (what the spec or the budget allows it to
+    train), never past its window's usable end counted from when the window starts (or now, inside it) nor
+    SageMaker's 28 days; None when no window carries it. The time the job waits Pending for a Scheduled capacity is
+    not run time: MaxRuntimeInSeconds is how long a job "can run" and the wait has its own counter,
+    MaxPendingTimeInSeconds, which a plan's Scheduled state does not increment (botocore's StoppingCondition). The
+    trainer measures the same runtime from its own start (trainer/lustrain_trainer/stopping.py)."""
     found = window(described, instance_type, instance_count, now, runtime_s)
     if found is None:
         return None
-    waits = max(0.0, found.start - now)
-    return max(0, min(math.floor(waits) + runtime_s, math.floor(found.usable_end - now), MAX_RUNTIME_S))
+    begins = max(now, found.start)
+    return max(0, min(runtime_s, math.floor(found.usable_end - begins), MAX_RUNTIME_S))
 
 
 def _at(moment: float) -> str:

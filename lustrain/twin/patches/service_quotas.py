@@ -6,7 +6,8 @@ adds ServiceCode "sagemaker" with quotas named as AWS names them ("ml.p4d.24xlar
 "... for spot training job usage") for every type of lustrain's instance catalogue (the names its rows give) and
 the few others below, "<type> for training warm pool usage" for each, and the account-wide training quotas
 (steps/quota.py: "Number of instances across all training jobs", "Maximum number of instances per training job", their
-spot twins, "Longest run time for a training job"). Their QuotaCodes are the twin's own
+spot twins, "Longest run time for a training job"), which the twin's CreateTrainingJob enforces as SageMaker does
+(patches/sagemaker.py, `_check_quota`). Their QuotaCodes are the twin's own
 (stable, derived from the name): public sources disagree on the real L- codes, which is why callers look a
 quota up by QuotaName.
 

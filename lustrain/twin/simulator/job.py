@@ -15,6 +15,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from lustrain.twin import training_plans
+
 EVENT_SOURCE = "aws.sagemaker"
 EVENT_DETAIL_TYPE = "SageMaker Training Job State Change"
 TERMINAL = frozenset({"Completed", "Failed", "Stopped"})
@@ -38,8 +40,10 @@ WARM_POOL_MATCH = (
 #: Failures that still keep a pool (the guide: an algorithm or client error); any other may have harmed the cluster
 _POOL_KEEPING_FAILURES = ("AlgorithmError", "ClientError")
 
-#: SageMaker's StatusMessage for each secondary status (as seen in DescribeTrainingJob).
+#: SageMaker's StatusMessage for each secondary status (as seen in DescribeTrainingJob; Pending's as the SageMaker
+#: Python SDK prints it, "Pending - Training job waiting for capacity": aws/deep-learning-containers PR #6299).
 _STATUS_MESSAGES = {
+    "Pending": "Training job waiting for capacity",
     "Starting": "Launching requested ML instances",
     "Downloading": "Downloading input data",
     "Training": "Training image download completed. Training in progress.",
@@ -107,8 +111,11 @@ class SimulatedJob:
         self.creation_time = now()
         self.last_modified_time = self.creation_time
         self.status = "InProgress"
-        self.secondary_status = "Starting"
-        self.transitions: list[dict[str, Any]] = [self._transition_record("Starting", self.creation_time)]
+        # a job on a training plan whose capacity has not started waits Pending for it (simulator/lifecycle.py)
+        self.secondary_status = "Pending" if training_plans.waits_for_capacity(self.request) else "Starting"
+        self.transitions: list[dict[str, Any]] = [
+            self._transition_record(self.secondary_status, self.creation_time)
+        ]
         self.failure_reason: str | None = None
         self.training_start_time: datetime | None = None
         self.training_end_time: datetime | None = None

@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 from botocore.exceptions import ClientError
 
-from lustrain.twin import faults
+from lustrain.twin import faults, training_plans
 from lustrain.twin.simulator import container, events, mounts, network
 from lustrain.twin.simulator.container import TENSORBOARD_DEFAULT_PATH, Layout, in_layout
 from lustrain.twin.simulator.job import JobFailure, JobView, SimulatedJob, max_runtime_s, now
@@ -75,6 +75,14 @@ CREATOR_WAIT_S = 900.0
 CREATOR_POLL_S = 0.05
 #: How many times the `repeat-events` fault delivers each event.
 REPEATED_EVENT_COPIES = 3
+#: SageMaker's FailureReason for a job on a training plan Pending for its capacity for 2 days ("Training plans
+#: utilization for SageMaker training jobs" names the error; the words after it are the twin's)
+INSUFFICIENT_CAPACITY = (
+    "InsufficientCapacityError: The training job was pending for the reserved capacity of its training plan for "
+    "2 days and was terminated."
+)
+#: How often a job Pending for its training plan's capacity looks at the plan's clock (a `shift` moves it).
+PENDING_POLL_S = 0.05
 
 #: authorize(job, service, operation, params, gates): raise the service's ClientError when the job's execution
 #: role may not make the call; `gates` are the policies on the path (the VPC endpoint's).
@@ -287,6 +295,42 @@ class _JobRun:
         while creator.is_alive() and not self.job._stop.is_set() and time.monotonic() < deadline:
             creator.join(CREATOR_POLL_S)
 
+    def _pending_for_capacity(self) -> bool:
+        """A job on a training plan whose capacity has not started (created Pending: job.py) waits for it, as
+        "Training plans utilization for SageMaker training jobs" says: until the capacity is active (then it goes on
+        as any job, Starting), a StopTrainingJob, or 2 days Pending (Failed, InsufficientCapacityError). The wait is
+        not run time: MaxRuntimeInSeconds is how long a job "can run", and MaxPendingTimeInSeconds, the wait's own
+        counter, does not count a wait for a Scheduled plan or between its capacities (botocore's StoppingCondition),
+        which is all the twin models. The wait is measured on the plan's clock (training_plans.capacity_wait), which
+        `shift` moves. True when the job ended while it waited."""
+        job = self.job
+        if job.secondary_status != "Pending":
+            return False
+        # its first event (Pending) comes after the creator's answer, as every job's first event does
+        if job._stop.wait(self.settings.start_delay_s):
+            if not job.discarded:
+                self._finish_stopped(upload=False)
+            return True
+        self._publish()
+        began: float | None = None
+        while True:
+            wait = training_plans.capacity_wait(job.request)
+            if began is None and wait is not None:  # Pending since its creation, on the plan's clock
+                began = wait.clock - (now() - job.creation_time).total_seconds()
+            # (a plan gone from the twin, reset under the job, leaves nothing to wait for)
+            if wait is None or began is None or wait.starts_in == 0:
+                with job._lock:
+                    if job.status == "InProgress":
+                        job._move("InProgress", "Starting")  # announced once launched, as a cold job's is
+                return False
+            waited = wait.clock - began
+            if wait.starts_in is None or waited >= training_plans.PENDING_LIMIT_S:
+                raise JobFailure(INSUFFICIENT_CAPACITY)
+            if job._stop.wait(PENDING_POLL_S):
+                if not job.discarded:
+                    self._finish_stopped(upload=False)
+                return True
+
     def _authorize(self, service: str, operation: str, params: dict[str, Any]) -> None:
         self.parts.authorize(self.job, service, operation, params, self.gates if service == "s3" else [])
 
@@ -301,6 +345,8 @@ class _JobRun:
         job = self.job
         try:
             self._wait_for_creator()
+            if self._pending_for_capacity():
+                return
             launching = 0.0 if job.took_pool else self.settings.provision_s
             if job._stop.wait(self.settings.start_delay_s + launching):
                 if not job.discarded:

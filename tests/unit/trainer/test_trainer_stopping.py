@@ -56,7 +56,8 @@ def test_the_stop_request_saves_every_step_reached_and_exits_0_with_no_signal(
         data: Path, sourcedir: Path, tmp_path: Path) -> None:
     request = tmp_path / "stop-request.json"
     request.write_text('{"stop": false}')
-    env = sagemaker_env(tmp_path, data, LUSTRAIN_STOP_REQUEST=str(request), LUSTRAIN_STOP_POLL_SECONDS="0.2")
+    env = sagemaker_env(tmp_path, data, LUSTRAIN_STOP_REQUEST=str(request), LUSTRAIN_STOP_POLL_SECONDS="0.2",
+                        TRAINING_JOB_NAME="run-1-1")
     process = launch(sourcedir, env, *MICRO, "--max_steps", "100000", "--checkpoint_interval", "100000")
     seen = list(lines_until(process, r"^step=5 "))
     request.write_text(json.dumps({"stop": True, "reason": "cancelled by someone"}))
@@ -71,6 +72,10 @@ def test_the_stop_request_saves_every_step_reached_and_exits_0_with_no_signal(
     assert int(saved[2]) == last_step(lines)
     summary = json.loads((tmp_path / "output" / "summary.json").read_text())
     assert (summary["status"], summary["step"]) == ("interrupted", int(saved[2]))
+    # the checkpoint says which SageMaker job made it and how long that job had run: a restart of the same job
+    # (spot) stops that much sooner
+    manifest = json.loads((tmp_path / "checkpoints" / f"step-{saved[1]}.json").read_text())
+    assert manifest["job"] == "run-1-1" and manifest["job_seconds"] > 0
 
 
 def test_at_its_deadline_the_trainer_saves_then_waits_for_sagemakers_stop(
@@ -141,3 +146,17 @@ def test_an_s3_request_is_read_with_get_object_and_a_failed_read_is_said_once_an
     assert s3.asked[0] == ("artifacts", "control/run-1/stop-request.json")
     assert len(said) == 1 and "cannot read the stop request" in said[0] and "AccessDenied" in said[0]
     assert stop.reason == "the stop request (budget)"
+
+
+def test_a_restarted_try_of_the_same_job_stops_as_much_sooner_as_the_tries_before_it_ran() -> None:
+    # SageMaker restarts a spot job in place, and its MaxRuntimeInSeconds covers every try
+    now = 1_800_000_000.0
+    env = {stopping.MAX_RUNTIME_ENV: "3600", stopping.STOP_RESERVE_ENV: "60"}
+    stop = stopping.StopRequest(env, clock=lambda: now)
+    stop.spent_before(1000.0)
+    assert stop.deadline == now + 3600 - 60 - 1000 and "spent by an earlier try" in (stop.deadline_reason or "")
+    # a training plan's capacity end is a moment: an earlier try changes nothing of it
+    capacity = stopping.StopRequest({stopping.CAPACITY_END_ENV: str(int(now + 3600))}, clock=lambda: now)
+    before = capacity.deadline
+    capacity.spent_before(1000.0)
+    assert capacity.deadline == before
