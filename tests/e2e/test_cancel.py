@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 import pytest
+import yaml
 
 from lustrain import cli, operate, report
 from lustrain.twin import rehearse
@@ -62,7 +63,14 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         )
         ours = operate.Stack.locate(STACK_NAME, session)
 
-        by_cli, by_cli_arn = drop(stack, long_spec("by-cli"))
+        # the run cancelled by the CLI keeps a warm pool after its job: the teardown must end it (nothing bills after
+        # the end), where the pool would otherwise bill its keep-alive
+        pooled = long_spec("by-cli")
+        doc = yaml.safe_load(pooled.read_text())
+        doc["compute"]["keep_alive_minutes"] = 5
+        pooled.write_text(yaml.safe_dump(doc))
+        service_quotas.set_quota("ml.p4d.24xlarge", 1, REGION, warm_pool=True)
+        by_cli, by_cli_arn = drop(stack, pooled)
         bare, bare_arn = drop(stack, long_spec("bare-stop"))
         jobs = {spec.name: until(lambda s=spec: training(sagemaker, s.name), f"{spec.name} training", 240)
                 for spec in (by_cli, bare)}
@@ -95,6 +103,8 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         for name, job in jobs.items():
             # the trainer heard the stop request, saved and exited: nothing was killed
             assert sagemaker.describe_training_job(TrainingJobName=job)["TrainingJobStatus"] == "Completed", name
+        pool = sagemaker.describe_training_job(TrainingJobName=jobs["by-cli"])["WarmPoolStatus"]
+        assert pool["Status"] == "Terminated", pool  # ended by the teardown, not left Available
         for spec in (by_cli, bare):
             lines = [line.message for line in operate.logs(ours, job_ids[spec.name])]
             # it stopped because it was asked (no signal reaches it), and its checkpoints hold every step it reached
