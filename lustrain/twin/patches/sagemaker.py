@@ -40,6 +40,7 @@ from typing import Any, cast
 
 import moto
 from lustrain_core.instance_types import INSTANCE_TYPES
+from lustrain_core.steps.quota import ACROSS_ALL, LONGEST_RUN, PER_JOB
 from moto.core.responses import ActionResult, EmptyResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.sagemaker.exceptions import SagemakerClientError, ValidationError
@@ -179,18 +180,8 @@ def _named_quota(account: str, region: str, name: str) -> float | None:
 
 
 #: The account-wide quotas of SageMaker training CreateTrainingJob checks, by purchase option (spot = True), as
-#: Service Quotas names them (AWS General Reference, "Amazon SageMaker AI endpoints and quotas";
-#: functions/lustrain_core/steps/quota.py reads the same)
-ACROSS_ALL = {
-    False: "Number of instances across all training jobs",
-    True: "Number of instances across all spot training jobs",
-}
-PER_JOB = {
-    False: "Maximum number of instances per training job",
-    True: "Maximum number of instances per spot training job",
-}
-#: in seconds, against StoppingCondition.MaxRuntimeInSeconds (SageMaker's default for it: a day)
-LONGEST_RUN = "Longest run time for a training job"
+#: Service Quotas names them: one list, the control plane's (steps/quota.py), which checks them first.
+#: LONGEST_RUN is in seconds, against StoppingCondition.MaxRuntimeInSeconds (SageMaker's default for it: a day).
 DEFAULT_MAX_RUNTIME_S = 86400
 
 

@@ -13,8 +13,6 @@ HeadObject; anything else is refused as not implemented.
 
 from __future__ import annotations
 
-import socket
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -22,17 +20,12 @@ from xml.sax.saxutils import escape
 
 from botocore.exceptions import ClientError
 
+from lustrain.twin.simulator import endpoint
 from lustrain.twin.simulator.storage import JobStorage, MissingBucket
 
 #: the SDK's service-specific endpoint variable for S3
 ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_S3"
 
-
-def _unused_address() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def _error(code: str, message: str) -> bytes:
@@ -69,11 +62,11 @@ class ObjectEndpoint:
         return 200, data
 
     def start(self) -> None:
-        endpoint = self
+        stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
             def _reply(self, with_body: bool) -> None:
-                status, body = endpoint.answer(self.path)
+                status, body = stand_in.answer(self.path)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/octet-stream" if status == 200 else "application/xml")
                 self.send_header("Content-Length", str(len(body)))
@@ -90,17 +83,13 @@ class ObjectEndpoint:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = endpoint.serve(Handler)
 
     def environment(self) -> dict[str, str]:
         assert self._server is not None, "start() first"
-        served = f"http://127.0.0.1:{self._server.server_address[1]}"
-        return {ENDPOINT_VARIABLE: served if self.reachable else _unused_address()}
+        served = endpoint.address(self._server)
+        return {ENDPOINT_VARIABLE: served if self.reachable else endpoint.unused_address()}
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        endpoint.close(self._server)
+        self._server = None

@@ -17,13 +17,13 @@ network and IAM would do, it does:
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from botocore.exceptions import ClientError
+
+from lustrain.twin.simulator import endpoint
 
 #: the SDK's service-specific endpoint variables (botocore's service id, upper-cased, spaces to underscores)
 ENDPOINT_VARIABLES = {"secretsmanager": "AWS_ENDPOINT_URL_SECRETS_MANAGER", "ssm": "AWS_ENDPOINT_URL_SSM"}
@@ -38,13 +38,6 @@ Authorize = Callable[[str, str, dict[str, Any]], None]
 #: problem(service): why the job's network cannot reach the service, or None
 Reachability = Callable[[str], str | None]
 
-
-def _unused_address() -> str:
-    """An address of this machine where nothing listens (a port bound, then let go)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def _answer(
@@ -99,16 +92,14 @@ class SecretsEndpoints:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = endpoint.serve(Handler)
 
     def environment(self) -> dict[str, str]:
         """The job's endpoint variables: the stand-in for a service its network reaches, a dead address otherwise."""
         assert self._server is not None, "start() first"
-        served = f"http://127.0.0.1:{self._server.server_address[1]}"
+        served = endpoint.address(self._server)
         return {
-            variable: served if self.reachability(service) is None else _unused_address()
+            variable: served if self.reachability(service) is None else endpoint.unused_address()
             for service, variable in ENDPOINT_VARIABLES.items()
         }
 
@@ -140,7 +131,5 @@ class SecretsEndpoints:
             }
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        endpoint.close(self._server)
+        self._server = None

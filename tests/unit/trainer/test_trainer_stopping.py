@@ -9,43 +9,17 @@ one with its job's role; tests/functional/twin has that path).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from lustrain_trainer import stopping
+from test_trainer_runs import launch, lines_until, sagemaker_env
 
 pytestmark = pytest.mark.slow
 
 MICRO = ["--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--seq_len", "32", "--batch_size", "4",
          "--eval_interval", "0", "--log_interval", "1"]
-
-
-def sagemaker_env(root: Path, data: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "LUSTRAIN_"))}
-    env.update({"PYTHONUNBUFFERED": "1", "SM_TRAINING_ENV": "{}", "SM_CHANNEL_TRAINING": str(data),
-                "SM_MODEL_DIR": str(root / "model"), "SM_OUTPUT_DATA_DIR": str(root / "output"),
-                "SM_CHECKPOINT_DIR": str(root / "checkpoints"), "SM_HOSTS": '["algo-1"]',
-                "SM_CURRENT_HOST": "algo-1", **extra})
-    return env
-
-
-def launch(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "train.py", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def lines_until(process: subprocess.Popen[str], pattern: str) -> Iterator[str]:
-    assert process.stdout is not None
-    for line in process.stdout:
-        yield line
-        if re.search(pattern, line):
-            return
-    raise AssertionError(f"the run ended before printing {pattern!r}")
 
 
 def last_step(lines: list[str]) -> int:
@@ -83,7 +57,7 @@ def test_at_its_deadline_the_trainer_saves_then_waits_for_sagemakers_stop(
     # MaxRuntimeInSeconds 15 s, 1 s of it kept to save: the trainer stops itself about 14 s after it starts
     env = sagemaker_env(tmp_path, data, LUSTRAIN_MAX_RUNTIME_SECONDS="15", LUSTRAIN_STOP_RESERVE_SECONDS="1")
     process = launch(sourcedir, env, *MICRO, "--max_steps", "100000", "--checkpoint_interval", "100000")
-    lines = list(lines_until(process, r"waiting for SageMaker to stop the job"))
+    lines = list(lines_until(process, r".*waiting for SageMaker to stop the job"))
     assert process.poll() is None  # still there: the job must end Stopped at MaxRuntime, not Completed
     process.kill()  # SageMaker's stop
     process.wait(timeout=60)
