@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -108,10 +109,18 @@ class Rehearsal:
 OPERATOR_KEY = "twin"
 
 
+_operator = threading.local()
+
+
 def operator_session() -> boto3.Session:
-    return boto3.Session(
-        aws_access_key_id=OPERATOR_KEY, aws_secret_access_key=OPERATOR_KEY, region_name=REGION
-    )
+    """The operator's session, one per thread (boto3's sessions are not shared between threads): a new botocore
+    session registers its several hundred built-in event handlers, which the rehearsal's polls paid at each look."""
+    session: boto3.Session | None = getattr(_operator, "session", None)
+    if session is None:
+        session = _operator.session = boto3.Session(
+            aws_access_key_id=OPERATOR_KEY, aws_secret_access_key=OPERATOR_KEY, region_name=REGION
+        )
+    return session
 
 
 @contextlib.contextmanager

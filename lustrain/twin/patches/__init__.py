@@ -15,6 +15,7 @@ import moto
 
 from lustrain.twin.patches import (
     asl_parse,
+    dispatch,
     dynamodb_wire,
     ec2,
     eventbridge,
@@ -57,6 +58,7 @@ def install() -> None:
             return
         check_moto_version()
         loaders.install()
+        dispatch.install()
         dynamodb_wire.install()
         asl_parse.install()
         lambda_invoke.install()

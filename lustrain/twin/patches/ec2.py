@@ -14,6 +14,11 @@ InvalidParameterValue.
 The twin's account has no public machine images: a run launches no EC2 instance (SageMaker's instances are its own),
 and moto built its catalogue of several thousand AMIs, each with a snapshot and a volume, for every account and
 region a test touched, about 0.7 s of CPU each time.
+
+A resource's own tags are read from the backend's table by its id: moto found them by matching a regular expression
+of the id against every tag of every resource in the region, once per resource a tag filter looks at, so each
+DescribeVpcs, DescribeSubnets or DescribeSecurityGroups with a tag filter (teardown, the sweeper, the rehearsal's
+leftover count) took time in the square of the resources the twin held. The answer is the same.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import regex
 from lustrain_core.limits import DOCUMENTED
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.amis import AmiBackend
+from moto.ec2.models.core import TaggedEC2Resource
 from moto.ec2.models.security_groups import SecurityGroupBackend
 from moto.ec2.models.vpcs import VPCBackend
+from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix
 
 _PATCHED = "_lustrain_twin_group_rules"
 _NAME, _ = DOCUMENTED[("ec2", "CreateSecurityGroup", "GroupName")]
@@ -39,6 +46,7 @@ _deletes = threading.Lock()
 
 
 def install() -> None:
+    _install_own_tags()
     _install_no_public_images()
     _install_group_rules()
     _install_endpoint_rules()
@@ -54,6 +62,26 @@ def _install_no_public_images() -> None:
 
     setattr(no_public_images, _PATCHED, True)
     AmiBackend._load_amis = no_public_images  # type: ignore[method-assign]
+
+
+def _install_own_tags() -> None:
+    if getattr(TaggedEC2Resource.get_tags, _PATCHED, False):
+        return
+
+    def get_tags(self: Any) -> list[dict[str, str]]:
+        """moto's describe_tags(filters={"resource-id": [id]}) for this resource, by a lookup of its id."""
+        resource_id = getattr(self, "id", None)
+        if not resource_id:
+            return []
+        tags = self.ec2_backend.tags.get(resource_id) or {}
+        kind = EC2_PREFIX_TO_RESOURCE.get(get_prefix(resource_id), "")
+        return [
+            {"resource_id": resource_id, "key": key, "value": value, "resource_type": kind}
+            for key, value in list(tags.items())
+        ]
+
+    setattr(get_tags, _PATCHED, True)
+    TaggedEC2Resource.get_tags = get_tags  # type: ignore[method-assign]
 
 
 def _install_endpoint_deletes() -> None:

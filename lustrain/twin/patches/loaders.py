@@ -1,4 +1,5 @@
-"""Every botocore session of the twin's process shares one data loader, so a service's model is parsed once.
+"""Every botocore session of the twin's process shares one data loader, so a service's model is parsed once, and
+one client class per service, so a client's methods are made once.
 
 On AWS a Lambda container builds its clients once and keeps them for every invocation it serves. In the twin every
 function runs in this one process and each invocation signs with fresh session credentials of its execution role,
@@ -6,16 +7,31 @@ so each builds its clients anew (lustrain_core.clients caches them per access ke
 parsed the service's JSON model again: ec2's alone is several megabytes, and a rehearsal spent about a sixth of its
 CPU there. The models are read-only data, the same for every session of the process, so one loader serves them all;
 what a client signs with, and everything it sends, is unchanged.
+
+A client's class (a method and its docstring for each of the service's operations, 700 for EC2) was then made again
+for each client: half of a client's creation, and about a tenth of the functional tests' CPU. The class depends on
+the service's model alone (and on the handlers of `creating-client-class`, boto3's own and the same in every session
+of the process), so each service's class is made once, for its model as the shared loader gives it. Each client is
+still an instance of its own, with its own credentials, configuration, endpoint and event handlers.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
+from typing import Any
 
+import botocore.client
 import botocore.loaders
 import botocore.session
 
 _create_loader = botocore.loaders.create_loader
+_create_client_class = botocore.client.ClientCreator._create_client_class
+_PATCHED = "_lustrain_twin_one_class"
+
+_classes_lock = threading.Lock()
+#: (service, id of its model's JSON) -> (the model's JSON, kept so that the id stays its own; the class)
+_classes: dict[tuple[str, int], tuple[Any, type]] = {}
 
 
 @functools.cache
@@ -24,5 +40,22 @@ def shared_loader(search_path_string: str | None = None) -> botocore.loaders.Loa
     return _create_loader(search_path_string)
 
 
+def client_class(creator: botocore.client.ClientCreator, service_name: str, service_model: Any) -> type:
+    """botocore's client class for this service's model, made once per model."""
+    described = service_model._service_description
+    key = (service_name, id(described))
+    with _classes_lock:
+        found = _classes.get(key)
+    if found is not None and found[0] is described:
+        return found[1]
+    made: type = _create_client_class(creator, service_name, service_model)
+    with _classes_lock:
+        _classes[key] = (described, made)
+    return made
+
+
 def install() -> None:
     botocore.session.create_loader = shared_loader
+    if not getattr(botocore.client.ClientCreator._create_client_class, _PATCHED, False):
+        setattr(client_class, _PATCHED, True)
+        botocore.client.ClientCreator._create_client_class = client_class

@@ -7,6 +7,10 @@ AWS sees one mapping and, for p4d and its kind, a subset of the zones that need 
 first. The twin answers from one table by zone id for the types in OFFERED_ZONE_IDS, the zone-name view derived from
 it through the region's own mapping (DescribeAvailabilityZones), and leaves moto's answer for every other type.
 Each zone set is a subset of moto's recorded one.
+
+An answer filtered by instance type is looked up in an index of moto's table by type, in the table's order: moto
+tested each of the region's several thousand offerings against the filters at every call, which every run's zone
+choice made. The offerings it answers are the same.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from moto.ec2.models.instance_types import InstanceTypeOfferingBackend
+from moto.ec2.models.instance_types import INSTANCE_TYPE_OFFERINGS, InstanceTypeOfferingBackend
 
 _PATCHED = "_lustrain_twin_offerings"
 
@@ -30,6 +34,27 @@ OFFERED_ZONE_IDS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+@functools.cache
+def _by_type(location_type: str, region: str) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    """moto's offerings of a region for a location type, by instance type, each with its place in moto's table."""
+    index: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for place, offering in enumerate(INSTANCE_TYPE_OFFERINGS[location_type].get(region, [])):
+        index.setdefault(str(offering.get("InstanceType")), []).append((place, offering))
+    return index
+
+
+def _moto_answer(backend: Any, location_type: str, filters: dict[str, Any] | None) -> list[Any]:
+    """moto's own answer: its table's offerings that match the filters, in the table's order."""
+    filters = filters or {}
+    types = filters.get("instance-type")
+    if types is None:
+        candidates = list(INSTANCE_TYPE_OFFERINGS[location_type].get(backend.region_name, []))
+    else:
+        index = _by_type(location_type, backend.region_name)
+        candidates = [o for _, o in sorted((row for t in set(types) for row in index.get(t, ())), key=lambda r: r[0])]
+    return [o for o in candidates if backend.matches_filters(o, filters, location_type)]
+
+
 def install() -> None:
     original = InstanceTypeOfferingBackend.describe_instance_type_offerings
     if getattr(original, _PATCHED, False):
@@ -42,8 +67,8 @@ def install() -> None:
         location_type = location_type or "region"
         table = OFFERED_ZONE_IDS.get(self.region_name, {})
         if location_type == "region":
-            return list(original(self, location_type, filters))
-        answer = [o for o in original(self, location_type, filters) if o.get("InstanceType") not in table]
+            return _moto_answer(self, location_type, filters)
+        answer = [o for o in _moto_answer(self, location_type, filters) if o.get("InstanceType") not in table]
         names = {z.zone_id: z.name for z in self.describe_availability_zones()}
         for instance_type, zone_ids in table.items():
             for zone_id in zone_ids:

@@ -1,0 +1,87 @@
+"""The patches that spend less CPU answer exactly as moto and botocore would: a resource's tags, the instance type
+offerings, the action a request names, a state's JSONPaths and a client's class, each made or found once."""
+
+from __future__ import annotations
+
+import inspect
+
+import boto3
+from moto.core.utils import method_names_from_class
+from moto.ec2.models.instance_types import INSTANCE_TYPE_OFFERINGS
+from moto.ec2.responses import EC2Response
+from twinhelpers import REGION, client
+
+from lustrain.twin.patches import asl_parse, dispatch, loaders, offerings
+
+
+def test_a_resources_tags_are_the_ones_moto_matches_by_its_id(moto_twin: None) -> None:
+    from moto.backends import get_backend
+
+    ec2 = client("ec2")
+    vpcs = [ec2.create_vpc(CidrBlock=f"10.{i}.0.0/16")["Vpc"]["VpcId"] for i in range(3)]
+    ec2.create_tags(Resources=vpcs[:2], Tags=[{"Key": "lustrain:job", "Value": "a"}])
+    ec2.create_tags(Resources=[vpcs[1]], Tags=[{"Key": "Name", "Value": "second"}])
+    backend = get_backend("ec2")["123456789012"][REGION]
+
+    for vpc_id in vpcs:
+        # moto's own lookup: a filter of the id against every tag of the region
+        expected = backend.describe_tags(filters={"resource-id": [vpc_id]})
+        assert backend.get_vpc(vpc_id).get_tags() == expected
+    found = ec2.describe_vpcs(Filters=[{"Name": "tag:lustrain:job", "Values": ["a"]}])["Vpcs"]
+    assert sorted(v["VpcId"] for v in found) == sorted(vpcs[:2])
+    assert {t["Key"] for v in found if v["VpcId"] == vpcs[1] for t in v["Tags"]} == {"lustrain:job", "Name"}
+
+
+def test_offerings_filtered_by_type_are_moto_s_own_in_its_order(moto_twin: None) -> None:
+    class Backend:
+        region_name = REGION
+        matches_filters = staticmethod(
+            lambda offering, filters, location_type: all(
+                offering.get("InstanceType") in values if key == "instance-type" else offering.get("Location") in values
+                for key, values in filters.items()
+            )
+        )
+
+    for location_type in ("availability-zone", "availability-zone-id", "region"):
+        table = INSTANCE_TYPE_OFFERINGS[location_type][REGION]
+        for filters in (
+            {"instance-type": ["m5.large", "c5.xlarge", "nothing.large"]},
+            {"instance-type": ["p3.2xlarge"], "location": [table[0]["Location"]]},
+        ):
+            expected = [o for o in table if Backend.matches_filters(o, filters, location_type)]
+            assert offerings._moto_answer(Backend(), location_type, filters) == expected
+
+
+def test_the_action_a_request_names_is_found_among_its_class_s_methods_listed_once() -> None:
+    dispatch.install()
+    import moto.core.responses as responses
+
+    listed = responses.method_names_from_class(EC2Response)  # type: ignore[attr-defined]
+    assert listed == method_names_from_class(EC2Response)
+    assert listed == [name for name, _ in inspect.getmembers(EC2Response, inspect.isfunction)]
+    assert responses.method_names_from_class(EC2Response) is listed  # type: ignore[attr-defined]
+
+
+def test_a_states_jsonpath_is_parsed_once_and_applied_as_before() -> None:
+    asl_parse.install()
+    from moto.stepfunctions.parser.asl.utils import json_path
+
+    assert json_path.extract_json("$.job.name", {"job": {"name": "a"}}) == "a"
+    assert json_path.parse("$.job.name") is json_path.parse("$.job.name")
+    assert json_path.extract_json("$.job.name", {"job": {"name": "b"}}) == "b"
+
+
+def test_clients_of_a_service_share_one_class_and_keep_their_own_credentials() -> None:
+    loaders.install()
+
+    def session(key: str) -> boto3.session.Session:
+        return boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=key, region_name=REGION)
+
+    first, second = session("one").client("sagemaker"), session("two").client("sagemaker")
+    assert type(first) is type(second)
+    assert (first._request_signer._credentials.access_key, second._request_signer._credentials.access_key) == (
+        "one",
+        "two",
+    )
+    assert type(session("one").client("ec2")) is not type(first)
+    assert hasattr(session("one").client("s3"), "upload_file")  # boto3's methods, added as the class is made
