@@ -25,6 +25,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         s3=clients.client("s3"),
         ddb=clients.client("dynamodb"),
         ec2=clients.client("ec2"),
+        fsx=clients.client("fsx"),
         sagemaker=clients.client("sagemaker"),
         settings=Settings.from_env(),
     )

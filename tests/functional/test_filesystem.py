@@ -8,7 +8,7 @@ from typing import Any
 import boto3
 import pytest
 from infra_support import REGION, invoke, job_record, register, spec
-from lustrain_core.errors import FileSystemFailed
+from lustrain_core.errors import FileSystemFailed, SpecInvalid
 from lustrain_core.steps import filesystem as fs
 
 from lustrain.twin import faults
@@ -265,55 +265,75 @@ def test_a_reused_file_system_showing_the_data_elsewhere_names_the_mount_path_to
     assert "set filesystem.mount_path: /datasets/tokens" in exc.value.message
 
 
+def refused_at_registration(aws: Any, spec_doc: dict[str, Any], execution: str, team: str | None = None) -> str:
+    """register_job's refusal of the spec (started for `team`), with no record of the run: nothing exists of it."""
+    def records() -> int:
+        return int(boto3.client("dynamodb", region_name=REGION).scan(TableName=aws.jobs_table, Select="COUNT")["Count"])
+
+    before = records()
+    with pytest.raises(SpecInvalid) as exc:
+        invoke("register_job", {"execution": execution, "input": {"spec": spec_doc, **({"team": team} if team else {})}})
+    assert records() == before
+    return exc.value.message
+
+
 def test_a_reused_file_system_serves_one_team(aws, monkeypatch):
     """Containers run as root and nothing in Lustre is guarded by IAM: a run mounts only its team's file system
-    (tagged lustrain:team); an untagged one only on a stack of one team."""
+    (tagged lustrain:team); an untagged one only on a stack of one team. register_job refuses another's before
+    anything exists; create_filesystem asks again, since a tag can change while the run waits in the queue."""
     document = prepared()
     theirs = team_file_system(document, team="vision")
-    with pytest.raises(FileSystemFailed) as exc:
-        invoke("create_filesystem", reusing(document, theirs))
-    assert exc.value.message.startswith(f"filesystem.file_system_id: {theirs} is not a file system of team default")
-    untagged = reusing(document, team_file_system(document))
+    untagged = team_file_system(document)
     ours = team_file_system(document, team="default")
+
+    message = refused_at_registration(aws, spec(filesystem={"file_system_id": theirs}), "theirs")
+    assert message.startswith("invalid job spec, 1 problem:\n  - filesystem.file_system_id: ")
+    assert f"{theirs} is not a file system of team default (tag lustrain:team=default)" in message
+    assert invoke("create_filesystem", reusing(document, untagged))["file_system_id"] == untagged  # one team
     reuse_ours = reusing(document, ours)
     monkeypatch.setenv("LUSTRAIN_TEAMS", "default,vision")
-    with pytest.raises(FileSystemFailed, match="is not a file system of team default"):
-        invoke("create_filesystem", untagged)
+    assert "is not a file system of team default" in refused_at_registration(
+        aws, spec(filesystem={"file_system_id": untagged}), "untagged", team="default"
+    )
+
+    fs_arn = fsx().describe_file_systems(FileSystemIds=[ours])["FileSystems"][0]["ResourceARN"]
+    fsx().tag_resource(ResourceARN=fs_arn, Tags=[{"Key": "lustrain:team", "Value": "vision"}])
+    with pytest.raises(FileSystemFailed) as exc:
+        invoke("create_filesystem", reuse_ours)
+    assert exc.value.message.startswith(f"filesystem.file_system_id: {ours} is not a file system of team default")
+    fsx().tag_resource(ResourceARN=fs_arn, Tags=[{"Key": "lustrain:team", "Value": "default"}])
     assert invoke("create_filesystem", reuse_ours)["file_system_id"] == ours
 
 
 def test_checkpoints_go_only_to_a_reused_file_system_of_the_teams_own_that_survives_a_file_server(aws):
     """Checkpoints on Lustre are the run's resume: not on a scratch file system (one copy of its data), not on one
     that anything else may mount (containers run as root: no IAM boundary inside Lustre), even on a stack of one
-    team."""
+    team. Both are refused when the run registers, with nothing created."""
     document = prepared()
 
-    def with_checkpoints(fs_id: str, name: str) -> dict[str, Any]:
-        again = register(
-            spec(filesystem={"file_system_id": fs_id, "deployment_type": "persistent"},
-                 checkpoints={"to_filesystem": True}),
-            execution=name,
+    def with_checkpoints(fs_id: str) -> dict[str, Any]:
+        return spec(
+            filesystem={"file_system_id": fs_id, "deployment_type": "persistent"}, checkpoints={"to_filesystem": True}
         )
-        return {**again, "network": document["network"], "poll": POLL}
 
     untagged = team_file_system(document)
-    with pytest.raises(FileSystemFailed) as exc:
-        invoke("create_filesystem", with_checkpoints(untagged, "untagged"))
-    assert exc.value.message.startswith(f"checkpoints.to_filesystem: {untagged} is not tagged lustrain:team=default")
     scratch = team_file_system(document, team="default", kind="SCRATCH_2")
-    with pytest.raises(FileSystemFailed) as exc:
-        invoke("create_filesystem", with_checkpoints(scratch, "scratch"))
-    assert exc.value.message.startswith(f"checkpoints.to_filesystem: {scratch} is SCRATCH_2")
     ours = team_file_system(document, team="default")
-    assert invoke("create_filesystem", with_checkpoints(ours, "ours"))["file_system_id"] == ours
+    assert f"checkpoints.to_filesystem: {untagged} is not tagged lustrain:team=default" in refused_at_registration(
+        aws, with_checkpoints(untagged), "untagged"
+    )
+    assert f"checkpoints.to_filesystem: {scratch} is SCRATCH_2" in refused_at_registration(
+        aws, with_checkpoints(scratch), "scratch"
+    )
+    again = {**register(with_checkpoints(ours), execution="ours"), "network": document["network"], "poll": POLL}
+    assert invoke("create_filesystem", again)["file_system_id"] == ours
 
 
-def test_a_reused_file_system_that_does_not_exist_is_named(aws):
-    document = prepared()
-    with pytest.raises(
-        FileSystemFailed, match=r"filesystem\.file_system_id: fs-0123456789abcdef0 does not exist"
-    ):
-        invoke("create_filesystem", reusing(document, "fs-0123456789abcdef0"))
+def test_a_reused_file_system_that_does_not_exist_is_named_before_anything_exists(aws):
+    prepared()
+    assert "filesystem.file_system_id: fs-0123456789abcdef0 does not exist in this account and region" in (
+        refused_at_registration(aws, spec(filesystem={"file_system_id": "fs-0123456789abcdef0"}), "missing")
+    )
 
 
 def test_a_reused_persistent_file_system_runs_and_its_output_link_is_recorded_even_if_found_on_a_retry(aws):

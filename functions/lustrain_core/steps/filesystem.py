@@ -70,6 +70,7 @@ from lustrain_core.config import Settings
 from lustrain_core.document import Filesystem, Job, LinkState, Network, Poll, Run, Sections
 from lustrain_core.errors import FileSystemFailed
 from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, norm_path, s3_prefix, tag_dict
+from lustrain_core.spec import JobSpec
 from lustrain_core.steps import preload, records
 
 FAILED_LIFECYCLES = frozenset({"FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"})
@@ -161,34 +162,44 @@ def data_location(fs: dict[str, Any], dras: list[dict[str, Any]], data_s3_uri: s
     return None
 
 
+def reuse_refusal(
+    fs: dict[str, Any] | None, spec: JobSpec, team: str, stack_teams: tuple[str, ...] = (teams.DEFAULT_TEAM,)
+) -> tuple[str, str] | None:
+    """Why the run may not reuse the file system filesystem.file_system_id names, whatever its network and state:
+    (the field, the reason), or None. `fs` is DescribeFileSystems' answer for it (None: it does not exist). On a
+    stack of several teams it must be the run's team's (tagged lustrain:team): the training containers run as root
+    and nothing in Lustre is guarded by IAM, so a file system two teams mount is one both read and write. register_job
+    asks before anything exists; create_filesystem again, since a tag can change while a run waits in the queue."""
+    fs_id = str(spec.filesystem.file_system_id)
+    field = "filesystem.file_system_id"
+    if fs is None:
+        return field, f"{fs_id} does not exist in this account and region"
+    owner = tag_dict(fs.get("Tags")).get(teams.TAG_TEAM)
+    if owner != team and (owner is not None or len(stack_teams) > 1):
+        return field, (
+            f"{fs_id} is not a file system of team {team} (tag {teams.TAG_TEAM}={team}): whatever a run mounts, its "
+            "code reads and writes as root, so a file system serves one team; leave file_system_id out and the run "
+            "creates its own"
+        )
+    if fs.get("FileSystemType") != "LUSTRE":
+        return field, f"{fs_id} is an FSx for {fs.get('FileSystemType')} file system, not Lustre"
+    if spec.checkpoints.to_filesystem:
+        return _checkpoints_refusal(fs, team)
+    return None
+
+
 def validate_reuse(
     fsx: Any, job: Job, network: Network, stack_teams: tuple[str, ...] = (teams.DEFAULT_TEAM,)
 ) -> dict[str, Any]:
-    """The file system named by filesystem.file_system_id, checked to carry this run; FileSystemFailed if not.
-    On a stack of several teams it must be the run's team's (tagged lustrain:team): the training containers run as
-    root and nothing in Lustre is guarded by IAM, so a file system two teams mount is one both read and write."""
+    """The file system named by filesystem.file_system_id, checked to carry this run; FileSystemFailed if not
+    (reuse_refusal, then its state, its network and its links to the run's data)."""
     fs_id = str(job.spec.filesystem.file_system_id)
-    fs = describe(fsx, fs_id)
-    if fs is None:
-        raise FileSystemFailed(
-            f"filesystem.file_system_id: {fs_id} does not exist in this account and region",
-            file_system_id=fs_id,
-        )
-    owner = tag_dict(fs.get("Tags")).get(teams.TAG_TEAM)
-    if owner != job.launch.team and (owner is not None or len(stack_teams) > 1):
-        raise FileSystemFailed(
-            f"filesystem.file_system_id: {fs_id} is not a file system of team {job.launch.team} (tag "
-            f"{teams.TAG_TEAM}={job.launch.team}): whatever a run mounts, its code reads and writes as root, so a "
-            "file system serves one team; leave file_system_id out and the run creates its own",
-            file_system_id=fs_id,
-        )
-    if fs.get("FileSystemType") != "LUSTRE":
-        raise FileSystemFailed(
-            f"filesystem.file_system_id: {fs_id} is an FSx for {fs.get('FileSystemType')} file system, not Lustre",
-            file_system_id=fs_id,
-        )
-    if job.spec.checkpoints.to_filesystem:
-        _check_holds_checkpoints(fs, job)
+    found = describe(fsx, fs_id)
+    refusal = reuse_refusal(found, job.spec, job.launch.team, stack_teams)
+    if refusal is not None or found is None:
+        field, reason = refusal or ("filesystem.file_system_id", f"{fs_id} does not exist")
+        raise FileSystemFailed(f"{field}: {reason}", file_system_id=fs_id)
+    fs = found
     if fs.get("Lifecycle") not in {"AVAILABLE", "UPDATING"}:
         raise FileSystemFailed(
             f"filesystem.file_system_id: {fs_id} is {fs.get('Lifecycle')}, not AVAILABLE",
@@ -219,27 +230,26 @@ def validate_reuse(
     return fs
 
 
-def _check_holds_checkpoints(fs: dict[str, Any], job: Job) -> None:
+def _checkpoints_refusal(fs: dict[str, Any], team: str) -> tuple[str, str] | None:
     """checkpoints.to_filesystem on a reused file system: it must keep them through a file server's failure (not
     SCRATCH: one copy) and be the run's team's by its tag even on a stack of one team (a file system lustrain did not
     create may be mounted by anything, and every container runs as root: no IAM boundary inside Lustre)."""
     fs_id = str(fs.get("FileSystemId"))
+    field = "checkpoints.to_filesystem"
     kind = str((fs.get("LustreConfiguration") or {}).get("DeploymentType") or "")
     if kind.startswith("SCRATCH"):
-        raise FileSystemFailed(
-            f"checkpoints.to_filesystem: {fs_id} is {kind}, which keeps one copy of its data: a file server's failure "
-            "loses every checkpoint its export had not reached; reuse a PERSISTENT file system or keep the "
-            "checkpoints in S3 (checkpoints.to_filesystem: false)",
-            file_system_id=fs_id,
+        return field, (
+            f"{fs_id} is {kind}, which keeps one copy of its data: a file server's failure loses every checkpoint its "
+            "export had not reached; reuse a PERSISTENT file system or keep the checkpoints in S3 "
+            "(checkpoints.to_filesystem: false)"
         )
-    owner = tag_dict(fs.get("Tags")).get(teams.TAG_TEAM)
-    if owner != job.launch.team:
-        raise FileSystemFailed(
-            f"checkpoints.to_filesystem: {fs_id} is not tagged {teams.TAG_TEAM}={job.launch.team}: whatever else "
-            "mounts it reads and writes the checkpoints as root; reuse a file system of the team's own, or keep the "
-            "checkpoints in S3 (checkpoints.to_filesystem: false)",
-            file_system_id=fs_id,
+    if tag_dict(fs.get("Tags")).get(teams.TAG_TEAM) != team:
+        return field, (
+            f"{fs_id} is not tagged {teams.TAG_TEAM}={team}: whatever else mounts it reads and writes the checkpoints "
+            "as root; reuse a file system of the team's own, or keep the checkpoints in S3 "
+            "(checkpoints.to_filesystem: false)"
         )
+    return None
 
 
 # --------------------------------------------------------------------------- the steps

@@ -46,7 +46,7 @@ from lustrain_core.spec import (
     validate_prepare_spec,
     validate_spec,
 )
-from lustrain_core.steps import records, training_plans, zones
+from lustrain_core.steps import filesystem, records, training_plans, zones
 from lustrain_core.steps.policy import Policy
 from lustrain_core.trainer import layout
 
@@ -383,12 +383,26 @@ def check_zones(ec2: Any, spec: JobSpec, training_plan: launch_plan.TrainingPlan
         zones.zone_choices(ec2, spec.compute.instance_type, spec.network.preferred_zones, required=required)
 
 
+def check_reused_filesystem(fsx: Any, spec: JobSpec, team: str, settings: Settings) -> None:
+    """filesystem.file_system_id, before anything exists: a Lustre file system of this account and region, of the
+    run's team, fit for checkpoints.to_filesystem (steps/filesystem.py reuse_refusal). Its state, network and links
+    to the data are create_filesystem's to check, once the run's network is known."""
+    fs_id = spec.filesystem.file_system_id
+    if fs_id is None:
+        return
+    refusal = filesystem.reuse_refusal(filesystem.describe(fsx, fs_id), spec, team, teams.teams_of(settings))
+    if refusal is not None:
+        field, reason = refusal
+        raise SpecInvalid.one(field, fs_id if field == "filesystem.file_system_id" else True, reason)
+
+
 def register_job(
     source: SpecSource,
     *,
     s3: Any,
     ddb: Any,
     ec2: Any,
+    fsx: Any,
     sagemaker: Any,
     settings: Settings,
     clock: Callable[[], float] = time.time,
@@ -409,6 +423,7 @@ def register_job(
     resume = find_resume(s3, ddb, settings, spec, team)
     training_plan = training_plans.find(sagemaker, spec, clock())
     check_zones(ec2, spec, training_plan)
+    check_reused_filesystem(fsx, spec, team, settings)
 
     data_gib: float | None = None
     extension_bytes: dict[str, int] | None = None
