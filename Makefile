@@ -90,9 +90,12 @@ $(CHROMIUM):
 
 # Three workers on the machine's two cores: the twin's runs wait (polls, stops, the trainer's start) as well as
 # compute, and a third worker keeps both cores busy meanwhile; a test file stays on one worker, so a module's shared
-# twin is built once. Writing bytecode (above) keeps pytest's rewritten test files too: about 35 of the suite's 950
-# CPU-seconds (bench/suite_cpu.py).
-PYTEST := $(BIN)/python -m pytest -n 3 --dist loadfile
+# twin is built once. Files are handed out in the order tests/conftest.py collects them, the slow ones first
+# (--no-loadscope-reorder: xdist would otherwise hand out the files with the most tests first, which left the
+# minutes-long e2e files of one or two tests for last, run one after another while the other workers idled).
+# Writing bytecode (above) keeps pytest's rewritten test files too: about 35 of the suite's 950 CPU-seconds
+# (bench/suite_cpu.py).
+PYTEST := $(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The suite runs beside the checks of the code and the template (lint, then validate and scan, which each install a
 # tool into a virtualenv of its own): from a clean clone those downloads overlap the tests instead of preceding them.

@@ -2,6 +2,7 @@
 trainers, torchrun), measured while the suite runs as `make test` runs it.
 
     .venv/bin/python bench/suite_cpu.py [PYTEST ARGS...]     e.g. tests/e2e, or nothing for the whole suite
+    LUSTRAIN_SUITE_WORKERS=4 .venv/bin/python bench/suite_cpu.py  another number of workers than make test's 3
 
 Lines are key=value: the totals (cpu_s, self_s, child_s, wall_s, tests), each top-level folder's CPU, then the
 costliest files, most first. The suite is CPU-bound on two cores, so its wall time follows its CPU seconds: this
@@ -74,9 +75,10 @@ def main(args: list[str]) -> int:
             "-m",
             "pytest",
             "-n",
-            "3",
+            os.environ.get("LUSTRAIN_SUITE_WORKERS", "3"),
             "--dist",
             "loadfile",
+            "--no-loadscope-reorder",
             "-q",
             "-p",
             "bench.suite_cpu",

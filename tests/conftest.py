@@ -25,3 +25,12 @@ def _fresh_clients():
     clients.reset()
     yield
     clients.reset()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of slow tests first, each file's tests together and in their order: `make test` hands whole files
+    to its workers in this order (`--dist loadfile --no-loadscope-reorder`), so the minutes-long files (the fault
+    matrix, the budget run, the trainer's multi-process runs) start at once instead of last, when no other file is
+    left to run beside them."""
+    slow_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)
