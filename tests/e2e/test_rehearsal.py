@@ -194,6 +194,9 @@ def test_moments_that_log_a_run_to_mlflow_at_once_make_one_mlflow_run(mlflow_ser
     from lustrain_core.steps import records, tracking
     from moto import mock_aws
 
+    from lustrain.twin import patches
+
+    patches.install()  # the twin's DynamoDB: a conditional write atomic with its condition, as on AWS
     settings = Settings(stack_name="lustrain-race", jobs_table="jobs")
     server = tracking.Server(mlflow_server.url)
     with mock_aws():

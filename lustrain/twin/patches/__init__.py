@@ -17,6 +17,7 @@ from lustrain.twin.patches import (
     asl_parse,
     dispatch,
     dynamodb_wire,
+    dynamodb_writes,
     ec2,
     eventbridge,
     fsx,
@@ -60,6 +61,7 @@ def install() -> None:
         loaders.install()
         dispatch.install()
         dynamodb_wire.install()
+        dynamodb_writes.install()
         asl_parse.install()
         lambda_invoke.install()
         throttling.install()

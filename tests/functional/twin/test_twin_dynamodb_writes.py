@@ -1,0 +1,64 @@
+"""A conditional write is atomic on the twin, as on DynamoDB: of writers racing one condition, exactly one wins."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from moto.dynamodb import models
+from twinhelpers import client
+
+WRITERS = 4
+
+
+def test_of_writers_racing_one_condition_exactly_one_wins(moto_twin: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ddb = client("dynamodb")
+    ddb.create_table(
+        TableName="claims",
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    ddb.put_item(TableName="claims", Item={"id": {"S": "run"}})
+    parser_of = models.create_condition_expression_parser
+
+    class SlowCondition:
+        """The condition as moto evaluates it, then a pause before its write: where two writers would both pass."""
+
+        def __init__(self, op: Any) -> None:
+            self.op = op
+
+        def expr(self, item: Any) -> bool:
+            passed = bool(self.op.expr(item))
+            time.sleep(0.05)
+            return passed
+
+    def slow_parser(*args: Any, **kwargs: Any) -> Any:
+        parser = parser_of(*args, **kwargs)
+        parse = parser.parse
+        parser.parse = lambda: SlowCondition(parse())
+        return parser
+
+    monkeypatch.setattr(models, "create_condition_expression_parser", slow_parser)
+
+    def claim(writer: int) -> bool:
+        try:
+            ddb.update_item(
+                TableName="claims",
+                Key={"id": {"S": "run"}},
+                UpdateExpression="SET claimed_by = :w",
+                ConditionExpression="attribute_not_exists(claimed_by)",
+                ExpressionAttributeValues={":w": {"S": str(writer)}},
+            )
+            return True
+        except ClientError as exc:
+            assert exc.response["Error"]["Code"] == "ConditionalCheckFailedException"
+            return False
+
+    with ThreadPoolExecutor(WRITERS) as pool:
+        won = [writer for writer, ok in zip(range(WRITERS), pool.map(claim, range(WRITERS)), strict=True) if ok]
+    assert len(won) == 1
+    assert ddb.get_item(TableName="claims", Key={"id": {"S": "run"}})["Item"]["claimed_by"]["S"] == str(won[0])
