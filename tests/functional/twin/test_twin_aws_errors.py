@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 from lustrain_core import aws_errors
-from twinhelpers import client
+from twinhelpers import client, key_table
 
 pytestmark = pytest.mark.usefixtures("moto_twin")
 
@@ -41,16 +41,11 @@ def test_missing_resources_are_answered_with_each_services_not_found_code() -> N
 
 
 def test_conflicts_are_answered_with_awss_codes() -> None:
-    ec2, ddb = client("ec2"), client("dynamodb")
+    ec2 = client("ec2")
     vpc = ec2.create_vpc(CidrBlock="10.70.0.0/16")["Vpc"]["VpcId"]
     ec2.create_subnet(VpcId=vpc, CidrBlock="10.70.1.0/24")
     assert code_of(ec2.delete_vpc, VpcId=vpc) == "DependencyViolation"
-    ddb.create_table(
-        TableName="lustrain-errors",
-        KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    ddb = key_table("lustrain-errors", "k")
     ddb.put_item(TableName="lustrain-errors", Item={"k": {"S": "1"}})
     refused = code_of(
         ddb.put_item, TableName="lustrain-errors", Item={"k": {"S": "1"}}, ConditionExpression="attribute_not_exists(k)"

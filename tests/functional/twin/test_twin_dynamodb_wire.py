@@ -9,7 +9,7 @@ import pytest
 from boto3.dynamodb.types import Binary
 from moto.core.serialize import JSONSerializer, XFormedAttributePicker
 from moto.core.utils import get_service_model
-from twinhelpers import client
+from twinhelpers import key_table
 
 from lustrain.twin.patches import dynamodb_wire
 
@@ -68,13 +68,7 @@ def test_only_plain_values_take_the_fast_way():
 
 
 def test_an_item_put_reads_back_the_same_through_the_twin():
-    ddb = client("dynamodb")
-    ddb.create_table(
-        TableName="wire",
-        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    ddb = key_table("wire", "job_id")
     ddb.put_item(TableName="wire", Item=ITEM)
     got = ddb.get_item(TableName="wire", Key={"job_id": {"S": "run-1"}})["Item"]
     assert got == ITEM | {"blobs": {"BS": [b"x", b"y"]}}

@@ -9,19 +9,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 from moto.dynamodb import models
-from twinhelpers import client
+from twinhelpers import key_table
 
 WRITERS = 4
 
 
 def test_of_writers_racing_one_condition_exactly_one_wins(moto_twin: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    ddb = client("dynamodb")
-    ddb.create_table(
-        TableName="claims",
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    ddb = key_table("claims", "id")
     ddb.put_item(TableName="claims", Item={"id": {"S": "run"}})
     parser_of = models.create_condition_expression_parser
 

@@ -25,6 +25,18 @@ def client(service: str) -> Any:
     return _SESSION.client(service)  # type: ignore[call-overload]
 
 
+def key_table(name: str, key: str) -> Any:
+    """A DynamoDB table of the twin keyed by the string attribute `key`, paid per request; its client."""
+    ddb = client("dynamodb")
+    ddb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": key, "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": key, "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    return ddb
+
+
 def role_arn(name: str = "twin-test-role", iam: Any = None, service: str = "lambda.amazonaws.com") -> str:
     """A role `service` may assume, allowed everything: the patches are under test, not IAM."""
     return any_role(iam or client("iam"), name, service)
