@@ -194,12 +194,12 @@ def validate_reuse(
     """The file system named by filesystem.file_system_id, checked to carry this run; FileSystemFailed if not
     (reuse_refusal, then its state, its network and its links to the run's data)."""
     fs_id = str(job.spec.filesystem.file_system_id)
-    found = describe(fsx, fs_id)
-    refusal = reuse_refusal(found, job.spec, job.launch.team, stack_teams)
-    if refusal is not None or found is None:
-        field, reason = refusal or ("filesystem.file_system_id", f"{fs_id} does not exist")
+    fs = describe(fsx, fs_id)
+    refusal = reuse_refusal(fs, job.spec, job.launch.team, stack_teams)
+    if refusal is not None:
+        field, reason = refusal
         raise FileSystemFailed(f"{field}: {reason}", file_system_id=fs_id)
-    fs = found
+    assert fs is not None  # reuse_refusal refuses a file system that does not exist
     if fs.get("Lifecycle") not in {"AVAILABLE", "UPDATING"}:
         raise FileSystemFailed(
             f"filesystem.file_system_id: {fs_id} is {fs.get('Lifecycle')}, not AVAILABLE",

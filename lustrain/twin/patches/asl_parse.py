@@ -13,7 +13,6 @@ jsonpath_ng builds a new parser, with its grammar's tables, for every path it pa
 path at each evaluation, about a fortieth of the twin's CPU. A parsed path is only read when it is applied.
 """
 
-
 from __future__ import annotations
 
 import functools
