@@ -1,11 +1,14 @@
-"""The trainer at giant scale, run for real on CPU ranks: sharded checkpoints resumed on another world size, a stop
-under torchrun, HSDP, version 1 checkpoints, and the memory plan of a model far larger than this machine."""
+"""The trainer at giant scale, run for real on CPU ranks: two ranks' disjoint reads and pre-flight, sharded
+checkpoints resumed on another world size, a stop under torchrun, HSDP, version 1 checkpoints, and the memory plan of
+a model far larger than this machine. A torchrun of N ranks starts N + 1 processes that each import torch (about
+3 CPU-s), so runs are shared where tests read the same one, and an unsharded reference trains in this process."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,10 +17,22 @@ from pathlib import Path
 import pytest
 import torch
 from lustrain_trainer import trainer
-from test_trainer_runs import MICRO, lines_until, run, sagemaker_env, train_in_process
+from test_trainer_runs import MICRO, TRAINER, lines_until, metric_values, run, sagemaker_env, train_in_process
 
 pytestmark = pytest.mark.slow
 
+
+@pytest.fixture(scope="module")
+def two_ranks(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One uninterrupted run on 2 ranks under torchrun (9 steps, a checkpoint every 3, each rank's reads traced), which
+    three tests read: a torchrun of 2 ranks starts three processes, each importing torch (about 3 CPU-s)."""
+    root = tmp_path_factory.mktemp("two-ranks")
+    code = root / "code"
+    shutil.copytree(TRAINER, code, ignore=shutil.ignore_patterns("__pycache__"))
+    env = sagemaker_env(root, data, SM_NUM_GPUS="0", LUSTRAIN_DATA_TRACE=str(root / "trace"))
+    done = run(code, env, *MICRO, "--checkpoint_interval", "3", "--max_steps", "9", torchrun=2)
+    assert done.returncode == 0, done.stderr
+    return root, done
 
 
 def read_trace(directory: Path, ranks: int) -> list[tuple[str, str]]:
@@ -26,15 +41,33 @@ def read_trace(directory: Path, ranks: int) -> list[tuple[str, str]]:
             for line in (directory / f"rank-{rank}.txt").read_text().splitlines()]
 
 
+def test_two_ranks_under_torchrun_read_disjoint_batches(
+        two_ranks: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    root, done = two_ranks
+    reads = [(root / "trace" / f"rank-{rank}.txt").read_text().split("\n")[:-1] for rank in (0, 1)]
+    assert [len(r) for r in reads] == [9, 9]
+    locations = [{tuple(line.split()[1:]) for line in r} for r in reads]
+    assert len(locations[0]) == len(locations[1]) == 9 and not locations[0] & locations[1]
+    summary = json.loads((root / "output" / "summary.json").read_text())
+    assert (summary["status"], summary["world_size"], summary["tokens_seen"]) == ("completed", 2, 9 * 2 * 4 * 32)
+    assert len(metric_values(done.stdout, "train_loss")) == 9  # rank 0 alone prints metrics
+
+
+def test_the_preflight_all_reduces_across_every_rank_and_logs_its_bus_bandwidth(
+        two_ranks: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    _, done = two_ranks
+    line = next(line for line in done.stdout.splitlines() if "pre-flight" in line)
+    found = re.search(r"0 GPU\(s\) on this host of 0 expected; all-reduce of 1 MiB across 2 ranks in [0-9.]+ ms, "
+                      r"bus bandwidth ([0-9.]+) GB/s", line)
+    assert found and float(found[1]) > 0, line
+
+
 def test_a_run_resumed_on_another_world_size_reads_what_an_uninterrupted_run_reads(
-        data: Path, sourcedir: Path, tmp_path: Path) -> None:
+        data: Path, sourcedir: Path, tmp_path: Path, two_ranks: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     """2 ranks, then 1, then 2 again, from sharded checkpoints: the same steps, the same spans of data (none seen
     twice, none skipped) and the same tokens as one run on 2 ranks; grad_accum keeps the global batch."""
     args = [*MICRO, "--checkpoint_interval", "3"]
-    straight = tmp_path / "straight"
-    done = run(sourcedir, sagemaker_env(straight, data, LUSTRAIN_DATA_TRACE=str(straight / "trace")), *args,
-               "--max_steps", "9", torchrun=2)
-    assert done.returncode == 0, done.stderr
+    straight, _ = two_ranks
 
     moved = tmp_path / "moved"
     env = sagemaker_env(moved, data, LUSTRAIN_DATA_TRACE=str(moved / "trace"))
@@ -96,21 +129,22 @@ def test_a_dry_run_plans_a_70b_model_without_building_it(
     assert float(sharded["peak_rss_mb"]) < 2000  # the whole model would be 240 GiB in fp32
 
 
-def test_hsdp_shards_within_groups_and_trains_the_same_model_as_ddp(
-        data: Path, sourcedir: Path, tmp_path: Path) -> None:
-    """4 ranks in 2 shard groups of 2 (HSDP: each group one replica): the same weights as DDP after the same steps
-    of the same data, from the same initialisation (each rank drew only its shard's rows)."""
-    models = {}
-    # DDP on 2 ranks with grad_accum 2 trains the same global batch of the same data (the order is the world's)
-    for name, layout, ranks in (("hsdp", ["--shard_group", "2"], 4), ("ddp", ["--fsdp", "false", "--grad_accum", "2"], 2)):
-        root = tmp_path / name
-        done = run(sourcedir, sagemaker_env(root, data), *MICRO, "--max_steps", "3", *layout, torchrun=ranks)
-        assert done.returncode == 0, done.stderr
-        assert ("shard group 2" if name == "hsdp" else "fsdp False") in done.stdout
-        models[name] = torch.load(root / "model" / "model.pt", weights_only=True)
-    assert models["hsdp"].keys() == models["ddp"].keys()
+def test_hsdp_shards_within_groups_and_trains_the_same_model_as_one_rank(
+        data: Path, sourcedir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 ranks in 2 shard groups of 2 (HSDP: each group one replica): the same weights as one unsharded rank after
+    the same steps of the same data, from the same initialisation (each rank drew only its shard's rows)."""
+    done = run(sourcedir, sagemaker_env(tmp_path / "hsdp", data), *MICRO, "--max_steps", "3", "--shard_group", "2",
+               torchrun=4)
+    assert done.returncode == 0, done.stderr
+    assert "shard group 2" in done.stdout
+    # one rank with grad_accum 4 trains the same global batch of the same data (the order is the world's), in this
+    # process: the unsharded reference without three more imports of torch
+    assert train_in_process(monkeypatch, sagemaker_env(tmp_path / "one", data), *MICRO, "--max_steps", "3",
+                            "--fsdp", "false", "--grad_accum", "4") == 0
+    models = {name: torch.load(tmp_path / name / "model" / "model.pt", weights_only=True) for name in ("hsdp", "one")}
+    assert models["hsdp"].keys() == models["one"].keys()
     for key, tensor in models["hsdp"].items():
-        torch.testing.assert_close(tensor, models["ddp"][key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(tensor, models["one"][key], rtol=1e-5, atol=1e-6)
 
 
 def test_a_version_1_checkpoint_of_an_earlier_trainer_still_resumes(
