@@ -85,3 +85,37 @@ def test_clients_of_a_service_share_one_class_and_keep_their_own_credentials() -
     )
     assert type(session("one").client("ec2")) is not type(first)
     assert hasattr(session("one").client("s3"), "upload_file")  # boto3's methods, added as the class is made
+
+
+def test_every_session_aliases_event_names_as_botocore_does_and_works_each_out_once() -> None:
+    import botocore.hooks
+
+    loaders.install()
+    own = botocore.hooks.EventAliaser(botocore.hooks.HierarchicalEmitter())
+    own._alias_name_cache = {}  # botocore's own: a cache of its own
+    first, second = (boto3.session.Session(region_name=REGION)._session for _ in range(2))
+    for name in ("before-call.api.sagemaker.CreateTrainingJob", "needs-retry.s3", "before-send.api.pricing.X"):
+        expected = botocore.hooks.EventAliaser._alias_event_name(own, name)
+        assert first._events._alias_event_name(name) == second._events._alias_event_name(name) == expected
+    assert first._events._alias_name_cache is second._events._alias_name_cache
+    assert "before-call.sagemaker.CreateTrainingJob" in first._events._alias_name_cache.values()
+    # a client's copy of its session's aliaser shares it too, and other aliases get a cache of their own
+    assert boto3.session.Session(region_name=REGION).client("sagemaker").meta.events._alias_name_cache is (
+        first._events._alias_name_cache
+    )
+    other = botocore.hooks.EventAliaser(botocore.hooks.HierarchicalEmitter(), {"api.x": "x"})
+    assert other._alias_name_cache is not first._events._alias_name_cache
+    assert other._alias_event_name("before-call.api.x.Op") == "before-call.x.Op"
+
+
+def test_a_large_objects_crc64nvme_read_in_lanes_is_the_byte_loops() -> None:
+    from lustrain.twin.patches import s3
+
+    # the catalogue's check value, and one from AWS's CRT (awscrt.checksums.crc64nvme) for 256,004 bytes
+    assert s3.crc64nvme(b"123456789") == 0xAE8B14860A799888
+    assert s3.crc64nvme(bytes(range(256)) * 1000 + b"tail") == 0x978C088A239892B4
+    data = bytes((i * 7919 + i // 256) % 256 for i in range(3 * s3.VECTOR_FROM + 2 * s3.LANE + 5))
+    for size in (s3.VECTOR_FROM, s3.VECTOR_FROM + 1, 2 * s3.VECTOR_FROM + s3.LANE - 1, len(data)):
+        for before in (0, s3.crc64nvme(b"a first part")):
+            # an odd number of lanes, a part lane before them, a CRC continued: each as one byte at a time
+            assert s3.crc64nvme(data[:size], before) == s3._register(data[:size], before ^ s3._MASK) ^ s3._MASK
