@@ -71,7 +71,8 @@ _TABLE_ARRAY = np.array(_TABLE, dtype=np.uint64)
 def _apply(columns: np.ndarray, registers: np.ndarray) -> np.ndarray:
     """A linear map of registers (GF(2), `columns` the images of the 64 bits) applied to each of `registers`."""
     bits = (registers[:, None] >> _SHIFTS) & np.uint64(1)
-    return np.bitwise_xor.reduce(np.where(bits == 1, columns[None, :], np.uint64(0)), axis=1)
+    images: np.ndarray = np.bitwise_xor.reduce(np.where(bits == 1, columns[None, :], np.uint64(0)), axis=1)
+    return images
 
 
 @functools.cache
