@@ -1,6 +1,6 @@
 """Every botocore session of the twin's process shares one data loader, so a service's model is parsed once, one
-client class per service, so a client's methods are made once, and the event names' aliases, so each is worked
-out once.
+service model and one client class per service, so a client's operations and methods are made once, the event
+names' aliases, so each is worked out once, and whether a handler takes keyword arguments.
 
 On AWS a Lambda container builds its clients once and keeps them for every invocation it serves. In the twin every
 function runs in this one process and each invocation signs with fresh session credentials of its execution role,
@@ -20,22 +20,32 @@ Each session and each client has an event aliaser of its own, which rewrites an 
 none, so every new session's hundreds of built-in handlers and every new client's first calls split and compared
 each name against every alias again: about a sixteenth of the twin's CPU in the end-to-end tests. The answer
 depends on the name and the aliases alone, so every aliaser with the same aliases shares one cache.
+
+Each new client also had a service model of its own, which worked its operations out again from the same JSON: to
+find whether the service discovers endpoints it made a model of every operation (700 for EC2), about a twentieth
+of the functional tests' CPU. A service model is read-only (its operations and shapes are worked out once and
+kept), so the clients of a service share the one made from the shared loader's JSON. And each new session checked,
+with inspect, that each of its built-in handlers takes keyword arguments (about a twentieth again): the answer for
+a function, or a method of it, is kept.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import types
 from typing import Any
 
 import botocore.client
 import botocore.hooks
 import botocore.loaders
+import botocore.model
 import botocore.session
 
 _create_loader = botocore.loaders.create_loader
 _create_client_class = botocore.client.ClientCreator._create_client_class
 _aliaser_init = botocore.hooks.EventAliaser.__init__
+_accepts_kwargs = botocore.hooks.accepts_kwargs
 _PATCHED = "_lustrain_twin_one_class"
 
 _alias_caches_lock = threading.Lock()
@@ -67,6 +77,43 @@ def client_class(creator: botocore.client.ClientCreator, service_name: str, serv
     return made
 
 
+_models_lock = threading.Lock()
+#: (service, id of its model's JSON) -> (the model's JSON, kept so that the id stays its own; the service model)
+_models: dict[tuple[str, int], tuple[Any, botocore.model.ServiceModel]] = {}
+
+
+def service_model(
+    creator: botocore.client.ClientCreator, service_name: str, api_version: str | None = None
+) -> botocore.model.ServiceModel:
+    """botocore's service model for this service, one per model JSON the loader gives."""
+    described = creator._loader.load_service_model(service_name, "service-2", api_version=api_version)
+    key = (service_name, id(described))
+    with _models_lock:
+        found = _models.get(key)
+        if found is not None and found[0] is described:
+            return found[1]
+        made = botocore.model.ServiceModel(described, service_name=service_name)
+        _models[key] = (described, made)
+        return made
+
+
+_KWARGS_UNKNOWN = object()
+#: a handler's function -> what botocore's accepts_kwargs said of it (the name of its ** parameter, or None)
+_kwargs_of: dict[types.FunctionType, Any] = {}
+
+
+def accepts_kwargs(func: Any) -> Any:
+    """botocore's accepts_kwargs, kept for each function (a bound method's, its function's): each new session
+    registers the same built-in handlers."""
+    key = getattr(func, "__func__", func)
+    if not isinstance(key, types.FunctionType):
+        return _accepts_kwargs(func)
+    found = _kwargs_of.get(key, _KWARGS_UNKNOWN)
+    if found is _KWARGS_UNKNOWN:
+        found = _kwargs_of[key] = _accepts_kwargs(func)
+    return found
+
+
 def alias_cache(aliases: dict[str, str]) -> dict[str, str]:
     """The one cache of aliased event names for these aliases."""
     key = tuple(sorted(aliases.items()))
@@ -82,6 +129,8 @@ def _init_aliaser(self: botocore.hooks.EventAliaser, event_emitter: Any, event_a
 def install() -> None:
     botocore.session.create_loader = shared_loader
     botocore.hooks.EventAliaser.__init__ = _init_aliaser
+    botocore.hooks.accepts_kwargs = accepts_kwargs
+    botocore.client.ClientCreator._load_service_model = service_model
     if not getattr(botocore.client.ClientCreator._create_client_class, _PATCHED, False):
         setattr(client_class, _PATCHED, True)
         botocore.client.ClientCreator._create_client_class = client_class

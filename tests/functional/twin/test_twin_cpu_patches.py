@@ -4,6 +4,7 @@ offerings, the action a request names, a state's JSONPaths and a client's class,
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import boto3
 from moto.core.utils import method_names_from_class
@@ -119,3 +120,48 @@ def test_a_large_objects_crc64nvme_read_in_lanes_is_the_byte_loops() -> None:
         for before in (0, s3.crc64nvme(b"a first part")):
             # an odd number of lanes, a part lane before them, a CRC continued: each as one byte at a time
             assert s3.crc64nvme(data[:size], before) == s3._register(data[:size], before ^ s3._MASK) ^ s3._MASK
+
+
+def test_clients_of_a_service_share_one_service_model_that_botocore_would_make() -> None:
+    import botocore.model
+
+    loaders.install()
+
+    def sagemaker(key: str) -> Any:
+        return boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=key, region_name=REGION).client(
+            "sagemaker"
+        )
+
+    first, second = sagemaker("one"), sagemaker("two")
+    shared = first.meta.service_model
+    assert second.meta.service_model is shared
+    fresh = botocore.model.ServiceModel(shared._service_description, service_name="sagemaker")
+    assert shared.operation_names == fresh.operation_names
+    assert shared.endpoint_discovery_operation == fresh.endpoint_discovery_operation
+    create = shared.operation_model("CreateTrainingJob")
+    assert create.input_shape.members.keys() == fresh.operation_model("CreateTrainingJob").input_shape.members.keys()
+    assert first.meta.events is not second.meta.events  # each client still has handlers of its own
+
+
+def test_whether_a_handler_takes_keyword_arguments_is_botocores_answer() -> None:
+    import functools
+
+    from botocore.compat import accepts_kwargs as botocores
+
+    class Handlers:
+        def takes(self, **kwargs: Any) -> None: ...
+
+        def refuses(self, event_name: str) -> None: ...
+
+    def plain(**kwargs: Any) -> None: ...
+
+    for handler in (plain, Handlers().takes, Handlers().refuses, functools.partial(plain), lambda x: None, print):
+        try:
+            expected: Any = botocores(handler)
+        except TypeError as error:
+            expected = type(error)
+        for _ in range(2):  # the second answer is the kept one
+            try:
+                assert loaders.accepts_kwargs(handler) == expected
+            except TypeError as error:
+                assert type(error) is expected
