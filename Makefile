@@ -73,7 +73,7 @@ build: $(SAM_VENV)/bin/sam
 
 # A local MLflow tracking server for the tests of the run's MLflow logging (tests/e2e/test_rehearsal.py): the server
 # (mlflow, with its database and web stack, about 600 MB) stays out of the project's virtualenv, which only talks
-# to it over its REST API. Made while pip installs the project; what the server imports is compiled here, once.
+# to it over its REST API. Made while uv installs the project; what the server imports is compiled here, once.
 MLFLOW_VENV := .venv-mlflow
 MLFLOW      := $(MLFLOW_VENV)/bin/mlflow
 $(MLFLOW): $(BIN)/uv
