@@ -14,6 +14,7 @@ import threading
 import moto
 
 from lustrain.twin.patches import (
+    answers,
     asl_parse,
     dispatch,
     dynamodb_wire,
@@ -60,6 +61,7 @@ def install() -> None:
         check_moto_version()
         loaders.install()
         dispatch.install()
+        answers.install()
         dynamodb_wire.install()
         dynamodb_writes.install()
         asl_parse.install()

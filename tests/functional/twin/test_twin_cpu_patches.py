@@ -165,3 +165,51 @@ def test_whether_a_handler_takes_keyword_arguments_is_botocores_answer() -> None
                 assert loaders.accepts_kwargs(handler) == expected
             except TypeError as error:
                 assert type(error) is expected
+
+
+def test_an_answers_timestamps_are_the_moments_botocore_reads() -> None:
+    import datetime as dt
+
+    from botocore.utils import parse_to_aware_datetime
+
+    from lustrain.twin.patches import answers
+
+    values: list[Any] = [
+        "2024-01-01T00:00:00Z",
+        "2024-01-01T00:00:00.1Z",
+        "2024-02-29T23:59:59.123Z",
+        "2024-01-01T10:20:30.123456",
+        "2024-01-01 10:20:30",
+        "2024-01-01T10:20:30+02:00",
+        "2024-01-01T10:20:30.5-05:30",
+        "2024-01-01",  # the forms fromisoformat is not asked: botocore's function reads them
+        "1700000000",
+        "Mon, 01 Jan 2024 00:00:00 GMT",
+        1700000000,
+        dt.datetime(2024, 1, 1, 12, 0, 0, 250000),
+        dt.datetime(2024, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=3))),
+    ]
+    for value in values:
+        ours, botocores = answers.aware_datetime(value), parse_to_aware_datetime(value)
+        assert ours == botocores and ours.utcoffset() == botocores.utcoffset() == dt.timedelta(0), value
+        assert ours.strftime("%Y-%m-%dT%H:%M:%S.%fZ") == botocores.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_an_answers_request_id_is_replaced_as_moto_replaces_it() -> None:
+    import re
+
+    from lustrain.twin.patches import answers
+
+    tag_first = answers.TagFirst()
+    pattern = answers.REQUEST_ID_PATTERN
+    xml = "<R><RequestId>old</RequestId><X>1</X></R>"
+    assert tag_first.sub(pattern, "new", xml) == re.sub(pattern, "new", xml) == "<R><RequestId>new</RequestId><X>1</X></R>"
+    body = '{"TrainingJobName": "a", "Note": "RequestId"}'
+    assert tag_first.sub(pattern, "new", body) is body and re.sub(pattern, "new", body) == body
+    for sub in (tag_first.sub, re.sub):  # a bytes body: each refuses it alike
+        try:
+            sub(pattern, "new", b"<RequestId>x</RequestId>")
+            raise AssertionError("a str expression took a bytes body")
+        except TypeError:
+            pass
+    assert tag_first.sub(r"a+", "b", "caaat") == "cbt" and tag_first.compile is re.compile
