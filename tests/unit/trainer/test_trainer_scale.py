@@ -63,20 +63,25 @@ def test_the_preflight_all_reduces_across_every_rank_and_logs_its_bus_bandwidth(
 
 
 def test_a_run_resumed_on_another_world_size_reads_what_an_uninterrupted_run_reads(
-        data: Path, sourcedir: Path, tmp_path: Path, two_ranks: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
-    """2 ranks, then 1, then 2 again, from sharded checkpoints: the same steps, the same spans of data (none seen
-    twice, none skipped) and the same tokens as one run on 2 ranks; grad_accum keeps the global batch."""
+        data: Path, sourcedir: Path, tmp_path: Path, two_ranks: tuple[Path, subprocess.CompletedProcess[str]],
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """2 ranks under torchrun, then 1 alone (in this process, as a job of one process without torchrun runs), then
+    2 again, from sharded checkpoints: the same steps, the same spans of data (none seen twice, none skipped) and
+    the same tokens as one run on 2 ranks; grad_accum keeps the global batch."""
     args = [*MICRO, "--checkpoint_interval", "3"]
     straight, _ = two_ranks
 
     moved = tmp_path / "moved"
     env = sagemaker_env(moved, data, LUSTRAIN_DATA_TRACE=str(moved / "trace"))
-    for ranks, steps in ((2, "3"), (1, "6"), (2, "9")):
-        done = run(sourcedir, env, *args, "--max_steps", steps, torchrun=ranks)
-        assert done.returncode == 0, done.stderr
-        if ranks == 1:
-            assert "grad_accum 2 on 1 rank(s) keeps it" in done.stdout
-            assert re.search(r"resumed from step-000000003-\w+ at step 3", done.stdout)
+    done = run(sourcedir, env, *args, "--max_steps", "3", torchrun=2)
+    assert done.returncode == 0, done.stderr
+    capsys.readouterr()
+    assert train_in_process(monkeypatch, env, *args, "--max_steps", "6") == 0
+    alone = capsys.readouterr().out
+    assert "grad_accum 2 on 1 rank(s) keeps it" in alone
+    assert re.search(r"resumed from step-000000003-\w+ at step 3", alone)
+    done = run(sourcedir, env, *args, "--max_steps", "9", torchrun=2)
+    assert done.returncode == 0, done.stderr
 
     reads = sorted(read_trace(moved / "trace", 2))
     assert reads == sorted(read_trace(straight / "trace", 2)) and len(set(reads)) == len(reads) == 18
