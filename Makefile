@@ -30,10 +30,10 @@ $(BIN)/uv:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile $(UV_PIN)
 
-# The project by uv too: about 8 s where pip took 87 (78 CPU-s), on the critical path of
-# `make test` from a clean clone. uv reads no pip configuration, so the folders of wheels that pip's configuration
-# (global or install section) or PIP_FIND_LINKS names (where a machine keeps wheels PyPI lacks, such as torch's CPU build) are passed on: the
-# same wheels pip would take. Like pip with --no-compile, uv compiles no bytecode.
+# The project by uv too: about 8 s where pip took 87 (78 CPU-s), on the critical path of `make test` from a clean
+# clone. uv reads no pip configuration, so the folders of wheels that pip's configuration (its global or install
+# section) or PIP_FIND_LINKS names (where a machine keeps wheels PyPI lacks, such as torch's CPU build) are passed
+# on: the same wheels pip would take. Like pip with --no-compile, uv compiles no bytecode.
 FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(foreach key,global install,$(shell $(PYTHON) -m pip config get $(key).find-links 2>/dev/null)))
 $(STAMP): pyproject.toml $(BIN)/uv
 	$(UV) pip install --quiet --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS)) -e '.[dev]'
