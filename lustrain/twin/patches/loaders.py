@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
 import botocore.client
@@ -52,9 +53,22 @@ _alias_caches_lock = threading.Lock()
 #: an aliaser's aliases, as sorted pairs -> the names aliased with them so far (event name -> aliased name)
 _alias_caches: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
 
-_classes_lock = threading.Lock()
-#: (service, id of its model's JSON) -> (the model's JSON, kept so that the id stays its own; the class)
-_classes: dict[tuple[str, int], tuple[Any, type]] = {}
+_per_model_lock = threading.Lock()
+#: (what is kept, service, id of its model's JSON) -> (the model's JSON, kept so that the id stays its own; the thing)
+_per_model: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def once_per_model(kind: str, service_name: str, described: Any, make: Callable[[], Any]) -> Any:
+    """The `kind` made by `make` for this service's model JSON, made once per JSON (the shared loader's)."""
+    key = (kind, service_name, id(described))
+    with _per_model_lock:
+        found = _per_model.get(key)
+    if found is not None and found[0] is described:
+        return found[1]
+    made = make()
+    with _per_model_lock:
+        _per_model[key] = (described, made)
+    return made
 
 
 @functools.cache
@@ -66,20 +80,10 @@ def shared_loader(search_path_string: str | None = None) -> botocore.loaders.Loa
 def client_class(creator: botocore.client.ClientCreator, service_name: str, service_model: Any) -> type:
     """botocore's client class for this service's model, made once per model."""
     described = service_model._service_description
-    key = (service_name, id(described))
-    with _classes_lock:
-        found = _classes.get(key)
-    if found is not None and found[0] is described:
-        return found[1]
-    made: type = _create_client_class(creator, service_name, service_model)
-    with _classes_lock:
-        _classes[key] = (described, made)
+    made: type = once_per_model(
+        "class", service_name, described, lambda: _create_client_class(creator, service_name, service_model)
+    )
     return made
-
-
-_models_lock = threading.Lock()
-#: (service, id of its model's JSON) -> (the model's JSON, kept so that the id stays its own; the service model)
-_models: dict[tuple[str, int], tuple[Any, botocore.model.ServiceModel]] = {}
 
 
 def service_model(
@@ -87,14 +91,10 @@ def service_model(
 ) -> botocore.model.ServiceModel:
     """botocore's service model for this service, one per model JSON the loader gives."""
     described = creator._loader.load_service_model(service_name, "service-2", api_version=api_version)
-    key = (service_name, id(described))
-    with _models_lock:
-        found = _models.get(key)
-        if found is not None and found[0] is described:
-            return found[1]
-        made = botocore.model.ServiceModel(described, service_name=service_name)
-        _models[key] = (described, made)
-        return made
+    made: botocore.model.ServiceModel = once_per_model(
+        "model", service_name, described, lambda: botocore.model.ServiceModel(described, service_name=service_name)
+    )
+    return made
 
 
 _KWARGS_UNKNOWN = object()

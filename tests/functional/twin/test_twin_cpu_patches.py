@@ -7,6 +7,7 @@ import inspect
 from typing import Any
 
 import boto3
+import pytest
 from moto.core.utils import method_names_from_class
 from moto.ec2.models.instance_types import INSTANCE_TYPE_OFFERINGS
 from moto.ec2.responses import EC2Response
@@ -109,8 +110,15 @@ def test_every_session_aliases_event_names_as_botocore_does_and_works_each_out_o
     assert other._alias_event_name("before-call.api.x.Op") == "before-call.x.Op"
 
 
-def test_a_large_objects_crc64nvme_read_in_lanes_is_the_byte_loops() -> None:
+def test_a_large_objects_crc64nvme_read_in_lanes_is_the_byte_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     from lustrain.twin.patches import s3
+
+    looped: list[int] = []  # the bytes each call of the byte loop read
+    byte_loop = s3._register
+    monkeypatch.setattr(s3, "_register", lambda data, register: looped.append(len(data)) or byte_loop(data, register))
+    s3.crc64nvme(bytes(10 * s3.VECTOR_FROM + 3))
+    assert sum(looped) < s3.LANE  # only the part lane before the lanes, and the zero byte of the combining maps
+    monkeypatch.undo()
 
     # the catalogue's check value, and one from AWS's CRT (awscrt.checksums.crc64nvme) for 256,004 bytes
     assert s3.crc64nvme(b"123456789") == 0xAE8B14860A799888
@@ -167,10 +175,11 @@ def test_whether_a_handler_takes_keyword_arguments_is_botocores_answer() -> None
                 assert type(error) is expected
 
 
-def test_an_answers_timestamps_are_the_moments_botocore_reads() -> None:
+def test_an_answers_timestamps_are_the_moments_botocore_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     import datetime as dt
 
     from botocore.utils import parse_to_aware_datetime
+    from botocore.utils import parse_to_aware_datetime as botocore_reads
 
     from lustrain.twin.patches import answers
 
@@ -189,10 +198,14 @@ def test_an_answers_timestamps_are_the_moments_botocore_reads() -> None:
         dt.datetime(2024, 1, 1, 12, 0, 0, 250000),
         dt.datetime(2024, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=3))),
     ]
+    asked: list[Any] = []
+    monkeypatch.setattr(answers, "parse_to_aware_datetime", lambda value: asked.append(value) or botocore_reads(value))
     for value in values:
         ours, botocores = answers.aware_datetime(value), parse_to_aware_datetime(value)
         assert ours == botocores and ours.utcoffset() == botocores.utcoffset() == dt.timedelta(0), value
         assert ours.strftime("%Y-%m-%dT%H:%M:%S.%fZ") == botocores.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # botocore's dateutil parse was asked only for what is not an ISO 8601 date and time
+    assert asked == values[7:]
 
 
 def test_an_answers_request_id_is_replaced_as_moto_replaces_it() -> None:
@@ -205,7 +218,10 @@ def test_an_answers_request_id_is_replaced_as_moto_replaces_it() -> None:
     xml = "<R><RequestId>old</RequestId><X>1</X></R>"
     assert tag_first.sub(pattern, "new", xml) == re.sub(pattern, "new", xml) == "<R><RequestId>new</RequestId><X>1</X></R>"
     body = '{"TrainingJobName": "a", "Note": "RequestId"}'
-    assert tag_first.sub(pattern, "new", body) is body and re.sub(pattern, "new", body) == body
+    assert re.sub(pattern, "new", body) == body
+    with pytest.MonkeyPatch.context() as patch:  # not searched at all
+        patch.setattr(answers.re, "sub", lambda *args, **kwargs: pytest.fail("searched a body without the tag"))
+        assert tag_first.sub(pattern, "new", body) is body
     for sub in (tag_first.sub, re.sub):  # a bytes body: each refuses it alike
         try:
             sub(pattern, "new", b"<RequestId>x</RequestId>")

@@ -18,9 +18,18 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture
-def sourcedir(tmp_path: Path) -> Path:
+def extracted(target: Path) -> Path:
     """trainer/ as SageMaker extracts sourcedir.tar.gz: its contents at the root of the working directory."""
-    target = tmp_path / "code"
     shutil.copytree(TRAINER, target, ignore=shutil.ignore_patterns("__pycache__"))
     return target
+
+
+@pytest.fixture
+def sourcedir(tmp_path: Path) -> Path:
+    return extracted(tmp_path / "code")
+
+
+@pytest.fixture(scope="module")
+def module_sourcedir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same, for a module's shared runs."""
+    return extracted(tmp_path_factory.mktemp("code") / "code")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,20 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 from lustrain_trainer import trainer
-from test_trainer_runs import MICRO, TRAINER, lines_until, metric_values, run, sagemaker_env, train_in_process
+from test_trainer_runs import MICRO, lines_until, metric_values, run, sagemaker_env, train_in_process
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def two_ranks(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def two_ranks(data: Path, module_sourcedir: Path,
+              tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """One uninterrupted run on 2 ranks under torchrun (9 steps, a checkpoint every 3, each rank's reads traced), which
     three tests read: a torchrun of 2 ranks starts three processes, each importing torch (about 3 CPU-s)."""
     root = tmp_path_factory.mktemp("two-ranks")
-    code = root / "code"
-    shutil.copytree(TRAINER, code, ignore=shutil.ignore_patterns("__pycache__"))
     env = sagemaker_env(root, data, SM_NUM_GPUS="0", LUSTRAIN_DATA_TRACE=str(root / "trace"))
-    done = run(code, env, *MICRO, "--checkpoint_interval", "3", "--max_steps", "9", torchrun=2)
+    done = run(module_sourcedir, env, *MICRO, "--checkpoint_interval", "3", "--max_steps", "9", torchrun=2)
     assert done.returncode == 0, done.stderr
     return root, done
 
