@@ -5,8 +5,10 @@ and the run ends BudgetExceeded with what it wrote archived and 0 resources left
 The spec: one ml.p4d.24xlarge for 90 s (0.025 h) with a budget a cent above the plan's estimate; the first attempt
 spends a few seconds of the instance's $37.688/h, so the second gets about 90 s less those. The trainer is the
 stand-in of checkpointing_trainer/ (the real one's checkpoint, resume, stop and metrics contract, sleeping where it
-would compute): the minute the budget must leave the second attempt costs the suite no CPU. The real trainer's own
-stop within SageMaker's grace is tests/unit/trainer's (test_sigterm_*), under the twin's SageMaker test_cancel's.
+would compute): the minute the budget must leave the second attempt costs the suite no CPU. SageMaker's stop at that
+MaxRuntimeInSeconds kills the stand-in, which saved before its deadline, after a 20 s grace here (quick_stops; 120 s
+on AWS). The real trainer's own stop within SageMaker's grace is tests/unit/trainer's (test_sigterm_*), under the
+twin's SageMaker test_cancel's.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ QUICK = Path(__file__).with_name("quick.yaml")
 STAND_IN = Path(__file__).with_name("checkpointing_trainer")
 
 
-def test_a_run_whose_budget_runs_out_ends_budget_exceeded_with_its_work_archived_and_nothing_left(tmp_path):
+def test_a_run_whose_budget_runs_out_ends_budget_exceeded_with_its_work_archived_and_nothing_left(
+    tmp_path, quick_stops
+):
     doc = yaml.safe_load(QUICK.read_text())
     doc["name"] = "budgeted"
     doc["compute"].update(instance_count=1, max_runtime_hours=0.025)
