@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import subprocess
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lustrain.twin import training_plans
+from lustrain.twin.simulator.launcher import JobProcess
 
 EVENT_SOURCE = "aws.sagemaker"
 EVENT_DETAIL_TYPE = "SageMaker Training Job State Change"
@@ -141,7 +141,7 @@ class SimulatedJob:
         #: the twin was reset: the job's thread ends where it is, saying nothing more (no move, no event)
         self.discarded = False
         self._done = threading.Event()
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: JobProcess | None = None
         #: the warm pool: how long it is kept (KeepAlivePeriodInSeconds), whether the warm pool quota let SageMaker
         #: keep it, whether this job took a matching pool over, and what became of its own
         self.keep_alive_s = int(

@@ -37,9 +37,10 @@ import psutil
 from botocore.exceptions import ClientError
 
 from lustrain.twin import faults, training_plans
-from lustrain.twin.simulator import container, events, mounts, network
+from lustrain.twin.simulator import container, events, launcher, mounts, network
 from lustrain.twin.simulator.container import TENSORBOARD_DEFAULT_PATH, Layout, in_layout
 from lustrain.twin.simulator.job import JobFailure, JobView, SimulatedJob, max_runtime_s, now
+from lustrain.twin.simulator.launcher import JobProcess
 from lustrain.twin.simulator.objects import ObjectEndpoint
 from lustrain.twin.simulator.secrets import SecretsEndpoints
 from lustrain.twin.simulator.storage import (
@@ -134,6 +135,9 @@ class Settings:
     #: their CPU, so its control plane would answer late. A trainer that trains until something stops it (a budget,
     #: a cancel) takes only the CPU nothing else here wants. 0 runs it at the twin's own priority.
     trainer_nice: int = 10
+    #: Whether a job's Python entry point (or torchrun) is forked from the twin's fork server, which has imported
+    #: torch once (launcher.py), instead of starting an interpreter of its own. Off: LUSTRAIN_TWIN_FORK_SERVER=0.
+    fork_server: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -148,6 +152,7 @@ class Settings:
             provision_s=float(env.get("LUSTRAIN_TWIN_SM_PROVISION_S", defaults.provision_s)),
             keep_alive_scale=float(env.get("LUSTRAIN_TWIN_SM_KEEP_ALIVE_SCALE", defaults.keep_alive_scale)),
             trainer_nice=int(env.get("LUSTRAIN_TWIN_SM_TRAINER_NICE", defaults.trainer_nice)),
+            fork_server=env.get("LUSTRAIN_TWIN_FORK_SERVER", "1") != "0",
         )
 
 
@@ -358,6 +363,8 @@ class _JobRun:
             self._publish()
             if job.fault in ("capacity-error", "capacity-error-once"):
                 raise JobFailure(CAPACITY_ERROR)
+            # the fork server imports torch while the job downloads (a no-op once it runs)
+            launcher.warm(self.settings.fork_server)
             self._pull_image()
             layout = self._prepare()
             self._advance("Downloading")
@@ -591,13 +598,12 @@ class _JobRun:
 
         stderr_tail: deque[str] = deque(maxlen=20)
         with layout.log.open("a", encoding="utf-8") as log_file:
-            process = subprocess.Popen(
-                niced(launched, self.settings.trainer_nice),
+            process = launcher.start(
+                launched,
                 cwd=code_dir,
                 env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
+                niceness=self.settings.trainer_nice,
+                fork_server=self.settings.fork_server,
             )
             with job._lock:
                 job._process = process
@@ -662,7 +668,7 @@ class _JobRun:
             self.sim.publish_line(self.job, line)
         stream.close()
 
-    def _fail_hardware_after_checkpoint(self, layout: Layout, process: subprocess.Popen[bytes]) -> None:
+    def _fail_hardware_after_checkpoint(self, layout: Layout, process: JobProcess) -> None:
         """The `hardware-failure` fault: the moment the trainer's first checkpoint is in place, its instance goes
         (the trainer is killed where it stands, with what it has checkpointed). A thread of its own, polling the
         checkpoint directory: the trainer's log lines reach the simulator too late to time it by them."""
@@ -676,7 +682,7 @@ class _JobRun:
                 return
             time.sleep(HARDWARE_POLL_S)
 
-    def _supervise(self, process: subprocess.Popen[bytes], deadline: float) -> int:
+    def _supervise(self, process: JobProcess, deadline: float) -> int:
         """Wait for the trainer; on StopTrainingJob or MaxRuntime, SIGTERM to the container's first process, then
         SIGKILL after the grace. In SageMaker's PyTorch images that first process passes nothing on
         (container.sigterm_reaches_entry_point): the entry point is only killed."""
@@ -772,13 +778,6 @@ class _JobRun:
             self.storage.put(bucket, key, path.read_bytes())
 
 
-def niced(command: list[str], niceness: int) -> list[str]:
-    """The command run at `niceness` by POSIX nice(1), which execs it (same process, so stop and kill reach it,
-    and every process it starts inherits the priority from its first instruction); as given at 0 or without nice."""
-    nice = shutil.which("nice") if niceness > 0 else None
-    return [nice, "-n", str(niceness), *command] if nice else command
-
-
 def temp_root() -> Path:
     """Where jobs' directories go when the twin is given no work_root."""
     return Path(tempfile.gettempdir()) / "lustrain-twin-sagemaker"
@@ -791,7 +790,7 @@ def remove_temp_workdir(job: SimulatedJob) -> None:
         shutil.rmtree(job.workdir, ignore_errors=True)
 
 
-def kill(process: subprocess.Popen[bytes] | None) -> None:
+def kill(process: JobProcess | None) -> None:
     """SIGKILL the trainer's whole process tree: its process group, and every descendant (torchrun starts each
     worker in a session of its own), as an instance that goes away takes all its processes with it."""
     if process is None:

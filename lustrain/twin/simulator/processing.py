@@ -60,7 +60,8 @@ from botocore.exceptions import ClientError
 
 from lustrain.twin.simulator import events, network
 from lustrain.twin.simulator.job import EVENT_SOURCE, FAILURE_REASON_MAX, JobFailure, epoch_ms, now
-from lustrain.twin.simulator.lifecycle import kill, niced
+from lustrain.twin.simulator.launcher import niced
+from lustrain.twin.simulator.lifecycle import kill
 from lustrain.twin.simulator.storage import JobStorage, denied_text, split_s3_uri, write_below
 
 log = logging.getLogger("lustrain.twin.sagemaker")

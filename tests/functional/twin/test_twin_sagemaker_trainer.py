@@ -18,6 +18,7 @@ import boto3
 import pytest
 
 from lustrain.twin import simulator
+from lustrain.twin.simulator import launcher
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -84,6 +85,7 @@ def test_the_real_trainer_completes_under_torchrun_with_model_metrics_and_checkp
         "seq_len": 32,
         "warmup_steps": 0,
     }
+    forked_before = launcher.forked_count()
     sm.create_training_job(
         TrainingJobName="real-trainer",
         HyperParameters={
@@ -118,6 +120,8 @@ def test_the_real_trainer_completes_under_torchrun_with_model_metrics_and_checkp
         done.get("FailureReason"),
         log and log.read_text()[-3000:],
     )
+    # torchrun was forked from the twin's fork server, which had imported torch (its workers are its own)
+    assert launcher.forked_count() == forked_before + 1
     metrics = {m["MetricName"]: m["Value"] for m in done["FinalMetricDataList"]}
     assert metrics["train_loss"] > 0
     assert metrics["tokens_per_s"] > 0
