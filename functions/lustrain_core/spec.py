@@ -152,7 +152,9 @@ ARN_OF_SECRET = (
     r"^arn:aws(?:-cn|-us-gov)?:(?:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+"  # noqa: S105
     r"|ssm:[a-z0-9-]+:\d{12}:parameter/[A-Za-z0-9/_.-]+)$"
 )
-MAX_SECRETS = 50
+#: at most this many: the job's role reads only the secrets its spec names, each named by a session tag of the job's
+#: session (lustrain_core.steps.training.secret_session_tags), which the role's policy has a slot for
+MAX_SECRETS = 8
 #: environment names whose values are credentials, by their words (HF_TOKEN, WANDB_API_KEY, DB_PASSWORD)
 _CREDENTIAL_WORDS = re.compile(
     r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|APIKEY|(?:API|ACCESS|PRIVATE|AUTH)_KEY)(?:_|$)",

@@ -1,6 +1,7 @@
 """code.secrets end to end on the twin: a Secrets Manager secret and an SSM SecureString reach the training process
 through the run's interface endpoints, as its role, and their values appear nowhere a run leaves its traces: the
-jobs table, the execution history, the notice, the archive (DescribeTrainingJob included) and the job's request."""
+jobs table, the execution history, the notice, the archive (DescribeTrainingJob included) and the job's request.
+The job's own code, with its role, reads no other secret of its team: only those its spec names."""
 
 from __future__ import annotations
 
@@ -38,6 +39,20 @@ model.mkdir(parents=True, exist_ok=True)
 (model / "seen.json").write_text(json.dumps(seen))
 print("step=1 train_loss=1.0 tokens_per_s=1", flush=True)
 print("secrets seen " + json.dumps(seen, sort_keys=True), flush=True)
+
+# the job's own code, with its role, asks for a secret of its team that the spec does not name
+import boto3
+from botocore.exceptions import ClientError
+
+for service, call, name in (
+    ("secretsmanager", "get_secret_value", {"SecretId": os.environ["NOT_NAMED_SM"]}),
+    ("ssm", "get_parameter", {"Name": os.environ["NOT_NAMED_SSM"], "WithDecryption": True}),
+):
+    try:
+        getattr(boto3.client(service), call)(**name)
+        print(f"unnamed {service} read", flush=True)
+    except ClientError as refused:
+        print(f"unnamed {service} refused: {refused.response['Error']['Code']}", flush=True)
 """
 
 
@@ -54,6 +69,10 @@ def spec_file(tmp_path: Path, secrets: dict[str, str]) -> Path:
         "entry_point": "train.py",
         "distribution": "torchrun",
         "secrets": secrets,
+        "environment": {
+            "NOT_NAMED_SM": f"{STACK_NAME}/default/not-named",
+            "NOT_NAMED_SSM": f"/{STACK_NAME}/default/not-named",
+        },
     }
     path = tmp_path / "secrets.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -107,6 +126,11 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
         session.client("ssm").put_parameter(
             Name=f"/{STACK_NAME}/default/db-password", Value=PASSWORD, Type="SecureString"
         )
+        # the team's too, but named by no spec: the job's role reads neither
+        session.client("secretsmanager").create_secret(Name=f"{STACK_NAME}/default/not-named", SecretString="x")
+        session.client("ssm").put_parameter(
+            Name=f"/{STACK_NAME}/default/not-named", Value="x", Type="SecureString"
+        )
         sqs = session.client("sqs")
         queue["url"] = sqs.create_queue(QueueName="notices")["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=queue["url"], AttributeNames=["QueueArn"])[
@@ -130,6 +154,9 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
     # the entry point, started by the launcher, had both values in its environment
     assert f"secrets seen {json.dumps(SEEN, sort_keys=True)}" in run.training_log_tail
     assert json.dumps(SEEN) in traces["archive"]
+    # the role reads the secrets the spec names, and no other of its team's (the session tags name them)
+    assert "unnamed secretsmanager refused: AccessDeniedException" in run.training_log_tail, run.training_log_tail
+    assert "unnamed ssm refused: AccessDeniedException" in run.training_log_tail, run.training_log_tail
     # and no trace of the run holds either value (the traces are read: the spec's ARNs are in them)
     assert secret_arn in traces["history"] and parameter_arn in traces["tables"]
     for where, text in traces.items():

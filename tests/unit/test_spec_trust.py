@@ -153,6 +153,8 @@ def test_secrets_map_names_to_secrets_manager_or_ssm_arns():
         ({"HF_TOKEN": "arn:aws:s3:::bucket/key"}, "code.secrets.HF_TOKEN", "SSM"),
         ({"1BAD": SECRET_ARN}, "code.secrets", "environment variable's name"),
         ({"LUSTRAIN_RUN_ID": SECRET_ARN}, "code.secrets", "LUSTRAIN_"),
+        # each named secret is a session tag of the job's session, and the role's policy has 8 slots
+        ({f"S{i}": SECRET_ARN for i in range(9)}, "code.secrets", "at most 8"),
     ],
 )
 def test_bad_secrets_name_the_field(secrets, path, words):

@@ -749,3 +749,49 @@ def test_the_mlflow_grant_is_exactly_the_calls_tracking_makes():
         if isinstance(s, dict) and "Fn::If" in s and s["Fn::If"][1].get("Sid") == "LogRunsToMlflow"
     ]
     assert set(grant["Action"]) == {f"sagemaker-mlflow:{action_of[path]}" for path in called}
+
+
+def test_a_job_reads_only_the_secrets_its_spec_names_each_a_session_tag_of_its_session():
+    """Of its team's secrets (ReadTeamSecrets), the training role reads only those code.secrets names: a Deny of every
+    other, whose slots are the session tags start_training sets (steps/training.secret_session_tags). A slot left
+    empty takes a default that no secret's name can be, so the statement never holds a variable without a value."""
+    import fnmatch
+
+    from lustrain_core.spec import MAX_SECRETS
+    from lustrain_core.steps.training import secret_session_tags
+
+    role = RESOURCES["SageMakerExecutionRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+    (deny,) = [s for s in role if isinstance(s, dict) and s.get("Sid") == "OnlyTheNamedSecrets"]
+    assert deny["Effect"] == "Deny" and deny["Action"] == ["secretsmanager:GetSecretValue", "ssm:GetParameter"]
+    slots = [entry["Fn::Sub"] for entry in deny["NotResource"]]
+    for n in range(1, MAX_SECRETS + 1):
+        secret = f"${{!aws:PrincipalTag/lustrain-secret-{n}, '(none)'}}"
+        parameter = f"${{!aws:PrincipalTag/lustrain-parameter-{n}, '(none)'}}"
+        assert f"arn:${{AWS::Partition}}:secretsmanager:${{AWS::Region}}:*:secret:{secret}" in slots
+        assert f"arn:${{AWS::Partition}}:secretsmanager:${{AWS::Region}}:*:secret:{secret}-??????" in slots
+        assert f"arn:${{AWS::Partition}}:ssm:${{AWS::Region}}:*:parameter/{parameter}" in slots
+    assert len(slots) == 3 * MAX_SECRETS
+    # the default is no secret's or parameter's name (their characters, as code.secrets' ARN pattern has them)
+    assert not re.fullmatch(r"[A-Za-z0-9/_+=.@-]+", "(none)")
+
+    # as many as a spec may name, of both services: each one tag, a value STS takes, on a session that the launcher
+    # role's trust lets start_training (and check_filesystem's warm-up) tag so
+    secrets = {
+        f"S{i}": f"arn:aws:secretsmanager:us-east-1:123456789012:secret:lustrain/team/s{i}-AbCdEf"
+        if i % 2
+        else f"arn:aws:ssm:us-east-1:123456789012:parameter/lustrain/team/p{i}"
+        for i in range(MAX_SECRETS)
+    }
+    tags = secret_session_tags(secrets)
+    assert [t["Key"] for t in tags] == [
+        f"lustrain-{'parameter' if i % 2 == 0 else 'secret'}-{i + 1}" for i in range(MAX_SECRETS)
+    ]
+    assert tags[1]["Value"] == "lustrain/team/s1-AbCdEf" and tags[0]["Value"] == "lustrain/team/p0"
+    assert all(re.fullmatch(r"[\w .:/=+\-@]{1,256}", t["Value"]) for t in tags)
+    assert len(tags) + 4 <= 50  # STS: at most 50 session tags, with the run's own four
+    trust = RESOURCES["LauncherRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    tagging = [s for s in trust if s["Action"] == "sts:TagSession"]
+    assert len(tagging) == 2
+    for statement in tagging:
+        allowed = statement["Condition"]["ForAllValues:StringLike"]["aws:TagKeys"]
+        assert all(any(fnmatch.fnmatchcase(t["Key"], p) for p in allowed) for t in tags)

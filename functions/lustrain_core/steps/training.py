@@ -78,13 +78,28 @@ RUN_TAG = "lustrain-run"
 RESUME_TAG = "lustrain-resume"
 #: the SageMaker job's own name: the log streams its role may write (<job name>/...)
 JOB_TAG = "lustrain-job"
+#: code.secrets, one tag each, numbered from 1 in the order of their names: a Secrets Manager secret's name (what its
+#: ARN holds after "secret:") or an SSM parameter's (after "parameter/"); the role reads no secret no tag names
+SECRET_TAG = "lustrain-secret-{}"  # noqa: S105 (a tag key, not a secret)
+PARAMETER_TAG = "lustrain-parameter-{}"
+
+
+def secret_session_tags(secrets: dict[str, str]) -> list[dict[str, str]]:
+    """The session tags that name a run's code.secrets (at most spec.MAX_SECRETS, the policy's slots)."""
+    tags = []
+    for slot, (_, arn) in enumerate(sorted(secrets.items()), start=1):
+        if arn.split(":")[2] == "secretsmanager":
+            tags.append({"Key": SECRET_TAG.format(slot), "Value": arn.split(":secret:", 1)[1]})
+        else:
+            tags.append({"Key": PARAMETER_TAG.format(slot), "Value": arn.split(":parameter/", 1)[1]})
+    return tags
 
 
 def run_session_tags(job: Job, training_job: str) -> list[dict[str, str]]:
     """The launcher session's tags, which SageMaker chains to the job's session of its execution role: the run's
     id and team (its results folder <prefix><team>/<job id>/ and its team's secrets), the SageMaker job's name (its
-    log streams) and, for a run continuing another's checkpoint, that run's id as its record gives it (read-only
-    there, in the same team's folder)."""
+    log streams), for a run continuing another's checkpoint, that run's id as its record gives it (read-only
+    there, in the same team's folder), and each secret code.secrets names (the only ones the role reads)."""
     tags = [
         {"Key": RUN_TAG, "Value": job.job_id},
         {"Key": TEAM_SESSION_TAG, "Value": job.launch.team},
@@ -92,7 +107,7 @@ def run_session_tags(job: Job, training_job: str) -> list[dict[str, str]]:
     ]
     if job.launch.resume is not None and job.launch.resume.run:
         tags.append({"Key": RESUME_TAG, "Value": job.launch.resume.run})
-    return tags
+    return tags + secret_session_tags(job.spec.code.secrets)
 
 
 def launcher(sts: Any, sagemaker: Any, settings: Settings, job: Job, training_job: str) -> Any:
