@@ -289,3 +289,32 @@ def test_submit_says_a_dropped_spec_was_refused_and_why(with_executions, monkeyp
     assert cli.main(["submit", "bad.yaml", "--stack", "lustrain", "--wait", "0"]) == 2
     out = capsys.readouterr().out
     assert f"run {REFUSED} was refused: SpecInvalid: {REFUSAL}" in out and "started" not in out
+
+
+def test_a_runs_log_readers_read_its_own_jobs_streams_never_those_of_a_job_whose_name_extends_its_own(aws):
+    """The readers (`logs`, the live tail, the MLflow logging) take a job's streams by `<job>/`, with the delimiter:
+    attempt 1's job `<run>-1` never reads the streams of `<run>-10`, which IAM lets only that job write."""
+    from lustrain_core.steps.tracking import attempt_lines
+    from lustrain_core.steps.training import training_job_name
+
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.put_new(
+        ddb, aws.jobs_table, record("gpt-aaaaaaaa", "gpt", "exec-1", NOW, training_attempts=1)
+    )
+    stack = operate.Stack("lustrain", MACHINE, aws.jobs_table, "jobs", "artifacts", boto3.Session(region_name=REGION))
+    own = training_job_name("gpt", "gpt-aaaaaaaa", 1)
+    extended = training_job_name("gpt", "gpt-aaaaaaaa", 10)
+    assert extended.startswith(own)
+    logs = boto3.client("logs", region_name=REGION)
+    logs.create_log_group(logGroupName=operate.TRAINING_LOG_GROUP)
+    at = int(datetime.now(UTC).timestamp() * 1000)  # CloudWatch takes no event older than 14 days
+    for job, text in ((own, "own line"), (extended, "planted line")):
+        stream = f"{job}/algo-1-1780000000"
+        logs.create_log_stream(logGroupName=operate.TRAINING_LOG_GROUP, logStreamName=stream)
+        logs.put_log_events(
+            logGroupName=operate.TRAINING_LOG_GROUP, logStreamName=stream, logEvents=[{"timestamp": at, "message": text}]
+        )
+
+    assert [line.message for line in operate.logs(stack, "gpt-aaaaaaaa")] == ["own line"]
+    assert [line.message for line in operate.log_tail(stack, "gpt-aaaaaaaa")] == ["own line"]
+    assert [message for _, message in attempt_lines(logs, own)] == ["own line"]

@@ -795,3 +795,14 @@ def test_a_job_reads_only_the_secrets_its_spec_names_each_a_session_tag_of_its_s
     for statement in tagging:
         allowed = statement["Condition"]["ForAllValues:StringLike"]["aws:TagKeys"]
         assert all(any(fnmatch.fnmatchcase(t["Key"], p) for p in allowed) for t in tags)
+
+
+def test_no_role_describes_every_training_job():
+    """DescribeTrainingJob is granted on training-job/* (of this stack's runs), never on `*`: the service
+    authorization reference gives it the training-job resource type, so `*` would be wider than it needs."""
+    describing = allowing(r"sagemaker:(DescribeTrainingJob|Describe\*|\*)")
+    assert describing, "no role describes a training job: the teardown and the archive do"
+    for lid, statement in describing:
+        resources = [r for r in listed(statement.get("Resource", [])) if not isinstance(r, dict) or "Fn::Sub" in r]
+        texts = [r["Fn::Sub"] if isinstance(r, dict) else r for r in resources]
+        assert "*" not in texts and all(":training-job/" in t for t in texts), (lid, statement.get("Sid"), texts)

@@ -25,6 +25,7 @@ from lustrain.twin.patches import (
     iam,
     lambda_invoke,
     loaders,
+    logs,
     offerings,
     s3,
     service_quotas,
@@ -76,6 +77,7 @@ def install() -> None:
         validation.install()
         stepfunctions.install()
         s3.install()
+        logs.install()
         if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:
             importlib.import_module(f"{__name__}.sagemaker").install()
         _installed = True
