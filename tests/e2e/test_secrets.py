@@ -1,7 +1,8 @@
 """code.secrets end to end on the twin: a Secrets Manager secret and an SSM SecureString reach the training process
 through the run's interface endpoints, as its role, and their values appear nowhere a run leaves its traces: the
 jobs table, the execution history, the notice, the archive (DescribeTrainingJob included) and the job's request.
-The job's own code, with its role, reads no other secret of its team: only those its spec names."""
+The job's own code, with its role, reads no other secret of its team (only those its spec names), nor another run's
+checkpoint."""
 
 from __future__ import annotations
 
@@ -40,20 +41,26 @@ model.mkdir(parents=True, exist_ok=True)
 print("step=1 train_loss=1.0 tokens_per_s=1", flush=True)
 print("secrets seen " + json.dumps(seen, sort_keys=True), flush=True)
 
-# the job's own code, with its role, asks for a secret of its team that the spec does not name
+# the job's own code, with its role, asks for a secret and a parameter of its team that the spec does not name,
+# and for another run's checkpoint: what each call answered goes in the model, which the archive keeps
 import boto3
 from botocore.exceptions import ClientError
 
-for service, call, name in (
-    ("secretsmanager", "get_secret_value", {"SecretId": os.environ["NOT_NAMED_SM"]}),
-    ("ssm", "get_parameter", {"Name": os.environ["NOT_NAMED_SSM"], "WithDecryption": True}),
+asked = {}
+for what, service, call, params in (
+    ("unnamed secret", "secretsmanager", "get_secret_value", {"SecretId": os.environ["NOT_NAMED_SM"]}),
+    ("unnamed parameter", "ssm", "get_parameter", {"Name": os.environ["NOT_NAMED_SSM"], "WithDecryption": True}),
+    ("other run", "s3", "get_object", {"Bucket": os.environ["OTHER_RUN_BUCKET"], "Key": os.environ["OTHER_RUN_KEY"]}),
 ):
     try:
-        getattr(boto3.client(service), call)(**name)
-        print(f"unnamed {service} read", flush=True)
+        getattr(boto3.client(service), call)(**params)
+        asked[what] = "read"
     except ClientError as refused:
-        print(f"unnamed {service} refused: {refused.response['Error']['Code']}", flush=True)
+        asked[what] = refused.response["Error"]["Code"]
+(model / "asked.json").write_text(json.dumps(asked, sort_keys=True))
 """
+#: a run of the same team, whose checkpoint the job's own code asks for
+OTHER_RUN = ("lustrain-example-results", "default/other-0000abcd/checkpoints/step-00000001.pt")
 
 
 def spec_file(tmp_path: Path, secrets: dict[str, str]) -> Path:
@@ -72,6 +79,8 @@ def spec_file(tmp_path: Path, secrets: dict[str, str]) -> Path:
         "environment": {
             "NOT_NAMED_SM": f"{STACK_NAME}/default/not-named",
             "NOT_NAMED_SSM": f"/{STACK_NAME}/default/not-named",
+            "OTHER_RUN_BUCKET": OTHER_RUN[0],
+            "OTHER_RUN_KEY": OTHER_RUN[1],
         },
     }
     path = tmp_path / "secrets.yaml"
@@ -141,6 +150,8 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
             TopicArn=topic, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"}
         )
         fill_data(spec, say, tokenizer)
+        rehearsal.ensure_bucket(OTHER_RUN[0])
+        session.client("s3").put_object(Bucket=OTHER_RUN[0], Key=OTHER_RUN[1], Body=b"another run's weights")
 
     monkeypatch.setattr(rehearsal, "ensure_data", with_secrets_and_a_notice_queue)
     traces: dict[str, str] = {}
@@ -155,8 +166,10 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
     assert f"secrets seen {json.dumps(SEEN, sort_keys=True)}" in run.training_log_tail
     assert json.dumps(SEEN) in traces["archive"]
     # the role reads the secrets the spec names, and no other of its team's (the session tags name them)
-    assert "unnamed secretsmanager refused: AccessDeniedException" in run.training_log_tail, run.training_log_tail
-    assert "unnamed ssm refused: AccessDeniedException" in run.training_log_tail, run.training_log_tail
+    # and its own code, with its role, was refused the team's other secret and parameter, and another run's checkpoint
+    asked = {"other run": "AccessDenied", "unnamed parameter": "AccessDeniedException"}
+    asked["unnamed secret"] = "AccessDeniedException"
+    assert json.dumps(asked, sort_keys=True) in traces["archive"], traces["archive"]
     # and no trace of the run holds either value (the traces are read: the spec's ARNs are in them)
     assert secret_arn in traces["history"] and parameter_arn in traces["tables"]
     for where, text in traces.items():
