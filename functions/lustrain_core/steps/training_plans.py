@@ -16,9 +16,10 @@ follows:
 - "You have full access to all reserved instances until 30 minutes before the Reserved Capacity end time", then
   SageMaker terminates them: a job's usable end is its capacity's end less TERMINATION_LEAD_S.
 - A job created before its capacity starts waits Pending for it, "until the StoppingCondition is met, or the job has
-  been Pending for capacity for 2 days", then ends with InsufficientCapacityError: MaxRuntimeInSeconds counts that
-  wait, so `job_runtime_seconds` adds it, capped to the usable end; and the job is created no earlier than
-  CREATE_LEAD_S before its capacity starts.
+  been Pending for capacity for 2 days", then ends with InsufficientCapacityError. That wait is not run time
+  (MaxRuntimeInSeconds counts from training's start; a Scheduled plan does not increment MaxPendingTimeInSeconds),
+  so `job_runtime_seconds` caps the runtime to the usable end counted from the capacity's start; and the job is
+  created no earlier than CREATE_LEAD_S before its capacity starts.
 
 - register_job (`find`) checks the run against the plan before anything exists, each refusal naming its field:
   the plan exists here (ResourceNotFound -> compute.training_plan), is not Expired or Failed, targets training jobs,
