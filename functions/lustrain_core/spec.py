@@ -155,6 +155,14 @@ ARN_OF_SECRET = (
 #: at most this many: the job's role reads only the secrets its spec names, each named by a session tag of the job's
 #: session (lustrain_core.steps.training.secret_session_tags), which the role's policy has a slot for
 MAX_SECRETS = 8
+#: STS's limit on a session tag's value (botocore's sts model, tagValueType), which holds a secret's name
+MAX_SECRET_NAME = 256
+
+
+def secret_name(arn: str) -> str:
+    """What a code.secrets ARN names: a Secrets Manager secret's name (after "secret:", with its random suffix when
+    the ARN has one) or an SSM parameter's (after "parameter/")."""
+    return arn.split(":secret:", 1)[1] if ":secret:" in arn else arn.split(":parameter/", 1)[1]
 #: environment names whose values are credentials, by their words (HF_TOKEN, WANDB_API_KEY, DB_PASSWORD)
 _CREDENTIAL_WORDS = re.compile(
     r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|APIKEY|(?:API|ACCESS|PRIVATE|AUTH)_KEY)(?:_|$)",
@@ -217,6 +225,12 @@ class Code(_Section):
         if both:
             raise ValueError(
                 f"{', '.join(both)}: in both code.environment and code.secrets; give each name once"
+            )
+        long = sorted(name for name, arn in v.items() if len(secret_name(arn)) > MAX_SECRET_NAME)
+        if long:
+            raise ValueError(
+                f"{', '.join(long)}: a secret's name of at most {MAX_SECRET_NAME} characters (each named secret is a "
+                "session tag of the job's session, and STS takes tag values of at most that)"
             )
         return v
 

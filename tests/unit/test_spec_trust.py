@@ -155,6 +155,8 @@ def test_secrets_map_names_to_secrets_manager_or_ssm_arns():
         ({"LUSTRAIN_RUN_ID": SECRET_ARN}, "code.secrets", "LUSTRAIN_"),
         # each named secret is a session tag of the job's session, and the role's policy has 8 slots
         ({f"S{i}": SECRET_ARN for i in range(9)}, "code.secrets", "at most 8"),
+        # its name is the value of a session tag, which STS takes up to 256 characters
+        ({"LONG": SECRET_ARN.replace("hf-token", "t" * 250)}, "code.secrets", "at most 256 characters"),
     ],
 )
 def test_bad_secrets_name_the_field(secrets, path, words):

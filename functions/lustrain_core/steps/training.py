@@ -55,6 +55,7 @@ from lustrain_core.launch_plan import archive_target
 
 # the name of an attempt's job is the launch plan's decision; operate and the steps look it up here too
 from lustrain_core.launch_plan import training_job_name as training_job_name
+from lustrain_core.spec import secret_name
 from lustrain_core.steps import queue, records, training_plans
 from lustrain_core.steps.budget import (
     MIN_RUNTIME_SECONDS,
@@ -88,10 +89,8 @@ def secret_session_tags(secrets: dict[str, str]) -> list[dict[str, str]]:
     """The session tags that name a run's code.secrets (at most spec.MAX_SECRETS, the policy's slots)."""
     tags = []
     for slot, (_, arn) in enumerate(sorted(secrets.items()), start=1):
-        if arn.split(":")[2] == "secretsmanager":
-            tags.append({"Key": SECRET_TAG.format(slot), "Value": arn.split(":secret:", 1)[1]})
-        else:
-            tags.append({"Key": PARAMETER_TAG.format(slot), "Value": arn.split(":parameter/", 1)[1]})
+        key = SECRET_TAG if arn.split(":")[2] == "secretsmanager" else PARAMETER_TAG
+        tags.append({"Key": key.format(slot), "Value": secret_name(arn)})
     return tags
 
 

@@ -244,8 +244,12 @@ def sigterm_reaches_entry_point(job: SimulatedJob) -> bool:
     toolkit issues #125 and #173, aws/deep-learning-containers #632): the entry point never hears of the stop and
     is killed at the end of the grace. A ContainerEntrypoint replaces that first process, and any other image's
     first process is the image's own: those get the signal."""
-    spec = job.request.get("AlgorithmSpecification") or {}
-    return bool(spec.get("ContainerEntrypoint")) or framework_version(job) is None
+    return replaces_entry_point(job) or framework_version(job) is None
+
+
+def replaces_entry_point(job: SimulatedJob) -> bool:
+    """Whether the job gives a ContainerEntrypoint, which replaces the image's own (the script-mode launcher)."""
+    return bool((job.request.get("AlgorithmSpecification") or {}).get("ContainerEntrypoint"))
 
 
 def image_environment(job: SimulatedJob) -> dict[str, str]:

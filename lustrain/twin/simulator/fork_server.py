@@ -137,11 +137,11 @@ def become(request: dict[str, Any]) -> None:
     for name in ("stdin", "stdout", "stderr"):
         setattr(sys, f"__{name}__", getattr(sys, name))
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    # torch takes OMP_NUM_THREADS as it is imported, at most its default (the server's, imported without it)
     threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch
-
-        torch.set_num_threads(int(threads))
+    wanted = min(int(threads), DEFAULT_THREADS) if threads.isdigit() and int(threads) > 0 else DEFAULT_THREADS
+    if wanted != _torch.get_num_threads():
+        _torch.set_num_threads(wanted)
     argv = list(request["argv"][1:])
     pythonpath = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
     if argv[0] == "-m":
@@ -156,11 +156,20 @@ def become(request: dict[str, Any]) -> None:
         runpy.run_path(program, run_name="__main__")
 
 
+#: torch, once imported, and its intra-op threads here, where it was imported without OMP_NUM_THREADS (launcher.py
+#: leaves it out of this process's environment)
+_torch: Any = None
+DEFAULT_THREADS = 1
+
+
 def main() -> None:
+    global _torch, DEFAULT_THREADS
     sock = socket.socket(fileno=int(sys.argv[1]))
     try:
         for name in PRELOAD:
             __import__(name)
+        _torch = sys.modules["torch"]
+        DEFAULT_THREADS = _torch.get_num_threads()
     except Exception as exc:  # torch absent or broken: the twin starts its jobs as processes of their own
         _send(sock, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return

@@ -12,8 +12,6 @@ subprocess.Popen has them; its exit status is the interpreter's (-SIGNAL where a
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import os
@@ -28,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 from typing import IO, Protocol
+
+import psutil
 
 log = logging.getLogger("lustrain.twin.sagemaker")
 
@@ -105,13 +105,12 @@ def warm(enabled: bool = True) -> None:
 class Forked:
     """A process the fork server started, with what the twin uses of subprocess.Popen."""
 
-    def __init__(
-        self, args: list[str], pid: int, stdout: io.BufferedReader, stderr: io.BufferedReader
-    ) -> None:
-        self.args = args
+    def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.stdout: IO[bytes] | None = stdout
-        self.stderr: IO[bytes] | None = stderr
+        #: the command and the read ends of its pipes, which the caller of ForkServer.start gives it
+        self.args: list[str] = []
+        self.stdout: IO[bytes] | None = None
+        self.stderr: IO[bytes] | None = None
         self.returncode: int | None = None
         self._ended = threading.Event()
 
@@ -141,7 +140,8 @@ class ForkServer:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+        # its torch is imported without OMP_NUM_THREADS, so its default is torch's own: each fork applies the job's
+        env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "OMP_NUM_THREADS")}
         with theirs:
             self.process = subprocess.Popen(
                 [sys.executable, str(SERVER), str(theirs.fileno())],
@@ -155,11 +155,12 @@ class ForkServer:
         self._socket = ours
         self._ready = threading.Event()
         self.usable = False
-        self._answers: queue.Queue[int | None] = queue.Queue()
+        #: each request's Forked (None: the server is gone), made by the reader as the server answers, so that it
+        #: is known before the server can report its exit
+        self._answers: queue.Queue[Forked | None] = queue.Queue()
         self._request_lock = threading.Lock()
         self._lock = threading.Lock()
         self._live: dict[int, Forked] = {}
-        self._exited: dict[int, int] = {}
         threading.Thread(target=self._read, name="twin-fork-server", daemon=True).start()
 
     @property
@@ -181,23 +182,19 @@ class ForkServer:
                         self._socket, [json.dumps(request).encode()], [stdin, out_write, err_write]
                     )
                 except OSError:
-                    pid = None
+                    forked = None
                 else:
-                    pid = self._answers.get()
+                    forked = self._answers.get()
         finally:
             for fd in (stdin, out_write, err_write):
                 os.close(fd)
-        if pid is None:
+        if forked is None:
             os.close(out_read)
             os.close(err_read)
             return None
-        forked = Forked(command, pid, open(out_read, "rb"), open(err_read, "rb"))  # noqa: SIM115 (the job's)
-        with self._lock:
-            code = self._exited.pop(pid, None)
-            if code is None:
-                self._live[pid] = forked
-        if code is not None:
-            forked._end(code)
+        forked.args = command
+        forked.stdout = open(out_read, "rb")  # noqa: SIM115 (the job's, closed by whoever reads it to its end)
+        forked.stderr = open(err_read, "rb")  # noqa: SIM115
         return forked
 
     def _read(self) -> None:
@@ -217,15 +214,15 @@ class ForkServer:
                     )
                 self._ready.set()
             elif "started" in message:
-                self._answers.put(int(message["started"]))
-            elif "exit" in message:
-                pid, code = int(message["exit"]), int(message["code"])
+                forked = Forked(int(message["started"]))
                 with self._lock:
-                    forked = self._live.pop(pid, None)
-                    if forked is None:
-                        self._exited[pid] = code
-                if forked is not None:
-                    forked._end(code)
+                    self._live[forked.pid] = forked
+                self._answers.put(forked)
+            elif "exit" in message:
+                with self._lock:
+                    ended = self._live.pop(int(message["exit"]), None)
+                if ended is not None:
+                    ended._end(int(message["code"]))
         # the server is gone: nothing more is started by it, and its children's exits are looked for by pid
         self.usable = False
         self._ready.set()
@@ -237,16 +234,16 @@ class ForkServer:
 
 
 def _watch_orphan(forked: Forked) -> None:
-    """A forked process whose fork server died ends, for the twin, when its pid is gone (status unknown: 1)."""
+    """A forked process whose fork server died ends, for the twin, when its pid is gone or a zombie nobody reaps
+    (its status is then unknown: 1)."""
     while True:
         try:
-            os.kill(forked.pid, 0)
-        except ProcessLookupError:
-            forked._end(1)
-            return
-        except PermissionError:
-            pass
+            if psutil.Process(forked.pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
         time.sleep(ORPHAN_POLL_S)
+    forked._end(1)
 
 
 _lock = threading.Lock()
@@ -267,16 +264,3 @@ def _server() -> ForkServer:
         if _instance is None or not _instance.alive:
             _instance = ForkServer()
         return _instance
-
-
-def stop() -> None:
-    """End the fork server (its children live on: each job's are the twin's to kill)."""
-    global _instance
-    with _lock:
-        server, _instance = _instance, None
-    if server is not None:
-        with contextlib.suppress(OSError):
-            server._socket.shutdown(socket.SHUT_RDWR)
-        server._socket.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.process.wait(timeout=10)

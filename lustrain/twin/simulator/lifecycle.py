@@ -363,8 +363,9 @@ class _JobRun:
             self._publish()
             if job.fault in ("capacity-error", "capacity-error-once"):
                 raise JobFailure(CAPACITY_ERROR)
-            # the fork server imports torch while the job downloads (a no-op once it runs)
-            launcher.warm(self.settings.fork_server)
+            # the fork server imports torch while the job downloads (a no-op once it runs); a ContainerEntrypoint
+            # (a data warm-up) is no Python entry point to fork
+            launcher.warm(self.settings.fork_server and not container.replaces_entry_point(job))
             self._pull_image()
             layout = self._prepare()
             self._advance("Downloading")

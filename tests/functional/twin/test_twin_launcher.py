@@ -29,6 +29,7 @@ print(json.dumps({
     "sigterm": int(signal.getsignal(signal.SIGTERM)), "sigint": signal.getsignal(signal.SIGINT).__name__,
     "stdin": sys.stdin.read(), "name": __name__, "file": __file__, "trainer": lustrain_trainer.WHOSE,
     "torch_imported": "torch" in sys.modules, "twin_modules": importlib.util.find_spec("fork_server") is not None,
+    "threads": __import__("torch").get_num_threads(),
 }))
 print("to stderr", file=sys.stderr)
 what = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -42,6 +43,11 @@ if what == "wait":
 """
 
 
+#: OMP_NUM_THREADS of each probe: one thread (the twin's jobs' default), and more than the machine's cores, which
+#: torch takes at most
+THREADS = {"entry point": "1", "module": str((os.cpu_count() or 1) + 1)}
+
+
 @pytest.fixture
 def code(tmp_path: Path) -> Path:
     """A job's source directory: the probe, and a lustrain_trainer of its own (the project's is installed too)."""
@@ -53,9 +59,17 @@ def code(tmp_path: Path) -> Path:
     return folder
 
 
-def run(code: Path, args: list[str], *, forked: bool, niceness: int = 3) -> tuple[Any, int, str, str]:
+def run(
+    code: Path, args: list[str], *, forked: bool, niceness: int = 3, threads: str = "1"
+) -> tuple[Any, int, str, str]:
     command = [sys.executable, *args]
-    env = {"PROBE": "set", "PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", "HOME": str(code)}
+    env = {
+        "PROBE": "set",
+        "PATH": os.environ["PATH"],
+        "PYTHONUNBUFFERED": "1",
+        "HOME": str(code),
+        "OMP_NUM_THREADS": threads,
+    }
     before = launcher.forked_count()
     process = launcher.start(command, cwd=code, env=env, niceness=niceness, fork_server=forked)
     assert launcher.forked_count() == before + forked
@@ -67,9 +81,12 @@ def run(code: Path, args: list[str], *, forked: bool, niceness: int = 3) -> tupl
 
 
 @pytest.mark.parametrize("args", [["probe.py"], ["-m", "probe_module"]], ids=["entry point", "module"])
-def test_a_forked_program_sees_what_a_fresh_interpreter_sees(code: Path, args: list[str]) -> None:
-    forked, forked_code, _, forked_err = run(code, [*args, "a", "b"], forked=True)
-    own, own_code, _, own_err = run(code, [*args, "a", "b"], forked=False)
+def test_a_forked_program_sees_what_a_fresh_interpreter_sees(
+    code: Path, args: list[str], request: pytest.FixtureRequest
+) -> None:
+    threads = THREADS[request.node.callspec.id]
+    forked, forked_code, _, forked_err = run(code, [*args, "a", "b"], forked=True, threads=threads)
+    own, own_code, _, own_err = run(code, [*args, "a", "b"], forked=False, threads=threads)
 
     assert forked_code == own_code == 0
     assert forked_err == own_err == "to stderr\n"
@@ -83,6 +100,8 @@ def test_a_forked_program_sees_what_a_fresh_interpreter_sees(code: Path, args: l
     assert own["variable"] == "set" and own["home"] == str(code) and own["stdin"] == ""
     assert own["own_session"] is True and own["nice"] == 3
     assert own["sigterm"] == int(signal.SIG_DFL) and own["sigint"] == "default_int_handler"
+    # torch's threads as OMP_NUM_THREADS says (at most its default), though the fork server imported torch first
+    assert own["threads"] == 1 if threads == "1" else own["threads"] >= 1
     # the fork server's neighbours (job.py, events.py, ...) shadow none of the job's modules
     assert own["twin_modules"] is False
 
@@ -158,3 +177,47 @@ def test_only_this_interpreter_on_a_python_file_or_module_is_forked(
 def test_the_fork_server_is_on_unless_the_environment_turns_it_off() -> None:
     assert Settings.from_env({}).fork_server is True
     assert Settings.from_env({"LUSTRAIN_TWIN_FORK_SERVER": "0"}).fork_server is False
+
+
+def test_a_job_outlives_a_fork_server_that_dies_and_the_next_job_gets_a_new_one(
+    code: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork server that started a job crashes: the job runs on, the twin still sees it end (status unknown),
+    and the next job is forked from a fork server started again."""
+    monkeypatch.setattr(
+        launcher, "_instance", None
+    )  # a server of this test's own; the module's comes back after
+    env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}
+    job = launcher.start([sys.executable, "probe.py", "wait"], cwd=code, env=env, niceness=0)
+    assert isinstance(job, launcher.Forked) and job.stdout is not None
+    job.stdout.readline()
+    first = launcher._server()
+    first.process.kill()
+    first.process.wait(timeout=60)
+    assert job.poll() is None and job.stdout.readline() == b"waiting\n"  # still running
+    kill(job)
+    assert job.wait(timeout=60) == 1
+    again = launcher.start([sys.executable, "probe.py"], cwd=code, env=env, niceness=0)
+    assert isinstance(again, launcher.Forked) and launcher._server() is not first
+    assert again.wait(timeout=60) == 0
+
+
+FAKE_SERVER = """\
+import json, socket, sys
+socket.socket(fileno=int(sys.argv[1])).send(json.dumps({"ready": False, "error": "no torch here"}).encode())
+"""
+
+
+def test_where_the_fork_server_cannot_import_torch_each_job_is_a_process_of_its_own(
+    code: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = tmp_path / "fork_server.py"
+    server.write_text(FAKE_SERVER)
+    monkeypatch.setattr(launcher, "SERVER", server)
+    monkeypatch.setattr(launcher, "_instance", None)
+    before = launcher.forked_count()
+    process = launcher.start(
+        [sys.executable, "probe.py", "exit"], cwd=code, env={"PATH": os.environ["PATH"]}, niceness=0
+    )
+    assert not isinstance(process, launcher.Forked) and launcher.forked_count() == before
+    assert process.wait(timeout=60) == 3
