@@ -6,7 +6,13 @@ The stack relies on it wherever a conditional write decides who goes first: a ru
 (records.put_new), the one MLflow run a run keeps (records.claim_mlflow_run), a warm pool's claim, the capacity
 queue's line. The twin runs functions in threads of one process, so two of them could both pass one condition and
 both write. Every item write of moto's backend (PutItem, UpdateItem, DeleteItem, TransactWriteItems; BatchWriteItem
-is a PutItem or DeleteItem per item) now runs under one lock, its condition check included; reads are unchanged.
+is a PutItem or DeleteItem per item) now runs under one lock, its condition check included.
+
+A read is never torn on AWS either: an item is read as one write left it. moto's UpdateItem changes the stored
+item's attributes in place, so a Scan or Query in another thread could read an item mid-update, or fail ("dictionary
+changed size during iteration", seen when `lustrain status` polled while a run's record was written). So every
+DynamoDB call moto answers, reads included, is answered under the same lock, its answer written out before another
+call changes an item.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from moto.dynamodb.models import DynamoDBBackend
+from moto.dynamodb.responses import DynamoHandler
 
 _PATCHED = "_lustrain_twin_atomic"
 #: moto's backend methods that check a condition and change items
@@ -40,3 +47,5 @@ def install() -> None:
         write = getattr(DynamoDBBackend, name)
         if not getattr(write, _PATCHED, False):
             setattr(DynamoDBBackend, name, _atomic(write))
+    if not getattr(DynamoHandler.call_action, _PATCHED, False):
+        DynamoHandler.call_action = _atomic(DynamoHandler.call_action)  # type: ignore[method-assign]

@@ -56,3 +56,43 @@ def test_of_writers_racing_one_condition_exactly_one_wins(moto_twin: None, monke
         won = [writer for writer, ok in zip(range(WRITERS), pool.map(claim, range(WRITERS)), strict=True) if ok]
     assert len(won) == 1
     assert ddb.get_item(TableName="claims", Key={"id": {"S": "run"}})["Item"]["claimed_by"]["S"] == str(won[0])
+
+
+def test_a_read_never_sees_an_item_half_updated(moto_twin: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto applies an update's actions to the stored item one by one; a reader meanwhile sees the item as it was
+    before the update or after it, never between (nor fails while the item changes under it)."""
+    from moto.dynamodb.parsing import executors
+
+    ddb = key_table("records", "id")
+    ddb.put_item(TableName="records", Item={"id": {"S": "run"}, "a": {"N": "0"}, "b": {"N": "0"}})
+    executor = executors.UpdateExpressionExecutor
+    apply_one = executor.execute
+
+    def slowly(self: Any, node: Any = None) -> None:
+        apply_one(self, node)
+        if node is not None and self.get_specific_execution(node) is not None:
+            time.sleep(0.01)  # between one action and the next: where a reader would see half an update
+
+    monkeypatch.setattr(executor, "execute", slowly)
+
+    def update(value: int) -> None:
+        ddb.update_item(
+            TableName="records",
+            Key={"id": {"S": "run"}},
+            UpdateExpression="SET a = :v, b = :v",
+            ExpressionAttributeValues={":v": {"N": str(value)}},
+        )
+
+    def read(_: int) -> list[tuple[str, str]]:
+        seen = []
+        for _ in range(20):
+            item = ddb.scan(TableName="records")["Items"][0]
+            seen.append((item["a"]["N"], item["b"]["N"]))
+        return seen
+
+    with ThreadPoolExecutor(4) as pool:
+        updates = pool.map(update, range(1, 21))
+        reads = pool.map(read, range(2))
+        list(updates)
+        seen = [pair for result in reads for pair in result]
+    assert all(a == b for a, b in seen), [pair for pair in seen if pair[0] != pair[1]]
