@@ -4,6 +4,7 @@
     stack = lustrain.Stack.locate("lustrain")                 # a deployed stack (or the twin's, lustrain-twin)
     lustrain.submit.submit("gpt.yaml", jobs_bucket=stack.jobs_bucket, artifacts_bucket=stack.artifacts_bucket)
     for look in lustrain.watch(stack, "gpt"): ...             # lustrain.runs, status, logs, progress, cancel too
+    lustrain.leftovers(stack).billing                          # what the stack's runs still hold that bills
     lustrain.report.build(stack, "gpt", "reports")            # the report, with the data of each figure
     lustrain.export.export("gpt", Path("hf"), s3=lambda: stack.client("s3"), stack=lambda: stack)  # for transformers
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_OPERATE = frozenset({"Stack", "runs", "status", "watch", "progress", "logs", "cancel", "find_run"})
+_OPERATE = frozenset(
+    {"Stack", "runs", "status", "watch", "progress", "logs", "cancel", "find_run", "leftovers", "wait_for_teardown"}
+)
 
 
 def __getattr__(name: str) -> Any:

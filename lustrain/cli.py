@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from lustrain_core.errors import LustrainError, SpecInvalid
+from lustrain_core.errors import LustrainError, SpecInvalid, UsageInvalid
 from lustrain_core.launch import compile_offline
 from lustrain_core.planner import Plan
 from lustrain_core.prices import PriceTable
@@ -108,8 +108,22 @@ def _parser() -> argparse.ArgumentParser:
             op.add_argument("--interval", type=float, default=5.0, help="seconds between looks (default 5)")
         if name == "report":
             op.add_argument("-o", "--output", type=Path, default=Path("reports"), help="where to write (default reports/)")
+        if name == "cancel":
+            op.add_argument("--wait", action="store_true",
+                            help="return when the run's teardown has ended, and print what it stopped, deleted and kept")
+            op.add_argument("--timeout", type=float, default=3600.0,
+                            help="with --wait: the longest wait in seconds (default 3600); exit 1 if still tearing down")
         _stack_arguments(op)
         op.set_defaults(command=command)
+
+    lo = sub.add_parser(
+        "leftovers",
+        help="what the stack's runs still hold and what it bills an hour; exit 1 when anything bills",
+    )
+    lo.add_argument("run", metavar="RUN", nargs="?", help="only this run's (job id, execution, or spec name)")
+    lo.add_argument("--prices", type=Path, help="JSON price overrides (as for plan)")
+    _stack_arguments(lo)
+    lo.set_defaults(command=cmd_leftovers)
 
     db = sub.add_parser(
         "dashboard",
@@ -284,17 +298,86 @@ def _mlflow_text(shown: dict[str, Any]) -> str:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from lustrain.operate import cancel
+    from lustrain.operate import cancel, wait_for_teardown
 
-    done = cancel(_stack(args), args.run)
+    stack = _stack(args)
+    done = cancel(stack, args.run)
+    waited = wait_for_teardown(stack, done.job_id, timeout_s=args.timeout) if args.wait else None
     if args.json:
-        print(json.dumps(done.to_dict(), indent=2))
+        print(json.dumps({**done.to_dict(), **({"teardown": waited.to_dict()} if waited else {})}, indent=2))
     elif done.already_ended:
         print(f"run {done.job_id} already ended {done.already_ended}: nothing to cancel")
     else:
         print(f"run {done.job_id} cancelled ({done.cause}); its teardown has started")
-        print(f"follow it: lustrain status {done.job_id} --stack {args.stack}")
+        if waited is None:
+            print(f"follow it: lustrain status {done.job_id} --stack {args.stack}")
+    if waited is not None and not args.json:
+        print(teardown_text(waited.to_dict(), done.job_id, args.stack))
+    if waited is not None and not waited.ended:
+        return EXIT_FAILED
     return EXIT_FAILED if done.already_ended and done.already_ended != "ABORTED" else EXIT_OK
+
+
+def teardown_text(waited: dict[str, Any], job_id: str, stack: str) -> str:
+    """What `cancel --wait` prints of a run's teardown: what it stopped, deleted and kept, or what is still there."""
+    def ids(entries: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{e['type']} {e['id']}" for e in entries) or "nothing"
+
+    if not waited["ended"]:
+        return (
+            f"its teardown has not ended; still there: {ids([{'type': x['kind'], 'id': x['id']} for x in waited['left']])}"
+            f"\nsee: lustrain leftovers {job_id} --stack {stack}"
+        )
+    lines = [
+        f"teardown ended: run {job_id} {waited['status']}" + (f", {waited['error']}" if waited["error"] else ""),
+        f"  stopped: {ids(waited['stopped'])}",
+        f"  deleted: {ids(waited['deleted'])}",
+    ]
+    kept = [f"{x['kind']} {x['id']} ({x['note']}; {_hourly(x['hourly_usd'])})" for x in waited["left"]]
+    lines.append(f"  kept: {', '.join(kept) if kept else 'nothing'}")
+    return "\n".join(lines)
+
+
+def _hourly(usd: float | None) -> str:
+    return "price unknown" if usd is None else f"${usd:,.2f}/h"
+
+
+def cmd_leftovers(args: argparse.Namespace) -> int:
+    from lustrain_core.leftovers import exit_code
+
+    from lustrain.operate import leftovers
+
+    try:
+        prices = PriceTable.load(args.prices)
+    except (ValueError, KeyError) as exc:
+        raise UsageInvalid.one("--prices", str(args.prices), f"not a valid price override file: {exc}") from None
+    found = leftovers(_stack(args), args.run, prices)
+    if args.json:
+        print(json.dumps(found.to_dict(), indent=2))
+    else:
+        print(leftovers_text(found.to_dict()))
+    return exit_code(found)
+
+
+def leftovers_text(found: dict[str, Any]) -> str:
+    """`lustrain leftovers`' table: each resource by run, with its state and what it bills an hour."""
+    left = found["leftovers"]
+    if not left:
+        return f"stack {found['stack']}: its runs hold nothing; nothing bills"
+    rows = [("RUN", "STATUS", "KIND", "ID", "STATE", "$/HOUR", "NOTE")]
+    for x in left:
+        run = f"{x['run']} ({x['job_id']})" if x["run"] else f"{x['job_id']} (no record)"
+        billed = f"; billed {x['billed_s']:,} s so far" if x["billed_s"] else ""
+        rows.append((run, x["run_status"] or "-", x["kind"], x["id"], x["state"] or "-",
+                     "unknown" if x["hourly_usd"] is None else f"{x['hourly_usd']:,.4f}", x["note"] + billed))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows]
+    total = "unknown (a resource has no price here)" if found["hourly_usd"] is None else f"${found['hourly_usd']:,.2f}"
+    lines.append(
+        f"{len(left)} resources of stack {found['stack']}; {found['billing']} bill, {total} an hour together "
+        f"(list prices of {found['prices_as_of']})"
+    )
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -25,8 +25,11 @@ from typing import Any
 
 import boto3
 from botocore.exceptions import ClientError
+from lustrain_core import leftovers as stack_leftovers
 from lustrain_core.aws_errors import training_job_missing
 from lustrain_core.errors import LustrainError, UsageInvalid
+from lustrain_core.leftovers import Report as LeftoverReport
+from lustrain_core.prices import PriceTable
 from lustrain_core.steps import prepare, records
 from lustrain_core.steps.budget import cost_so_far_usd
 from lustrain_core.steps.execution_end import CANCEL_ERROR
@@ -637,6 +640,62 @@ def cancel(stack: Stack, run: str) -> Cancelled:
         return Cancelled(record.job_id, arn, _iso(described.get("stopDate")), str(described["status"]), cause)
     answer = sfn.stop_execution(executionArn=arn, error=CANCEL_ERROR, cause=cause)
     return Cancelled(record.job_id, arn, _iso(answer.get("stopDate")), None, cause)
+
+
+def leftovers(stack: Stack, run: str | None = None, prices: PriceTable | None = None) -> LeftoverReport:
+    """Everything the stack's runs still hold, with the run each belongs to and what it bills an hour (`lustrain
+    leftovers`); only RUN's with `run`. Found by the stack's tags through the registry the sweeper uses."""
+    job_id = find_run(stack, run).job_id if run else None
+    return _leftovers(stack, job_id, prices)
+
+
+def _leftovers(stack: Stack, job_id: str | None, prices: PriceTable | None = None) -> LeftoverReport:
+    session = stack.session or boto3.Session()
+    return stack_leftovers.report(
+        **{service: stack.client(service) for service in ("ec2", "fsx", "sagemaker", "iam")},
+        ddb=stack.client("dynamodb"),
+        jobs_table=stack.jobs_table,
+        stack_name=stack.name,
+        region=session.region_name,
+        prices=prices,
+        job_id=job_id,
+    )
+
+
+@dataclass(frozen=True)
+class TeardownWait:
+    """What a run's teardown did, once it ended (`lustrain cancel --wait`), or what is left when the wait ran out."""
+
+    record: JobRecord
+    #: what of the run still exists: only what it keeps on purpose once the teardown ended
+    left: LeftoverReport
+    ended: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ended": self.ended,
+            "status": self.record.status,
+            "error": self.record.error_name,
+            "stopped": self.record.torn_down.get("stopped") or [],
+            "deleted": self.record.torn_down.get("deleted") or [],
+            "left": [left.to_dict() for left in self.left.leftovers],
+        }
+
+
+def wait_for_teardown(stack: Stack, job_id: str, timeout_s: float = 3600.0, poll_s: float = 2.0) -> TeardownWait:
+    """Wait until the run's teardown has ended: its record finished and nothing of it left that it does not keep on
+    purpose (a teardown still deleting, or retrying TeardownIncomplete, leaves its pieces for a while)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = records.get(stack.client("dynamodb"), stack.jobs_table, job_id)
+        if record is None:
+            raise RunNotFound(f"run {job_id} has no record in {stack.jobs_table}")
+        left = _leftovers(stack, job_id) if record.finished else None
+        if left is not None and all(item.kept for item in left.leftovers):
+            return TeardownWait(record, left, ended=True)
+        if time.monotonic() >= deadline:
+            return TeardownWait(record, left or _leftovers(stack, job_id), ended=False)
+        time.sleep(poll_s)
 
 
 #: Where SageMaker writes a training job's output: one stream per host, `<job name>/algo-<n>-<epoch seconds>`.

@@ -15,18 +15,77 @@ and the benches read this table; how each family is deleted lives in teardown, p
     data_repository_association   fsx        Tags of each          DescribeDataRepositoryAssociations AssociationIds
     training_job                  sagemaker  ListTags of each      DescribeTrainingJob TrainingJobName
     processing_job                sagemaker  ListTags of each      DescribeProcessingJob ProcessingJobName
+    warm_pool                     sagemaker  ListTags of each      DescribeTrainingJob TrainingJobName (its pool)
     iam_role                      iam        ListRoleTags of each  GetRole RoleName (a preparation's own role)
+
+Each kind also says what it bills an hour while it exists (`hourly_usd`, at the price table's list prices), which
+`lustrain leftovers` (lustrain_core.leftovers) reports: the pieces of a VPC, a file system's link to S3 and a role
+bill nothing; an interface endpoint bills per zone; a file system by its capacity and throughput tier; a job and a
+warm pool by their instances.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from lustrain_core.aws_errors import not_found, training_job_missing
+from lustrain_core.prices import PriceTable
+
+#: what a resource bills an hour while it exists, from its description (None: not priced here)
+Hourly = Callable[[dict[str, Any], PriceTable], "float | None"]
+
+
+def free(item: dict[str, Any], prices: PriceTable) -> float | None:
+    """VPCs, subnets, security groups, route tables, a file system's link to S3 and IAM roles bill nothing."""
+    return 0.0
+
+
+def endpoint_hourly_usd(item: dict[str, Any], prices: PriceTable) -> float | None:
+    """An interface endpoint (AWS PrivateLink) bills each hour in each zone it has a subnet in; a gateway endpoint
+    (S3's, the only one a run's network has besides code.secrets' interface endpoints) bills nothing."""
+    if str(item.get("VpcEndpointType", "")).lower() != "interface":
+        return 0.0
+    return len(item.get("SubnetIds") or []) * prices.interface_endpoint_az_hour_usd
+
+
+def file_system_hourly_usd(item: dict[str, Any], prices: PriceTable) -> float | None:
+    """A Lustre file system bills its StorageCapacity (GiB) at its deployment type's and throughput tier's price a
+    GB-month (SCRATCH_2 has one tier, 200 MB/s per TiB)."""
+    lustre = item.get("LustreConfiguration") or {}
+    deployment = str(lustre.get("DeploymentType", ""))
+    tier = int(lustre.get("PerUnitStorageThroughput") or (200 if deployment == "SCRATCH_2" else 0))
+    rate = prices.fsx_gb_month_usd.get((deployment, tier))
+    if rate is None or item.get("StorageCapacity") is None:
+        return None
+    return float(item["StorageCapacity"]) * 2**30 / 1e9 * rate / prices.hours_per_month
+
+
+def _instances_hourly_usd(prices: PriceTable, instance_type: str, count: int, spot: bool = False) -> float | None:
+    itype = prices.instance_types.get(instance_type)
+    if itype is None or itype.hourly_usd is None:
+        return None
+    return count * itype.hourly_usd * (prices.spot_price_fraction if spot else 1.0)
+
+
+def training_job_hourly_usd(item: dict[str, Any], prices: PriceTable) -> float | None:
+    """A training job's instances (or its warm pool's: the same ResourceConfig), managed spot at the price table's
+    planned fraction of on-demand."""
+    config = item.get("ResourceConfig") or {}
+    if not config.get("InstanceType"):
+        return None
+    spot = bool(item.get("EnableManagedSpotTraining"))
+    return _instances_hourly_usd(prices, config["InstanceType"], int(config.get("InstanceCount") or 0), spot)
+
+
+def processing_job_hourly_usd(item: dict[str, Any], prices: PriceTable) -> float | None:
+    cluster = (item.get("ProcessingResources") or {}).get("ClusterConfig") or {}
+    if not cluster.get("InstanceType"):
+        return None
+    return _instances_hourly_usd(prices, cluster["InstanceType"], int(cluster.get("InstanceCount") or 0))
 
 
 @dataclass(frozen=True)
@@ -39,13 +98,17 @@ class Kind:
     ids_param: str
     result_key: str
     id_key: str
-    #: the field holding its state, and the states in which it counts as gone
+    #: the field holding its state (a dotted path into the item where nested), and the states in which it counts
+    #: as gone, or (`alive`, where given) the only states in which it exists
     state_key: str | None = None
     gone: frozenset[str] = frozenset()
+    alive: frozenset[str] = frozenset()
     #: EC2's describe calls filter by tag; FSx's return each item's Tags
     tag_filter: bool = False
     #: described one at a time, by name: the answer is the item (result_key "") or holds it under result_key
     single: bool = False
+    #: what it bills an hour while it exists
+    hourly_usd: Hourly = free
 
 
 VPC = Kind("vpc", "ec2", "network", "describe_vpcs", "VpcIds", "Vpcs", "VpcId", tag_filter=True)
@@ -60,11 +123,11 @@ ROUTE_TABLE = Kind(
 )  # fmt: skip
 VPC_ENDPOINT = Kind(
     "vpc_endpoint", "ec2", "network", "describe_vpc_endpoints", "VpcEndpointIds", "VpcEndpoints", "VpcEndpointId",
-    state_key="State", gone=frozenset({"deleted", "deleting"}), tag_filter=True,
+    state_key="State", gone=frozenset({"deleted", "deleting"}), tag_filter=True, hourly_usd=endpoint_hourly_usd,
 )  # fmt: skip
 FILE_SYSTEM = Kind(
     "file_system", "fsx", "storage", "describe_file_systems", "FileSystemIds", "FileSystems", "FileSystemId",
-    state_key="Lifecycle", gone=frozenset({"deleting"}),
+    state_key="Lifecycle", gone=frozenset({"deleting"}), hourly_usd=file_system_hourly_usd,
 )  # fmt: skip
 DATA_REPOSITORY_ASSOCIATION = Kind(
     "data_repository_association", "fsx", "storage", "describe_data_repository_associations", "AssociationIds",
@@ -72,13 +135,21 @@ DATA_REPOSITORY_ASSOCIATION = Kind(
 )  # fmt: skip
 TRAINING_JOB = Kind(
     "training_job", "sagemaker", "compute", "describe_training_job", "TrainingJobName", "", "TrainingJobName",
-    state_key="TrainingJobStatus", single=True,
+    state_key="TrainingJobStatus", single=True, hourly_usd=training_job_hourly_usd,
 )  # fmt: skip
 
 #: data preparation's stages (lustrain_core.prepare_plan, steps/prepare.py)
 PROCESSING_JOB = Kind(
     "processing_job", "sagemaker", "compute", "describe_processing_job", "ProcessingJobName", "",
-    "ProcessingJobName", state_key="ProcessingJobStatus", single=True,
+    "ProcessingJobName", state_key="ProcessingJobStatus", single=True, hourly_usd=processing_job_hourly_usd,
+)  # fmt: skip
+
+#: the instances a training job's warm pool keeps after the job ended (compute.keep_alive_minutes,
+#: steps/warm_pool.py): they bill until the pool ends (Available), or bill as the job that reused them (InUse)
+WARM_POOL = Kind(
+    "warm_pool", "sagemaker", "compute", "describe_training_job", "TrainingJobName", "", "TrainingJobName",
+    state_key="WarmPoolStatus.Status", alive=frozenset({"available", "inuse"}), single=True,
+    hourly_usd=training_job_hourly_usd,
 )  # fmt: skip
 
 #: a data preparation's own IAM role (steps/prepare_role), deleted last (teardown_identity)
@@ -86,7 +157,7 @@ IAM_ROLE = Kind("iam_role", "iam", "identity", "get_role", "RoleName", "Role", "
 
 KINDS: tuple[Kind, ...] = (
     VPC, SUBNET, SECURITY_GROUP, ROUTE_TABLE, VPC_ENDPOINT, FILE_SYSTEM, DATA_REPOSITORY_ASSOCIATION, TRAINING_JOB,
-    PROCESSING_JOB, IAM_ROLE,
+    PROCESSING_JOB, WARM_POOL, IAM_ROLE,
 )  # fmt: skip
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
 #: The network's pieces in the order AWS lets them be deleted (each depends on the ones after it).
@@ -94,9 +165,23 @@ NETWORK_ORDER: tuple[str, ...] = ("vpc_endpoint", "security_group", "route_table
 assert set(NETWORK_ORDER) == {kind.name for kind in KINDS if kind.family == "network"}
 
 
+def state(kind: Kind, item: dict[str, Any]) -> str | None:
+    """A described item's state (its kind's state_key, followed through nested fields), None where it has none."""
+    if kind.state_key is None:
+        return None
+    found: Any = item
+    for key in kind.state_key.split("."):
+        found = found.get(key) if isinstance(found, dict) else None
+    return None if found is None else str(found)
+
+
 def present(kind: Kind, item: dict[str, Any]) -> bool:
-    """Whether a described item still exists (not in one of its kind's gone states)."""
-    return kind.state_key is None or str(item.get(kind.state_key, "")).lower() not in kind.gone
+    """Whether a described item still exists (in one of its kind's alive states where it names them, else not in
+    one of its gone states)."""
+    if kind.state_key is None:
+        return True
+    now = (state(kind, item) or "").lower()
+    return now in kind.alive if kind.alive else now not in kind.gone
 
 
 def describe(client: Any, kind: Kind, resource_id: str) -> dict[str, Any] | None:

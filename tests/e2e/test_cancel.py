@@ -88,15 +88,26 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         step, total = until(lambda: ((p := operate.progress(ours, "by-cli"))[0] and p) or None, "a logged step", 60)
         assert total == 100_000 and step > 0
 
-        # `lustrain cancel` names the run by its spec name; a bare StopExecution gives no error or cause
-        cancelled = operate.cancel(ours, "by-cli")
+        # a bare StopExecution gives no error or cause; `lustrain cancel --wait` names the run by its spec name and
+        # returns once its teardown has ended, saying what it stopped, deleted and kept
         sfn.stop_execution(executionArn=bare_arn)
-        assert cancelled.execution_arn == by_cli_arn and cancelled.already_ended is None
+        capsys.readouterr()
+        assert cli.main(["cancel", "by-cli", "--wait", "--json", "--stack", STACK_NAME]) == 0
+        cancelled = json.loads(capsys.readouterr().out)
+        assert cancelled["execution_arn"] == by_cli_arn and cancelled["already_ended"] is None
         assert sfn.describe_execution(executionArn=by_cli_arn)["status"] == "ABORTED"
         assert sfn.describe_execution(executionArn=bare_arn)["status"] == "ABORTED"
 
         job_ids = {spec.name: rehearse.job_id_of(rehearse.execution_history(sfn, arn))
                    for spec, arn in ((by_cli, by_cli_arn), (bare, bare_arn))}
+        torn = cancelled["teardown"]
+        assert (torn["ended"], torn["status"], torn["error"], torn["left"]) == (True, "FAILED", "RunCancelled", [])
+        assert {e["type"] for e in torn["deleted"]} >= {
+            "vpc", "subnet", "security_group", "route_table", "vpc_endpoint", "file_system"
+        }  # fmt: skip
+        # it returned when the teardown had ended: nothing of the run is left, with no wait here
+        assert rehearse.resources_left(job_ids["by-cli"], by_cli) == ([], [])
+        assert torn["stopped"] == [{"type": "training_job", "id": jobs["by-cli"]}]
         for spec in (by_cli, bare):
             until(lambda s=spec: rehearse.resources_left(job_ids[s.name], s)[0] == [] or None,
                   f"0 resources left of {spec.name}", timeout=60)

@@ -16,9 +16,11 @@ from typing import Any
 
 import boto3
 import pytest
+from lustrain_core.prices import PriceTable
 from lustrain_core.spec import JobSpec
 from lustrain_core.steps import prepare_role
 
+from lustrain import cli
 from lustrain.twin import rehearse
 from lustrain.twin.iam import usage
 from lustrain.twin.rehearse import REGION, drop, twin, until
@@ -57,7 +59,7 @@ def stopped(sfn: Any, execution_arn: str) -> str:
     return status
 
 
-def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, quick_stops):
+def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, capsys, quick_stops):
     from lustrain.twin.patches import fsx, service_quotas
 
     monkeypatch.setenv("LUSTRAIN_TEARDOWN_POLL_SECONDS", "0.2")
@@ -118,6 +120,32 @@ def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, quick_
             left, _ = rehearse.resources_left(jobs[spec.name], spec)
             assert len(left) >= 6, left  # VPC, subnet, group, route table, endpoint, file system (+ the job)
 
+        # `lustrain leftovers` answers "what still bills?": every resource of the stack, by run, from the same
+        # registry the sweeper finds them with; exit 1 while anything bills
+        capsys.readouterr()
+        assert cli.main(["leftovers", "--stack", rehearse.STACK_NAME, "--json"]) == 1
+        shown = json.loads(capsys.readouterr().out)
+        by_run: dict[str, dict[str, Any]] = {}
+        for left in shown["leftovers"]:
+            by_run.setdefault(left["job_id"], {})[(left["kind"], left["id"])] = left
+        for spec in (early, late):
+            mine = by_run[jobs[spec.name]]
+            assert {kind for kind, _ in mine} >= {"vpc", "subnet", "security_group", "route_table", "vpc_endpoint",
+                                                  "file_system"}, spec.name
+            assert {left["run"] for left in mine.values()} == {spec.name}
+            assert all(left["hourly_usd"] == 0 for (kind, _), left in mine.items() if kind in {"vpc", "subnet"})
+            assert next(left for (kind, _), left in mine.items() if kind == "file_system")["hourly_usd"] > 0
+        p4d = PriceTable().instance_types[late.compute.instance_type].hourly_usd
+        job = by_run[jobs["late"]][("training_job", training["TrainingJobName"])]
+        assert (job["state"], job["hourly_usd"], job["bills"]) == ("InProgress", p4d * late.compute.instance_count, True)
+        orphan = by_run["corpus-0badc0de"][("iam_role", orphan_role)]
+        assert (orphan["run"], orphan["hourly_usd"], orphan["bills"]) == ("", 0, False)
+        assert shown["hourly_usd"] == pytest.approx(sum(left["hourly_usd"] for left in shown["leftovers"]), abs=1e-3)
+        assert cli.main(["leftovers", "late", "--stack", rehearse.STACK_NAME]) == 1
+        table = capsys.readouterr().out
+        assert f"late ({jobs['late']})" in table and training["TrainingJobName"] in table
+        assert jobs["early"] not in table
+
         answer = boto3.client("lambda", region_name=REGION).invoke(
             FunctionName=stack.function_names()["sweep"], Payload=SCHEDULED_EVENT.read_bytes()
         )
@@ -147,6 +175,9 @@ def test_runs_killed_mid_run_are_swept_to_nothing(long_spec, monkeypatch, quick_
         assert ("corpus-0badc0de", "iam_role", orphan_role) in swept
         assert orphan_role not in {r["RoleName"] for r in iam.list_roles()["Roles"]}
         assert (result["kept"], result["skipped"]) == ([], [])
+        # and then nothing of the stack is left, so nothing bills
+        assert cli.main(["leftovers", "--stack", rehearse.STACK_NAME]) == 0
+        assert "its runs hold nothing; nothing bills" in capsys.readouterr().out
         ddb = boto3.client("dynamodb", region_name=REGION)
         for job_id in jobs.values():
             record = ddb.get_item(TableName=stack.ref("JobsTable"), Key={"job_id": {"S": job_id}})["Item"]

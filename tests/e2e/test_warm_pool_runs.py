@@ -13,7 +13,9 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from lustrain_core.prices import PriceTable
 
+from lustrain import cli
 from lustrain.twin import rehearse
 from lustrain.twin.rehearse import REGION, drop, twin, until
 
@@ -56,7 +58,7 @@ def launching_s(job: dict[str, Any]) -> float:
 
 
 def test_the_second_run_of_a_shape_reuses_the_pool_and_its_network_and_one_sweep_ends_both(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capsys
 ):
     from lustrain.twin import simulator
     from lustrain.twin.patches import fsx, service_quotas
@@ -97,6 +99,22 @@ def test_the_second_run_of_a_shape_reuses_the_pool_and_its_network_and_one_sweep
             second_id = rehearse.job_id_of(rehearse.execution_history(sfn, second_arn))
             assert rehearse.resources_left(second_id, second) == ([], [])
             assert len(rehearse.resources_left(first_id, first)[0]) == 5
+            # `lustrain leftovers`: the second job's pool bills its instances, and the first run's network is kept
+            # while the pool runs in it (it bills nothing)
+            capsys.readouterr()
+            assert cli.main(["leftovers", "--stack", rehearse.STACK_NAME, "--json"]) == 1
+            shown = json.loads(capsys.readouterr().out)["leftovers"]
+            pool = next(left for left in shown if left["kind"] == "warm_pool")
+            p4d = PriceTable().instance_types[second.compute.instance_type].hourly_usd
+            assert (pool["id"], pool["run"], pool["state"], pool["kept"]) == (
+                second_job["TrainingJobName"], "pool-second", "Available", True
+            )  # fmt: skip
+            assert pool["hourly_usd"] == pytest.approx(p4d * second.compute.instance_count)
+            # what it billed so far, as SageMaker counts it (read after second_job was: it has only grown)
+            assert pool["billed_s"] >= second_job["WarmPoolStatus"]["ResourceRetainedBillableTimeInSeconds"]
+            network = [left for left in shown if left["kind"] != "warm_pool"]
+            assert {left["job_id"] for left in network} == {first_id} and len(network) == 5
+            assert all(left["kept"] and not left["bills"] for left in network), network
 
             # the pool ends (SageMaker's patch update, or its keep-alive ran out): the next sweep deletes the network
             assert twin_sagemaker.terminate_warm_pool(second_job["TrainingJobName"])
@@ -110,5 +128,6 @@ def test_the_second_run_of_a_shape_reuses_the_pool_and_its_network_and_one_sweep
             assert {(first_id, kind) for kind in ("vpc", "subnet", "security_group", "route_table")} <= swept
             for spec, job_id in ((first, first_id), (second, second_id)):
                 assert rehearse.resources_left(job_id, spec) == ([], []), spec.name
+            assert cli.main(["leftovers", "--stack", rehearse.STACK_NAME]) == 0
     finally:
         simulator.configure(**before.__dict__)

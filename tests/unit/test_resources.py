@@ -27,9 +27,12 @@ def test_each_kind_is_described_as_its_service_model_says(kind):
         item = output.members[kind.result_key].member
     assert kind.id_key in item.members
     if kind.state_key is not None:
-        assert kind.state_key in item.members
-        enum = item.members[kind.state_key].enum
-        assert not enum or kind.gone <= {value.lower() for value in enum}
+        field = item
+        for key in kind.state_key.split("."):  # a nested state (a warm pool's WarmPoolStatus.Status)
+            assert key in field.members
+            field = field.members[key]
+        enum = {value.lower() for value in field.enum}
+        assert not enum or (kind.gone | kind.alive) <= enum
     if kind.tag_filter:
         assert "Filters" in operation.input_shape.members
 
@@ -40,3 +43,12 @@ def test_the_network_is_deleted_in_dependency_order_over_exactly_the_registrys_n
     # the group and the endpoint go before the subnet they live in, the VPC last
     order = registry.NETWORK_ORDER
     assert order.index("security_group") < order.index("subnet") < order.index("vpc") == len(order) - 1
+
+
+def test_a_warm_pool_exists_only_while_it_holds_instances():
+    pool = registry.WARM_POOL
+    assert registry.present(pool, {"WarmPoolStatus": {"Status": "Available"}})
+    assert registry.present(pool, {"WarmPoolStatus": {"Status": "InUse"}})
+    assert not registry.present(pool, {"WarmPoolStatus": {"Status": "Terminated"}})
+    assert not registry.present(pool, {"WarmPoolStatus": {"Status": "Reused"}})
+    assert not registry.present(pool, {"TrainingJobStatus": "Completed"})  # a job that kept no pool

@@ -31,6 +31,7 @@ from urllib.parse import unquote
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import leftovers
 from lustrain_core import resources as registry
 from lustrain_core.aws_errors import error_code
 from lustrain_core.aws_requests import kms_key
@@ -82,23 +83,13 @@ def role_name(job_id: str) -> str:
 
 def role_path(settings: Settings) -> str:
     """Where the stack's preparation roles live: IAM is global, so the region is in the path with the stack."""
-    return f"/lustrain/{settings.region}/{settings.stack_name}/"
+    return leftovers.role_path(settings.region, settings.stack_name)
 
 
 def roles_left(iam: Any, settings: Settings) -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """Every role under the stack's path, with its tags (ListRoles gives none; ListRoleTags reads each): what the
-    sweeper checks for preparation roles whose run's teardown never ran."""
-    for page in iam.get_paginator("list_roles").paginate(PathPrefix=role_path(settings)):
-        for role in page.get("Roles", []):
-            tags: list[dict[str, str]] = []
-            try:
-                for tag_page in iam.get_paginator("list_role_tags").paginate(RoleName=role["RoleName"]):
-                    tags += tag_page.get("Tags", [])
-            except ClientError as exc:
-                if error_code(exc) == "NoSuchEntity":  # deleted (by its run's teardown) since it was listed
-                    continue
-                raise
-            yield str(role["RoleName"]), tags
+    """Every role under the stack's path, with its tags: what the sweeper checks for preparation roles whose run's
+    teardown never ran."""
+    return leftovers.roles_under(iam, role_path(settings))
 
 
 def boundary_arn(settings: Settings) -> str:

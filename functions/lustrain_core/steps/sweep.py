@@ -31,7 +31,7 @@ and each run taken out of a queue and why.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,14 +39,12 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from lustrain_core import prepare_plan, recovery
-from lustrain_core import resources as registry
+from lustrain_core import leftovers, prepare_plan, recovery
 from lustrain_core.aws_errors import error_code
 from lustrain_core.config import Settings
 from lustrain_core.errors import LustrainError, TeardownIncomplete
-from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
 from lustrain_core.spec import Compute
-from lustrain_core.steps import prepare_role, queue, records
+from lustrain_core.steps import queue, records
 from lustrain_core.steps.teardown import TRAINING_JOB, Clock, teardown_job
 
 STATE_MACHINE_SETTING = "LUSTRAIN_STATE_MACHINE_ARN"
@@ -83,51 +81,24 @@ class SweepSettings:
 # --------------------------------------------------------------------------- finding what runs left
 
 
-def _pages(client: Any, operation: str, **params: Any) -> Iterator[dict[str, Any]]:
-    yield from client.get_paginator(operation).paginate(**params)
-
-
 def find_tagged(
     ec2: Any, fsx: Any, sagemaker: Any, stack_name: str, *, iam: Any = None, settings: Settings | None = None
 ) -> dict[str, list[dict[str, str]]]:
-    """Every resource a run of this stack created that still exists, by job id (from its lustrain:job-id tag); with
-    `iam` and the stack's settings, the data preparations' own roles under the stack's path too."""
+    """Every resource a run of this stack created that still exists and that the sweeper tears down (the VPC's
+    pieces, file systems and their links, InProgress training jobs; with `iam` and the stack's settings, the data
+    preparations' own roles under the stack's path too), by job id (from its lustrain:job-id tag). Found through
+    the registry (lustrain_core.leftovers, which `lustrain leftovers` reports from)."""
     found: dict[str, list[dict[str, str]]] = {}
-
-    def note(kind: str, resource_id: str, tags: list[dict[str, str]] | None) -> None:
-        tagged = tag_dict(tags)
-        job_id = tagged.get(TAG_JOB_ID)
-        if job_id and tagged.get(TAG_CREATED_BY) == stack_name:
-            found.setdefault(job_id, []).append({"type": kind, "id": resource_id})
-
-    for kind in registry.KINDS:
-        if kind.tag_filter:
-            for item in registry.tagged(ec2, kind, {TAG_CREATED_BY: stack_name}):
-                note(kind.name, item[kind.id_key], item.get("Tags"))
-    fs_kind, dra_kind = registry.FILE_SYSTEM, registry.DATA_REPOSITORY_ASSOCIATION
-    for page in _pages(fsx, fs_kind.describe):
-        for fs in page.get(fs_kind.result_key, []):
-            if registry.present(fs_kind, fs):
-                note(fs_kind.name, fs[fs_kind.id_key], fs.get("Tags"))
-    params: dict[str, Any] = {}
-    while True:  # botocore has no paginator for this one
-        page = getattr(fsx, dra_kind.describe)(**params)
-        for dra in page.get(dra_kind.result_key, []):
-            if registry.present(dra_kind, dra):
-                note(dra_kind.name, dra[dra_kind.id_key], dra.get("Tags"))
-        if not page.get("NextToken"):
-            break
-        params["NextToken"] = page["NextToken"]
-    # only a job still InProgress holds instances; ListTrainingJobs has no tag filter, so each one's tags are read
-    for page in _pages(sagemaker, "list_training_jobs", StatusEquals="InProgress"):
-        for summary in page.get("TrainingJobSummaries", []):
-            tags: list[dict[str, str]] = []
-            for tag_page in _pages(sagemaker, "list_tags", ResourceArn=summary["TrainingJobArn"]):
-                tags += tag_page.get("Tags", [])
-            note(TRAINING_JOB, summary["TrainingJobName"], tags)
-    if iam is not None and settings is not None:
-        for name, tags in prepare_role.roles_left(iam, settings):
-            note(prepare_role.RESOURCE_TYPE, name, tags)
+    for resource in leftovers.stack_resources(
+        ec2=ec2,
+        fsx=fsx,
+        sagemaker=sagemaker,
+        stack_name=stack_name,
+        iam=iam if settings is not None else None,
+        region=settings.region if settings is not None else None,
+        kinds=leftovers.SWEPT,
+    ):
+        found.setdefault(resource.job_id, []).append({"type": resource.kind.name, "id": resource.id})
     return found
 
 
