@@ -23,6 +23,7 @@ from typing import Any
 
 import boto3
 import yaml
+from lustrain_core import leftovers
 from lustrain_core import resources as registry
 from lustrain_core.document import Attempt, Recovery
 from lustrain_core.launch import compile_offline
@@ -618,26 +619,23 @@ def archived_objects(stack: Any, job_id: str | None) -> tuple[str | None, list[d
 
 
 def resources_left(job_id: str | None, spec: JobSpec) -> tuple[list[str], list[str]]:
-    """Everything tagged with the job id that still exists (and is not kept on purpose), across services."""
+    """Everything tagged with the job id that a teardown deletes and that still exists (and is not kept on purpose),
+    across services: found as the sweeper and `lustrain leftovers` find them (lustrain_core.leftovers)."""
     if not job_id:
         return [], []
-    ec2 = operator_session().client("ec2")
-    left: list[str] = [
-        str(item[kind.id_key])
-        for kind in registry.KINDS
-        if kind.tag_filter
-        for item in registry.tagged(ec2, kind, {TAG_JOB: job_id})
-    ]
+    session = operator_session()
+    left: list[str] = []
     kept: list[str] = []
-    fsx = operator_session().client("fsx")
-    for fs in fsx.describe_file_systems()["FileSystems"]:
-        tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
-        if tags.get(TAG_JOB) == job_id and registry.present(registry.FILE_SYSTEM, fs):
-            (kept if spec.filesystem.keep else left).append(fs["FileSystemId"])
-    sm = operator_session().client("sagemaker")
-    for job in sm.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"]:
-        if job["TrainingJobName"].startswith(spec.name + "-"):
-            left.append(job["TrainingJobName"])
+    for found in leftovers.stack_resources(
+        ec2=session.client("ec2"),
+        fsx=session.client("fsx"),
+        sagemaker=session.client("sagemaker"),
+        stack_name=STACK_NAME,
+        kinds=[kind for kind in registry.KINDS if kind is not registry.WARM_POOL],
+    ):
+        if found.job_id == job_id:
+            keep = found.kind is registry.FILE_SYSTEM and spec.filesystem.keep
+            (kept if keep else left).append(found.id)
     return left, kept
 
 
