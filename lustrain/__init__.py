@@ -8,7 +8,7 @@
     lustrain.report.build(stack, "gpt", "reports")            # the report, with the data of each figure
     lustrain.export.export("gpt", Path("hf"), s3=lambda: stack.client("s3"), stack=lambda: stack)  # for transformers
 
-The operator calls are lustrain.operate's, loaded on first use (so that `lustrain plan` stays quick).
+The operator calls are lustrain.operate's and lustrain.cleanup's, loaded on first use (so that `lustrain plan` stays quick).
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_OPERATE = frozenset(
-    {"Stack", "runs", "status", "watch", "progress", "logs", "cancel", "find_run", "leftovers", "wait_for_teardown"}
-)
+_OPERATE = frozenset({"Stack", "runs", "status", "watch", "progress", "logs", "cancel", "find_run"})
+_CLEANUP = frozenset({"leftovers", "wait_for_teardown"})
 
 
 def __getattr__(name: str) -> Any:
     if name in _OPERATE:
         return getattr(importlib.import_module("lustrain.operate"), name)
+    if name in _CLEANUP:
+        return getattr(importlib.import_module("lustrain.cleanup"), name)
     if name in {"submit", "report", "operate", "export"}:
         return importlib.import_module(f"lustrain.{name}")
     raise AttributeError(f"module 'lustrain' has no attribute {name!r}")

@@ -298,7 +298,8 @@ def _mlflow_text(shown: dict[str, Any]) -> str:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from lustrain.operate import cancel, wait_for_teardown
+    from lustrain.cleanup import wait_for_teardown
+    from lustrain.operate import cancel
 
     stack = _stack(args)
     done = cancel(stack, args.run)
@@ -307,45 +308,29 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(json.dumps({**done.to_dict(), **({"teardown": waited.to_dict()} if waited else {})}, indent=2))
     elif done.already_ended:
         print(f"run {done.job_id} already ended {done.already_ended}: nothing to cancel")
+    elif done.orphaned:
+        print(f"run {done.job_id} had no execution (a function invoked alone registered it, or its execution is gone): "
+              "its record now ends FAILED, RunCancelled")
+        if done.left:
+            print(f"what it created ({len(done.left)}) goes at the sweeper's next round: "
+                  f"lustrain leftovers {done.job_id} --stack {args.stack}")
     else:
         print(f"run {done.job_id} cancelled ({done.cause}); its teardown has started")
         if waited is None:
             print(f"follow it: lustrain status {done.job_id} --stack {args.stack}")
     if waited is not None and not args.json:
+        from lustrain.cleanup import teardown_text
+
         print(teardown_text(waited.to_dict(), done.job_id, args.stack))
     if waited is not None and not waited.ended:
         return EXIT_FAILED
     return EXIT_FAILED if done.already_ended and done.already_ended != "ABORTED" else EXIT_OK
 
 
-def teardown_text(waited: dict[str, Any], job_id: str, stack: str) -> str:
-    """What `cancel --wait` prints of a run's teardown: what it stopped, deleted and kept, or what is still there."""
-    def ids(entries: list[dict[str, Any]]) -> str:
-        return ", ".join(f"{e['type']} {e['id']}" for e in entries) or "nothing"
-
-    if not waited["ended"]:
-        return (
-            f"its teardown has not ended; still there: {ids([{'type': x['kind'], 'id': x['id']} for x in waited['left']])}"
-            f"\nsee: lustrain leftovers {job_id} --stack {stack}"
-        )
-    lines = [
-        f"teardown ended: run {job_id} {waited['status']}" + (f", {waited['error']}" if waited["error"] else ""),
-        f"  stopped: {ids(waited['stopped'])}",
-        f"  deleted: {ids(waited['deleted'])}",
-    ]
-    kept = [f"{x['kind']} {x['id']} ({x['note']}; {_hourly(x['hourly_usd'])})" for x in waited["left"]]
-    lines.append(f"  kept: {', '.join(kept) if kept else 'nothing'}")
-    return "\n".join(lines)
-
-
-def _hourly(usd: float | None) -> str:
-    return "price unknown" if usd is None else f"${usd:,.2f}/h"
-
-
 def cmd_leftovers(args: argparse.Namespace) -> int:
     from lustrain_core.leftovers import exit_code
 
-    from lustrain.operate import leftovers
+    from lustrain.cleanup import leftovers, leftovers_text
 
     try:
         prices = PriceTable.load(args.prices)
@@ -357,27 +342,6 @@ def cmd_leftovers(args: argparse.Namespace) -> int:
     else:
         print(leftovers_text(found.to_dict()))
     return exit_code(found)
-
-
-def leftovers_text(found: dict[str, Any]) -> str:
-    """`lustrain leftovers`' table: each resource by run, with its state and what it bills an hour."""
-    left = found["leftovers"]
-    if not left:
-        return f"stack {found['stack']}: its runs hold nothing; nothing bills"
-    rows = [("RUN", "STATUS", "KIND", "ID", "STATE", "$/HOUR", "NOTE")]
-    for x in left:
-        run = f"{x['run']} ({x['job_id']})" if x["run"] else f"{x['job_id']} (no record)"
-        billed = f"; billed {x['billed_s']:,} s so far" if x["billed_s"] else ""
-        rows.append((run, x["run_status"] or "-", x["kind"], x["id"], x["state"] or "-",
-                     "unknown" if x["hourly_usd"] is None else f"{x['hourly_usd']:,.4f}", x["note"] + billed))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows]
-    total = "unknown (a resource has no price here)" if found["hourly_usd"] is None else f"${found['hourly_usd']:,.2f}"
-    lines.append(
-        f"{len(left)} resources of stack {found['stack']}; {found['billing']} bill, {total} an hour together "
-        f"(list prices of {found['prices_as_of']})"
-    )
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -25,11 +25,8 @@ from typing import Any
 
 import boto3
 from botocore.exceptions import ClientError
-from lustrain_core import leftovers as stack_leftovers
 from lustrain_core.aws_errors import training_job_missing
 from lustrain_core.errors import LustrainError, UsageInvalid
-from lustrain_core.leftovers import Report as LeftoverReport
-from lustrain_core.prices import PriceTable
 from lustrain_core.steps import prepare, records
 from lustrain_core.steps.budget import cost_so_far_usd
 from lustrain_core.steps.execution_end import CANCEL_ERROR
@@ -42,6 +39,10 @@ DEFAULT_STACK = "lustrain"
 STEP_IN_LOG = re.compile(r"\bstep=(\d+)")
 ENDED = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"})
 FINISHED = records.FINISHED
+#: the state `runs` and `status` show for a record that says RUNNING though no execution carries its run: a function
+#: invoked alone registered it (`sam local invoke`, `lustrain local invoke`), or its execution is gone. `lustrain
+#: cancel` ends it at once, the sweeper at its next round (steps/sweep.py end_records_left_running).
+ORPHANED = "ORPHANED"
 
 
 class RunNotFound(LustrainError):
@@ -206,6 +207,8 @@ def _summary(stack: Stack, record: JobRecord, now: float) -> RunSummary:
     if execution is not None and execution["status"] != "RUNNING":
         # the execution's end is the truth for a run whose teardown has not written the record yet
         state = state if record.finished else str(execution["status"])
+    elif execution is None and not record.finished and not record.unrecorded:
+        state = ORPHANED
     started = record.started_at or now
     ended = record.ended_at if state != "RUNNING" else None
     # a data preparation run's instances are its processing jobs' (its spec has no compute section)
@@ -615,6 +618,9 @@ class Cancelled:
     stopped_at: str | None
     already_ended: str | None
     cause: str
+    #: no execution carried the run: its record was ended here, and `left` is what it created (the sweeper's)
+    orphaned: bool = False
+    left: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -622,80 +628,30 @@ class Cancelled:
 
 def cancel(stack: Stack, run: str) -> Cancelled:
     """Stop the run's execution; its teardown then starts from the execution's end (on_execution_end), which
-    stops the training job and deletes what the run created. The cause names who cancelled it."""
+    stops the training job and deletes what the run created. The cause names who cancelled it. A run no execution
+    carries (ORPHANED) has its record ended here, FAILED with RunCancelled; what it created, if anything, is the
+    sweeper's (its record then says the run ended and its execution is gone)."""
     record = find_run(stack, run)
-    if not record.execution:
-        raise RunNotFound(f"run {record.job_id} was started by a direct invoke: it has no execution to stop")
-    arn = stack.execution_arn(record.execution)
-    sfn = stack.client("stepfunctions")
-    try:
-        described = sfn.describe_execution(executionArn=arn)
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
-            raise RunNotFound(f"the execution of run {record.job_id} no longer exists: {arn}") from None
-        raise
+    arn = stack.execution_arn(record.execution) if record.execution else ""
+    described = _execution(stack, record)
     caller = stack.client("sts").get_caller_identity()["Arn"]
     cause = f"cancelled by {caller} with lustrain cancel"
+    if described is None:
+        if record.finished:
+            return Cancelled(record.job_id, arn, record.finished_at, record.status, cause)
+        why = "no execution carries the run (a function invoked alone registered it, or its execution is gone)"
+        ended = records.end_if_running(
+            stack.client("dynamodb"), stack.jobs_table, record.job_id,
+            {"Error": CANCEL_ERROR, "Cause": f"{cause}: {why}"},
+        )  # fmt: skip
+        if not ended:  # a teardown ended it meanwhile
+            again = find_run(stack, record.job_id)
+            return Cancelled(record.job_id, arn, again.finished_at, again.status, cause)
+        return Cancelled(record.job_id, arn, records.now_iso(), None, cause, orphaned=True, left=record.resources)
     if described["status"] != "RUNNING":
         return Cancelled(record.job_id, arn, _iso(described.get("stopDate")), str(described["status"]), cause)
-    answer = sfn.stop_execution(executionArn=arn, error=CANCEL_ERROR, cause=cause)
+    answer = stack.client("stepfunctions").stop_execution(executionArn=arn, error=CANCEL_ERROR, cause=cause)
     return Cancelled(record.job_id, arn, _iso(answer.get("stopDate")), None, cause)
-
-
-def leftovers(stack: Stack, run: str | None = None, prices: PriceTable | None = None) -> LeftoverReport:
-    """Everything the stack's runs still hold, with the run each belongs to and what it bills an hour (`lustrain
-    leftovers`); only RUN's with `run`. Found by the stack's tags through the registry the sweeper uses."""
-    job_id = find_run(stack, run).job_id if run else None
-    return _leftovers(stack, job_id, prices)
-
-
-def _leftovers(stack: Stack, job_id: str | None, prices: PriceTable | None = None) -> LeftoverReport:
-    session = stack.session or boto3.Session()
-    return stack_leftovers.report(
-        **{service: stack.client(service) for service in ("ec2", "fsx", "sagemaker", "iam")},
-        ddb=stack.client("dynamodb"),
-        jobs_table=stack.jobs_table,
-        stack_name=stack.name,
-        region=session.region_name,
-        prices=prices,
-        job_id=job_id,
-    )
-
-
-@dataclass(frozen=True)
-class TeardownWait:
-    """What a run's teardown did, once it ended (`lustrain cancel --wait`), or what is left when the wait ran out."""
-
-    record: JobRecord
-    #: what of the run still exists: only what it keeps on purpose once the teardown ended
-    left: LeftoverReport
-    ended: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ended": self.ended,
-            "status": self.record.status,
-            "error": self.record.error_name,
-            "stopped": self.record.torn_down.get("stopped") or [],
-            "deleted": self.record.torn_down.get("deleted") or [],
-            "left": [left.to_dict() for left in self.left.leftovers],
-        }
-
-
-def wait_for_teardown(stack: Stack, job_id: str, timeout_s: float = 3600.0, poll_s: float = 2.0) -> TeardownWait:
-    """Wait until the run's teardown has ended: its record finished and nothing of it left that it does not keep on
-    purpose (a teardown still deleting, or retrying TeardownIncomplete, leaves its pieces for a while)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        record = records.get(stack.client("dynamodb"), stack.jobs_table, job_id)
-        if record is None:
-            raise RunNotFound(f"run {job_id} has no record in {stack.jobs_table}")
-        left = _leftovers(stack, job_id) if record.finished else None
-        if left is not None and all(item.kept for item in left.leftovers):
-            return TeardownWait(record, left, ended=True)
-        if time.monotonic() >= deadline:
-            return TeardownWait(record, left or _leftovers(stack, job_id), ended=False)
-        time.sleep(poll_s)
 
 
 #: Where SageMaker writes a training job's output: one stream per host, `<job name>/algo-<n>-<epoch seconds>`.

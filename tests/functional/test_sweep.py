@@ -247,7 +247,7 @@ def test_what_another_stack_or_nobody_tagged_is_never_touched(machine, aws):
     result = sweep()
 
     assert {other_stack, untagged} <= {v["VpcId"] for v in ec2.describe_vpcs()["Vpcs"]}
-    assert result == {"swept": [], "kept": [], "skipped": [], "released": []}
+    assert result == {"swept": [], "kept": [], "skipped": [], "released": [], "ended": []}
 
 
 class ShortContext:
@@ -290,3 +290,33 @@ def test_a_job_that_cannot_be_judged_is_reported_and_the_others_are_still_swept(
     assert skipped["job_id"] == broken["job"]["job_id"] and skipped["reason"].startswith("could not be swept")
     assert count_of_job(broken["job"]["job_id"])["vpcs"] == 1
     assert count_of_job(fine["job"]["job_id"]) == NOTHING
+
+
+def test_a_record_no_execution_carries_is_ended_and_a_live_runs_is_not(machine, aws):
+    """`lustrain local invoke RegisterJobFunction -e events/register_job_inline.json` (or `sam local invoke`) registers
+    a run under an execution that never existed: nothing of it is left to sweep, but its record said RUNNING for
+    ever. The sweep ends it; a run whose execution still runs (queued: it holds nothing yet) stays RUNNING."""
+    ghost = register(execution="gpt-small-console-2026-11-20")["job"]["job_id"]
+    sfn().start_execution(stateMachineArn=machine, name="queued-1", input="{}")
+    queued = register(execution="queued-1")["job"]["job_id"]
+
+    first = sweep()
+
+    (ended,) = first["ended"]
+    assert ended["job_id"] == ghost and "gpt-small-console-2026-11-20 no longer exists" in ended["reason"]
+    record = job_record(aws.jobs_table, ghost)
+    assert (record["status"], record["error"]["Error"]) == ("FAILED", "RunAbandoned")
+    assert record["error"]["Cause"].startswith("swept: its execution") and record["finished_at"]
+    assert job_record(aws.jobs_table, queued)["status"] == "RUNNING"
+    # a second sweep changes nothing: the record ended once
+    assert sweep()["ended"] == []
+    assert job_record(aws.jobs_table, ghost)["finished_at"] == record["finished_at"]
+
+
+def test_the_end_of_a_record_left_running_never_overwrites_a_teardowns(aws):
+    """The sweep's write is conditional on RUNNING: a teardown (on_execution_end) that wrote its own end first keeps it."""
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    job_id = register(execution="gone-1")["job"]["job_id"]
+    records.set_fields(ddb, aws.jobs_table, job_id, status="FAILED", error={"Error": "RunCancelled", "Cause": "by x"})
+    assert not records.end_if_running(ddb, aws.jobs_table, job_id, {"Error": "RunAbandoned", "Cause": "swept"})
+    assert job_record(aws.jobs_table, job_id)["error"]["Error"] == "RunCancelled"

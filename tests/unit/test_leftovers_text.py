@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lustrain_core.leftovers import Leftover, Report
 
-from lustrain.cli import leftovers_text, teardown_text
+from lustrain.cleanup import leftovers_text, teardown_text
 
 
 def test_the_table_names_each_run_and_says_what_bills_together():

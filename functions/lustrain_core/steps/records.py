@@ -27,6 +27,7 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
+from lustrain_core.aws_errors import CONDITION_FAILED, error_code
 from lustrain_core.errors import SpecInvalid
 from lustrain_core.launch_plan import training_job_name
 from lustrain_core.spec import is_prepare
@@ -443,6 +444,44 @@ def scan(ddb: Any, table: str) -> list[JobRecord]:
         for page in ddb.get_paginator("scan").paginate(TableName=table)
         for item in page.get("Items", [])
     ]
+
+
+def scan_running(ddb: Any, table: str) -> list[JobRecord]:
+    """Every record still RUNNING (the sweeper's look for runs no execution carries any more)."""
+    return [
+        record_of(item)
+        for page in ddb.get_paginator("scan").paginate(
+            TableName=table,
+            FilterExpression="#s = :running",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues={":running": {"S": RUNNING}},
+        )
+        for item in page.get("Items", [])
+    ]
+
+
+def end_if_running(ddb: Any, table: str, job_id: str, error: dict[str, str]) -> bool:
+    """End a record that no teardown will end (no execution carries its run): FAILED with `error`, now; only while
+    it is still RUNNING, so a teardown that wrote its own end first keeps it. False when it had ended already."""
+    try:
+        ddb.update_item(
+            TableName=table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET #s = :failed, #e = :error, finished_at = :now",
+            ConditionExpression="#s = :running",
+            ExpressionAttributeNames={"#s": "status", "#e": "error"},
+            ExpressionAttributeValues={
+                ":failed": {"S": "FAILED"},
+                ":running": {"S": RUNNING},
+                ":error": to_attribute(dict(error)),
+                ":now": {"S": now_iso()},
+            },
+        )
+    except ClientError as exc:
+        if error_code(exc) == CONDITION_FAILED:
+            return False
+        raise
+    return True
 
 
 def require(ddb: Any, table: str, job_id: str) -> JobRecord:

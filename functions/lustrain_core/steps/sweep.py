@@ -23,9 +23,13 @@ ends gets status FAILED and the error RunAbandoned in its record; a finished run
 A queued run has no resources, so it is never swept; the sweep then takes out of the capacity queue's lines every
 run that ended or has no record (`queue.prune`), so a run no teardown saw end never blocks the runs behind it.
 
-The result (also logged) is {swept: [...], kept: [...], skipped: [...], released: [...]}: each resource stopped or
-deleted and why its job was swept, each resource kept and why, each job left alone (or not finished yet) and why,
-and each run taken out of a queue and why.
+A record that says RUNNING though nothing of its run is left and no execution carries it (a function invoked alone
+registered it, or its execution is gone) is ended the same way: FAILED with RunAbandoned
+(`end_records_left_running`), so no run shows as live for ever.
+
+The result (also logged) is {swept: [...], kept: [...], skipped: [...], released: [...], ended: [...]}: each
+resource stopped or deleted and why its job was swept, each resource kept and why, each job left alone (or not
+finished yet) and why, each run taken out of a queue and why, and each record ended that no execution carried.
 """
 
 from __future__ import annotations
@@ -246,7 +250,35 @@ def sweep(
         return arn is None or execution_status(sfn, arn) == "RUNNING"
 
     result["released"] = queue.prune(ddb, settings, running)
+    result["ended"] = end_records_left_running(ddb, sfn, settings, config, now(), holding=set(found))
     return result
+
+
+def end_records_left_running(
+    ddb: Any, sfn: Any, settings: Settings, config: SweepSettings, now: float, holding: set[str]
+) -> list[dict[str, str]]:
+    """End the records that say RUNNING though no execution carries their run and nothing of it is left (`holding`:
+    the jobs that still have resources, which the sweep above judged): a run registered by a function invoked alone
+    (`sam local invoke`, `lustrain local invoke RegisterJobFunction`) or whose execution is gone. Judged as any
+    other job (`judge`): its execution no longer exists, or none is recorded and the run is past its deadline. An
+    execution that ended is left to its own teardown (on_execution_end ends the record; the write is conditional
+    on RUNNING either way). Each record ends FAILED with RunAbandoned; [{job_id, reason}]."""
+    ended: list[dict[str, str]] = []
+    for record in records.scan_running(ddb, settings.jobs_table):
+        if record.job_id in holding:
+            continue
+        arn = config.execution_arn(record.execution or "")
+        status = execution_status(sfn, arn)
+        if status is not None:  # RUNNING: a live run (late ones hold resources); ended: its teardown ends it
+            continue
+        verdict = judge(record, status, now, config.grace_hours)
+        if not verdict.sweep:
+            continue
+        if records.end_if_running(
+            ddb, settings.jobs_table, record.job_id, {"Error": ABANDONED, "Cause": f"swept: {verdict.reason}"}
+        ):
+            ended.append({"job_id": record.job_id, "reason": verdict.reason})
+    return ended
 
 
 def _sweep_job(

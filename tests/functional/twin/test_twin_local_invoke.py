@@ -243,3 +243,30 @@ def test_every_sample_succeeds_on_the_served_twin_in_a_run_order(
     assert step("NotifyFunction", "notify")["message_id"]
     invoke("OnExecutionEndFunction", sample("on_execution_end"), tmp_path, capsys)
     invoke("SweepFunction", sample("sweep"), tmp_path, capsys)
+
+
+def test_a_run_a_function_invoked_alone_registered_is_shown_as_such_and_cancel_ends_it(
+    on_served: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's `lustrain local invoke RegisterJobFunction -e events/register_job_inline.json` registers a run no
+    execution carries: `runs` shows it ORPHANED, not RUNNING for ever, and `cancel` ends its record."""
+    event = sample("register_job_inline")
+    event["execution"] = "ghost-of-a-direct-invoke"
+    job_id = invoke("RegisterJobFunction", event, tmp_path, capsys)["job_id"]
+    for name, value in {"AWS_ENDPOINT_URL": on_served["url"], "AWS_ACCESS_KEY_ID": "twin",
+                        "AWS_SECRET_ACCESS_KEY": "twin", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+
+    def listed() -> dict[str, Any]:
+        assert main(["runs", "--stack", "lustrain-twin", "--json"]) == 0
+        return {r["job_id"]: r for r in json.loads(capsys.readouterr().out)}[job_id]
+
+    assert listed()["state"] == "ORPHANED"
+    assert main(["cancel", job_id, "--stack", "lustrain-twin"]) == 0
+    said = capsys.readouterr().out
+    assert f"run {job_id} had no execution" in said and "its record now ends FAILED, RunCancelled" in said
+    shown = listed()
+    assert (shown["state"], shown["error"]) == ("FAILED", "RunCancelled")
+    # cancelled again: it has ended, nothing to do
+    assert main(["cancel", job_id, "--stack", "lustrain-twin"]) == 1
+    assert "already ended FAILED" in capsys.readouterr().out
