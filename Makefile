@@ -113,8 +113,8 @@ suite: $(STAMP) $(CHROMIUM) $(MLFLOW)
 unit: install
 	$(PYTEST) tests/unit
 
-functional: install
-	$(PYTEST) tests/functional
+functional: $(STAMP) $(MLFLOW)
+	LUSTRAIN_MLFLOW=$(abspath $(MLFLOW)) $(PYTEST) tests/functional
 
 e2e: $(STAMP) $(CHROMIUM) $(MLFLOW)
 	LUSTRAIN_CHROMIUM=$(CHROMIUM) LUSTRAIN_MLFLOW=$(abspath $(MLFLOW)) $(PYTEST) tests/e2e

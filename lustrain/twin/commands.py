@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lustrain_core.errors import SpecInvalid
+from lustrain_core.errors import SpecInvalid, UsageInvalid
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
@@ -69,6 +69,24 @@ def register(sub: Any) -> None:
         type=int,
         default=DEFAULT_LOCAL_QUOTA,
         help=f"the twin account's quota of each instance type ({DEFAULT_LOCAL_QUOTA})",
+    )
+    up.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a template parameter of the twin's stack, as `sam deploy --parameter-overrides` takes it (repeatable)",
+    )
+    up.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="post the runs' chat notices to this receiver on 127.0.0.1 (http://127.0.0.1:PORT/...): the twin makes "
+        "the secret NoticeWebhookSecretArn names",
+    )
+    up.add_argument(
+        "--mlflow",
+        metavar="URI",
+        help="log each run to the MLflow tracking server at this URI on 127.0.0.1 (MlflowTrackingUri)",
     )
     up.set_defaults(command=cmd_local_up)
     inv = lsub.add_parser("invoke", help="invoke one function of the stack with an event file")
@@ -155,6 +173,63 @@ def stop_local_up() -> None:
     STOP.set()
 
 
+#: the secret `local up --webhook` makes in the twin, holding the receiver's URL (NoticeWebhookSecretArn names it)
+WEBHOOK_SECRET = "lustrain-twin/notice-webhook"  # noqa: S105 - a secret's name, not its value
+
+
+def local_up_parameters(args: argparse.Namespace) -> dict[str, str]:
+    """The template parameters `local up` was given: each --param NAME=VALUE, and MlflowTrackingUri from --mlflow;
+    refused (UsageInvalid, exit 2) where malformed, named twice, or pointing the twin off this machine. --webhook's
+    secret is made once the twin serves (`webhook_secret`). The template's own constraints are checked when the
+    stack is made, as CloudFormation checks them."""
+    given: dict[str, str] = {}
+    for item in args.param:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageInvalid.one("--param", item, "is NAME=VALUE, a parameter of template.yaml and its value")
+        if name.strip() in given:
+            raise UsageInvalid.one("--param", item, f"names {name.strip()} a second time")
+        given[name.strip()] = value
+    for option, parameter, value in (("--mlflow", "MlflowTrackingUri", args.mlflow),
+                                     ("--webhook", "NoticeWebhookSecretArn", args.webhook)):  # fmt: skip
+        if value is None:
+            continue
+        if parameter in given:
+            raise UsageInvalid.one(option, value, f"and --param {parameter} both set {parameter}: give one")
+        if not _on_this_machine(value):
+            raise UsageInvalid.one(
+                option, value, "the twin reaches nothing off this machine: an http://127.0.0.1:PORT/... URL"
+            )
+    if args.mlflow is not None:
+        given["MlflowTrackingUri"] = args.mlflow.rstrip("/")
+    from lustrain.twin.rehearse import TEMPLATE, twin_own
+    from lustrain.twin.stack import TemplateError, load_template, template_parameters
+
+    merged = {**local_parameters(), **given}
+    try:  # as CloudFormation checks them, before the twin starts
+        template_parameters(load_template(TEMPLATE), merged, twin_own(merged))
+    except TemplateError as exc:
+        option = "--mlflow" if "'MlflowTrackingUri'" in str(exc) and args.mlflow is not None else "--param"
+        raise UsageInvalid.one(option, ", ".join(args.param) or str(args.mlflow), str(exc)) from None
+    return given
+
+
+def _on_this_machine(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.scheme == "http" and parts.hostname == "127.0.0.1" and bool(parts.netloc)
+
+
+def webhook_secret(url: str, endpoint: str) -> str:
+    """Make the secret a stack's NoticeWebhookSecretArn names, holding the receiver's URL, in the served twin; its
+    ARN."""
+    import boto3
+
+    secrets = boto3.client("secretsmanager", endpoint_url=endpoint)
+    return str(secrets.create_secret(Name=WEBHOOK_SECRET, SecretString=json.dumps({"url": url}))["ARN"])
+
+
 def cmd_local_up(args: argparse.Namespace) -> int:
     import requests
     from moto.core.config import default_user_config
@@ -162,9 +237,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
     from lustrain.twin import patches, served
     from lustrain.twin.patches import eventbridge, lambda_invoke
-    from lustrain.twin.rehearse import REGION, STACK_NAME, TEMPLATE
+    from lustrain.twin.rehearse import REGION, STACK_NAME, TEMPLATE, twin_own
     from lustrain.twin.stack import materialise
 
+    given = local_up_parameters(args)  # refused before anything starts
     STOP.clear()
     url = f"http://127.0.0.1:{args.port}"
     # put back when the twin stops: a program that serves it in one of its threads (bench/load.py) carries on
@@ -186,13 +262,24 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         requests.post(
             f"{url}/moto-api/config", json={"stepfunctions": {"execute_state_machine": True}}, timeout=10
         )
-        stack = materialise(TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=local_parameters())
+        parameters = {**local_parameters(), **given}
+        if args.webhook is not None:
+            parameters["NoticeWebhookSecretArn"] = webhook_secret(args.webhook, url)
+        stack = materialise(
+            TEMPLATE, stack_name=STACK_NAME, region=REGION, parameters=parameters, unchecked=twin_own(parameters)
+        )
         # the stack's schedules (the sweeper's SweepSchedule) fire at their rate while the twin serves
         eventbridge.run_schedules(STOP)
         prepare_for_runs(args.quota, print)
         print(f"lustrain twin serving on {url} (region {REGION}, account 123456789012)")
         for name, value in sorted(stack.outputs.items()):
             print(f"  {name:<28} {value}")
+        for name, value in sorted(given.items()):
+            print(f"  parameter {name} = {value}")
+        if args.webhook is not None:
+            print(f"chat notices: posted to {args.webhook} (the secret {WEBHOOK_SECRET})")
+        if args.mlflow is not None:
+            print(f"MLflow: each run logged to {args.mlflow}; `lustrain status RUN` links to it")
         jobs = stack.outputs.get("JobsBucketName", "<jobs bucket>")
         print(f"start a run:  AWS_ENDPOINT_URL={url} lustrain submit examples/tiny.yaml --stack {STACK_NAME}")
         print(

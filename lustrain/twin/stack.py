@@ -225,8 +225,12 @@ class _Unresolved(Exception):
     """A reference to a resource not created yet: try again after the others."""
 
 
-def template_parameters(template: dict[str, Any], overrides: dict[str, str] | None) -> dict[str, Any]:
-    """The stack's parameter values: defaults, then `overrides`; list parameters as lists."""
+def template_parameters(
+    template: dict[str, Any], overrides: dict[str, str] | None, unchecked: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The stack's parameter values: defaults, then `overrides`; list parameters as lists. Each override is held to
+    the template's constraints as CloudFormation holds it (`check_parameter`), but those named in `unchecked`: the
+    twin's own speed-ups (rehearse.FAST_PARAMETERS), which AWS's minutes would not allow."""
     declared = template.get("Parameters") or {}
     params = {
         name: ",".join(spec["Default"])
@@ -244,7 +248,40 @@ def template_parameters(template: dict[str, Any], overrides: dict[str, str] | No
     for name, spec in declared.items():
         if str(spec.get("Type", "")).startswith(("CommaDelimitedList", "List<")):
             values[name] = [v.strip() for v in str(params[name]).split(",")]
+    for name in sorted(set(overrides or {}) - unchecked):
+        check_parameter(name, declared[name], values[name])
     return values
+
+
+def check_parameter(name: str, spec: dict[str, Any], value: Any) -> None:
+    """Refuse a parameter value as CloudFormation refuses it (AWS CloudFormation User Guide, "Parameters"): one of
+    AllowedValues; AllowedPattern matched by the whole value (by each value of a CommaDelimitedList); a Number's
+    MinValue and MaxValue; a String's MinLength and MaxLength. The error names the parameter and, where the template
+    gives one, its ConstraintDescription."""
+    said = spec.get("ConstraintDescription")
+
+    def refuse(rule: str) -> None:
+        raise TemplateError(f"Parameter '{name}' {f'failed to satisfy constraint: {said}' if said else rule}")
+
+    items = value if isinstance(value, list) else [value]
+    if "AllowedValues" in spec and any(str(v) not in {str(a) for a in spec["AllowedValues"]} for v in items):
+        refuse(f"must be one of AllowedValues: {', '.join(str(a) for a in spec['AllowedValues'])}")
+    if "AllowedPattern" in spec and any(re.fullmatch(spec["AllowedPattern"], str(v)) is None for v in items):
+        refuse(f"must match pattern {spec['AllowedPattern']}")
+    if spec.get("Type") == "Number":
+        try:
+            number = float(str(value))
+        except ValueError:
+            raise TemplateError(f"Parameter '{name}' must be a number") from None
+        if ("MinValue" in spec and number < float(spec["MinValue"])) or (
+            "MaxValue" in spec and number > float(spec["MaxValue"])
+        ):
+            refuse(f"must be from {spec.get('MinValue', '-inf')} to {spec.get('MaxValue', 'inf')}")
+    for v in items:
+        if ("MinLength" in spec and len(str(v)) < int(spec["MinLength"])) or (
+            "MaxLength" in spec and len(str(v)) > int(spec["MaxLength"])
+        ):
+            refuse(f"must be {spec.get('MinLength', 0)} to {spec.get('MaxLength', 'any')} characters long")
 
 
 def materialise(
@@ -255,6 +292,7 @@ def materialise(
     parameters: dict[str, str] | None = None,
     session: boto3.Session | None = None,
     template: dict[str, Any] | None = None,
+    unchecked: frozenset[str] = frozenset(),
 ) -> Stack:
     """Create every resource of the template on the moto reached by `session` (in-process or a server).
 
@@ -263,7 +301,7 @@ def materialise(
     template_path = Path(template_path)
     root = template_path.parent
     source = template if template is not None else load_template(template_path)
-    params = template_parameters(source, parameters)
+    params = template_parameters(source, parameters, unchecked)
     transformed = sam_transform(source, region, {k: v for k, v in (parameters or {}).items()})
     resolver = _Resolver(transformed, stack_name, region, params)
     maker = _Maker(resolver, session or boto3.Session(region_name=region), region, root)

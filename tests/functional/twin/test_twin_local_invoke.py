@@ -38,8 +38,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def local_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """`lustrain local up` in its own process, until the module's tests are done."""
+def chat() -> Iterator[Any]:
+    """The team's chat on 127.0.0.1: what the runs' notices post (lustrain.twin.notice_receiver)."""
+    from lustrain.twin.notice_receiver import receiver
+
+    with receiver() as hook:
+        yield hook
+
+
+@pytest.fixture(scope="module")
+def local_up(tmp_path_factory: pytest.TempPathFactory, chat: Any, mlflow_server: Any) -> Iterator[dict[str, Any]]:
+    """`lustrain local up` in its own process, until the module's tests are done: with the team's features a user
+    tries locally (docs/operating.md): chat notices to a receiver and MLflow to a server, both started here, and a
+    template parameter of the user's."""
     cache = tmp_path_factory.mktemp("cache")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "AWS_PROFILE")}
@@ -48,7 +59,8 @@ def local_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "functions"), str(ROOT / "trainer")]),
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lustrain.cli", "local", "up", "--port", str(port)],
+        [sys.executable, "-m", "lustrain.cli", "local", "up", "--port", str(port), "--webhook", chat.url,
+         "--mlflow", mlflow_server.url, "--param", "MaxBudgetUsdPerRun=5000"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -270,3 +282,51 @@ def test_a_run_a_function_invoked_alone_registered_is_shown_as_such_and_cancel_e
     # cancelled again: it has ended, nothing to do
     assert main(["cancel", job_id, "--stack", "lustrain-twin"]) == 1
     assert "already ended FAILED" in capsys.readouterr().out
+
+
+def test_a_run_on_local_up_posts_its_notices_to_the_chat_and_logs_to_mlflow(
+    on_served: dict[str, Any],
+    chat: Any,
+    mlflow_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/operating.md's "Team features on the twin", as written: `local up --webhook URL --mlflow URI --param`,
+    then `lustrain submit examples/tiny.yaml` and `watch`; the notices reach the chat, the run is in MLflow."""
+    printed = on_served["printed"]
+    assert f"chat notices: posted to {chat.url}" in printed and f"each run logged to {mlflow_server.url}" in printed
+    assert "parameter MaxBudgetUsdPerRun = 5000" in printed
+    for name, value in {"AWS_ENDPOINT_URL": on_served["url"], "AWS_ACCESS_KEY_ID": "twin",
+                        "AWS_SECRET_ACCESS_KEY": "twin", "AWS_DEFAULT_REGION": "us-east-1",
+                        "LUSTRAIN_STACK": "lustrain-twin"}.items():
+        monkeypatch.setenv(name, value)
+    # the --param reached the stack's functions as a deploy's parameter would
+    functions = boto3.client("lambda").list_functions()["Functions"]
+    register = next(f for f in functions if "registerjobfunction" in f["FunctionName"].lower())
+    assert register["Environment"]["Variables"]["LUSTRAIN_MAX_BUDGET_USD"] == "5000"
+    spec = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    spec["name"] = "team-features"
+    spec["code"]["source"] = str(ROOT / "trainer")  # relative to the spec's file, which is elsewhere here
+    path = on_served["cache"] / "team-features.yaml"
+    path.write_text(yaml.safe_dump(spec))
+
+    assert main(["submit", str(path), "--stack", "lustrain-twin"]) == 0
+    assert main(["watch", "team-features", "--interval", "0.5"]) == 0, capsys.readouterr().out[-3000:]
+    capsys.readouterr()
+    assert main(["status", "team-features", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    job_id = shown["run"]["job_id"]
+
+    # the chat heard the run's moments, each naming the run, the last its success
+    texts = [json.dumps(post) for post in chat.posts]
+    mine = [text for text in texts if job_id in text]
+    assert len(mine) >= 2, texts[-5:]
+    assert "succeeded" in mine[-1].lower(), mine[-1]
+    # MLflow holds the run, named by its job id, finished
+    experiment = mlflow_server.call("GET", "mlflow/experiments/get-by-name?experiment_name=lustrain-twin")
+    found = mlflow_server.call("POST", "mlflow/runs/search", {
+        "experiment_ids": [experiment["experiment"]["experiment_id"]],
+        "filter": f"attributes.run_name = '{job_id}'",
+    })["runs"]  # fmt: skip
+    assert [run["info"]["status"] for run in found] == ["FINISHED"]
+    assert shown["mlflow"] and shown["mlflow"]["tracking_uri"] == mlflow_server.url
