@@ -116,6 +116,16 @@ def _parser() -> argparse.ArgumentParser:
         _stack_arguments(op)
         op.set_defaults(command=command)
 
+    tb = sub.add_parser("tensorboard", help="copy a run's TensorBoard files here, and serve TensorBoard over them")
+    tb.add_argument("run", metavar="RUN", help="the run's job id, execution name or ARN, or spec name")
+    tb.add_argument("-o", "--output", type=Path, default=Path("reports"),
+                    help="where to copy them: <output>/<job id>/<training job>/ (default reports/)")
+    tb.add_argument("--serve", action="store_true", help="then serve TensorBoard over them on 127.0.0.1")
+    tb.add_argument("--port", type=int, default=6006, help="TensorBoard's port with --serve (default 6006; 0: a free one)")
+    tb.add_argument("--for-seconds", type=float, help="with --serve: stop after this long (default: until Ctrl-C)")
+    _stack_arguments(tb)
+    tb.set_defaults(command=cmd_tensorboard)
+
     lo = sub.add_parser(
         "leftovers",
         help="what the stack's runs still hold and what it bills an hour; exit 1 when anything bills",
@@ -422,6 +432,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"  {name:<10} {path}")
         if done.tensorboard_logdir:
             print(f"TensorBoard: tensorboard --logdir {done.tensorboard_logdir}")
+    return EXIT_OK
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    from lustrain.board import fetch, show
+
+    found = fetch(_stack(args), args.run, args.output)
+    if args.json and not args.serve:
+        print(json.dumps(found.to_dict(), indent=2))
+    else:
+        show(found, args.run, port=args.port if args.serve else None, for_seconds=args.for_seconds)
     return EXIT_OK
 
 

@@ -620,7 +620,7 @@ class Cancelled:
     cause: str
     #: no execution carried the run: its record was ended here, and `left` is what it created (the sweeper's)
     orphaned: bool = False
-    left: list[dict[str, str]] = field(default_factory=list)
+    left: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -647,7 +647,8 @@ def cancel(stack: Stack, run: str) -> Cancelled:
         if not ended:  # a teardown ended it meanwhile
             again = find_run(stack, record.job_id)
             return Cancelled(record.job_id, arn, again.finished_at, again.status, cause)
-        return Cancelled(record.job_id, arn, records.now_iso(), None, cause, orphaned=True, left=record.resources)
+        left = [dict(entry) for entry in record.resources]
+        return Cancelled(record.job_id, arn, records.now_iso(), None, cause, orphaned=True, left=left)
     if described["status"] != "RUNNING":
         return Cancelled(record.job_id, arn, _iso(described.get("stopDate")), str(described["status"]), cause)
     answer = stack.client("stepfunctions").stop_execution(executionArn=arn, error=CANCEL_ERROR, cause=cause)

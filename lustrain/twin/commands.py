@@ -202,8 +202,9 @@ def local_up_parameters(args: argparse.Namespace) -> dict[str, str]:
             )
     if args.mlflow is not None:
         given["MlflowTrackingUri"] = args.mlflow.rstrip("/")
+    from lustrain.twin.cfn import load_template
     from lustrain.twin.rehearse import TEMPLATE, twin_own
-    from lustrain.twin.stack import TemplateError, load_template, template_parameters
+    from lustrain.twin.stack import TemplateError, template_parameters
 
     merged = {**local_parameters(), **given}
     try:  # as CloudFormation checks them, before the twin starts

@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 import re
 import threading
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lustrain import cli, operate, report
+from lustrain import board, cli, operate, report
 from lustrain.twin import rehearse
 from lustrain.twin.iam import usage
 from lustrain.twin.rehearse import REGION, STACK_NAME, drop, operator_session, twin, until
@@ -116,6 +119,7 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
             assert sagemaker.describe_training_job(TrainingJobName=job)["TrainingJobStatus"] == "Completed", name
         pool = sagemaker.describe_training_job(TrainingJobName=jobs["by-cli"])["WarmPoolStatus"]
         assert pool["Status"] == "Terminated", pool  # ended by the teardown, not left Available
+        stopped_at: dict[str, int] = {}
         for spec in (by_cli, bare):
             lines = [line.message for line in operate.logs(ours, job_ids[spec.name])]
             # it stopped because it was asked (no signal reaches it), and its checkpoints hold every step it reached
@@ -124,6 +128,7 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
             logged = [int(m[1]) for line in lines if (m := re.search(r"\bstep=(\d+) ", line))]
             # (the log shows every log_interval-th step: the step it stopped at is the last reached, logged or not)
             assert stopped and saved and max(saved) == stopped[-1] >= max(logged), (stopped, saved[-3:], max(logged))
+            stopped_at[spec.name] = stopped[-1]
 
         # the record and `lustrain runs` / `status` say who stopped the run and what is left (nothing)
         runs = {r.name: r for r in operate.runs(ours)}
@@ -162,6 +167,20 @@ def test_a_run_cancelled_while_training_is_torn_down_by_the_event_of_its_stop(tm
         # and where the run's TensorBoard files go: beside its model, under the run's own jobs/ prefix
         logdir = f"s3://{stack.outputs['ArtifactsBucketName']}/archive/{job_ids['by-cli']}/jobs/"
         assert made.tensorboard_logdir == logdir and f"tensorboard --logdir {logdir}" in page
+        # `lustrain tensorboard` copies them here, one directory per attempt, and TensorBoard reads them: the trainer
+        # wrote them in SageMaker's image, which has no tensorboard package
+        capsys.readouterr()
+        assert cli.main(["tensorboard", "by-cli", "-o", str(tmp_path / "tb"), "--json", "--stack", STACK_NAME]) == 0
+        copied = json.loads(capsys.readouterr().out)
+        assert (copied["logdir"], copied["files"]) == (logdir, 1)
+        attempt = Path(copied["local_dir"]) / jobs["by-cli"]
+        accumulator = EventAccumulator(str(attempt))
+        accumulator.Reload()
+        steps = [e.step for e in accumulator.Scalars("loss/train")]
+        assert steps and steps == sorted(steps) and steps[-1] <= stopped_at["by-cli"]
+        url = board.serve(copied["local_dir"], 0)
+        with urllib.request.urlopen(f"{url}data/runs", timeout=30) as answer:
+            assert json.loads(answer.read()) == [jobs["by-cli"]]
 
         # the same from the command line, as the README shows it; the training log holds both hosts' steps
         assert cli.main(["status", "by-cli", "--stack", STACK_NAME]) == 0

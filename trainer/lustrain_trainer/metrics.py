@@ -19,8 +19,8 @@ The evaluation's figures (`val_*`, at each evaluation):
 TensorBoard (`Board`): rank 0 also writes the figures as TensorBoard scalars (loss, learning rate, tokens/s, MFU,
 grad norm, the evaluation) to LUSTRAIN_TENSORBOARD_DIR, which the CreateTrainingJob request sets to its
 TensorBoardOutputConfig's LocalPath (/opt/ml/output/tensorboard): SageMaker uploads that directory to the run's
-archive while the job runs. Where the image lacks the tensorboard package (torch.utils.tensorboard cannot be
-imported) the trainer says so once and trains on: the log lines above carry the same figures.
+archive while the job runs. The event files are written by lustrain_trainer.tfevents, with the standard library:
+SageMaker's PyTorch training images ship no tensorboard package, which torch.utils.tensorboard needs.
 
 trainer/metric_definitions.json is this module's output (`python -m lustrain_trainer.metrics`); a test
 keeps the two equal, so the control plane's regexes cannot drift from what the trainer prints.
@@ -130,8 +130,8 @@ SCALARS: dict[str, str] = {
 
 
 class Board:
-    """TensorBoard's scalars, from rank 0 only; does nothing where it is off (no directory, another rank, or no
-    tensorboard package)."""
+    """TensorBoard's scalars, from rank 0 only (lustrain_trainer.tfevents writes the event files: the image has no
+    tensorboard package); does nothing where it is off (no directory, or another rank)."""
 
     def __init__(self, writer: Any = None) -> None:
         self.writer = writer
@@ -140,13 +140,10 @@ class Board:
     def open(cls, directory: str | None, is_main: bool, say: Callable[[str], None]) -> Board:
         if not directory or not is_main:
             return cls()
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:  # torch's own message: TensorBoard logging requires TensorBoard ...
-            say(f"TensorBoard off: {exc} (the image lacks the tensorboard package); the log lines carry the metrics")
-            return cls()
+        from .tfevents import EventWriter
+
         say(f"TensorBoard event files in {directory}")
-        return cls(SummaryWriter(log_dir=directory))
+        return cls(EventWriter(directory))
 
     @property
     def on(self) -> bool:
@@ -155,10 +152,13 @@ class Board:
     def write(self, step: int, values: dict[str, float]) -> None:
         if self.writer is None:
             return
-        for name, tag in SCALARS.items():
-            value = values.get(name)
-            if value is not None and math.isfinite(value):
-                self.writer.add_scalar(tag, value, step)
+        scalars = {
+            tag: float(value)
+            for name, tag in SCALARS.items()
+            if (value := values.get(name)) is not None and math.isfinite(value)
+        }
+        if scalars:
+            self.writer.add_scalars(scalars, step)
 
     def close(self) -> None:
         if self.writer is not None:
