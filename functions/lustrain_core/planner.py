@@ -11,7 +11,7 @@ import ipaddress
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from lustrain_core import instance_types
@@ -206,18 +206,19 @@ class FilesystemPlan:
 
 @dataclass
 class CostPlan:
-    compute_usd: float
+    #: None where the instance type has no confirmed price (`unpriced`): the instances' part is unknown
+    compute_usd: float | None
     filesystem_usd: float
     control_plane_usd: float
-    total_usd: float
-    hourly_usd: float
+    total_usd: float | None
+    hourly_usd: float | None
     prices_as_of: str
     assumptions: list[str]
     #: code.secrets' interface endpoints, made with the run's network and gone with it
     network_usd: float = 0.0
     #: the warm pool's instances, kept compute.keep_alive_minutes after the job (SageMaker bills
     #: ResourceRetainedBillableTimeInSeconds x InstanceCount at the training price)
-    warm_pool_usd: float = 0.0
+    warm_pool_usd: float | None = 0.0
     #: data.preload's warm-up job (its instance, and the file system's hours it adds before the training)
     preload_usd: float = 0.0
 
@@ -267,12 +268,14 @@ def plan(
             f"unknown to the planner; known: {', '.join(sorted(prices.instance_types))} (add its row to "
             "data/instance_types.json, or for this plan with --prices: {\"instance_types\": {type: row}})",
         )
-    if itype.hourly_usd is None:
+    priced = itype.hourly_usd is not None
+    if not priced and spec.budget.max_usd is not None:
+        # everything else is planned without a price (its cost unknown); a run held to a budget cannot be
         raise SpecInvalid.one(
             "compute.instance_type",
             spec.compute.instance_type,
-            "has no confirmed on-demand price in the instance-type catalogue, so the run cannot be costed or held "
-            f"to a budget: give one with --prices ({{\"instance_hourly_usd\": {{\"{itype.name}\": <$ an hour>}}}}) "
+            "has no confirmed on-demand price in the instance-type catalogue, so the run cannot be held to "
+            f"budget.max_usd: give one with --prices ({{\"instance_hourly_usd\": {{\"{itype.name}\": <$ an hour>}}}}) "
             "or add hourly_usd, price_as_of and price_source to its row",
         )
 
@@ -282,6 +285,14 @@ def plan(
     output = _plan_output(spec, itype, errors, memory)
     cost = _plan_cost(spec, itype, fs, prices)
     preload = plan_preload(spec, itype, fs, prices)
+    if not priced:
+        cost = unpriced(cost, spec)
+        preload["cold_first_epoch_usd"] = None
+        warnings.append(
+            f"compute.instance_type {itype.name} has no confirmed on-demand price in the catalogue: the run's cost is "
+            "unknown, and a run held to a budget (budget.max_usd, or the stack's MaxBudgetUsdPerRun) is refused; "
+            f'give one with --prices ({{"instance_hourly_usd": {{"{itype.name}": <$ an hour>}}}})'
+        )
     if spec.data.preload:
         cost.preload_usd = preload["warmup_usd"]
         cost.total_usd = round(cost.total_usd + preload["warmup_usd"], 2)
@@ -312,7 +323,7 @@ def plan(
         warnings.append(
             f"filesystem.keep is true: the file system stays after the run and bills about ${monthly:,.0f} a month"
         )
-    if spec.budget.max_usd is not None and cost.total_usd > spec.budget.max_usd:
+    if spec.budget.max_usd is not None and cost.total_usd is not None and cost.total_usd > spec.budget.max_usd:
         errors.append(
             FieldError(
                 "budget.max_usd",
@@ -1101,7 +1112,7 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
     c = spec.compute
     hours = c.max_runtime_hours
     fraction = prices.spot_price_fraction if c.spot else 1.0
-    hourly = itype.hourly_usd or 0.0  # plan() refused a type without a price
+    hourly = itype.hourly_usd or 0.0  # a type without a price: plan() makes the parts that need it unknown
     compute = c.instance_count * hourly * hours * fraction
     # the file system lives about as long as the training job, plus its creation and teardown (~1 h)
     filesystem = _fs_monthly_usd(fs, prices) * (hours + 1) / prices.hours_per_month
@@ -1135,6 +1146,23 @@ def _plan_cost(spec: JobSpec, itype: InstanceType, fs: FilesystemPlan, prices: P
         assumptions=assumptions,
         network_usd=round(network, 2),
         warm_pool_usd=round(warm_pool, 2),
+    )
+
+
+def unpriced(cost: CostPlan, spec: JobSpec) -> CostPlan:
+    """The cost of a run on an instance type with no confirmed price: the parts that need it unknown (None), the
+    file system, network and control plane as planned."""
+    c = spec.compute
+    return replace(
+        cost,
+        compute_usd=None,
+        total_usd=None,
+        hourly_usd=None,
+        warm_pool_usd=None if c.keep_alive_minutes else 0.0,
+        assumptions=[
+            f"{c.instance_count} x {c.instance_type}: no confirmed on-demand price, so the instances' cost is unknown",
+            *cost.assumptions[1:],
+        ],
     )
 
 

@@ -236,7 +236,8 @@ def rehearse(
         say(
             f"plan: {spec.compute.instance_count} x {spec.compute.instance_type}, "
             f"{the_plan.filesystem.deployment_type} {the_plan.filesystem.storage_gib} GiB, "
-            f"/{the_plan.network.subnet_prefix_length} subnet, up to ${the_plan.cost.total_usd:,.2f}"
+            f"/{the_plan.network.subnet_prefix_length} subnet, "
+            + (f"up to ${the_plan.cost.total_usd:,.2f}" if the_plan.cost.total_usd is not None else "cost unknown")
         )
         ensure_data(spec, say, tokenizer)
         ensure_bucket(bucket_of(spec.output.s3_uri))

@@ -207,6 +207,20 @@ def test_the_stack_budget_is_checked_against_the_plans_estimate(aws, monkeypatch
     assert records_in(aws.jobs_table) == []
 
 
+def test_an_instance_type_with_no_price_is_refused_only_where_the_stack_holds_runs_to_a_budget(aws, monkeypatch):
+    seed_data()
+    unpriced = spec(compute={"instance_type": "ml.p6-b200.48xlarge", "instance_count": 1, "max_runtime_hours": 1})
+    unpriced.pop("budget", None)
+    monkeypatch.setenv("LUSTRAIN_MAX_BUDGET_USD", "10000")
+    with pytest.raises(SpecForbidden) as exc:
+        invoke("register_job", {"execution": "f", "input": {"spec": unpriced}})
+    assert exc.value.details["field"] == "compute.instance_type" and "no confirmed on-demand price" in str(exc.value)
+    assert records_in(aws.jobs_table) == []
+    monkeypatch.delenv("LUSTRAIN_MAX_BUDGET_USD")
+    job = invoke("register_job", {"execution": "g", "input": {"spec": unpriced}})
+    assert job["plan"]["cost"]["total_usd"] is None and job["plan"]["cost"]["filesystem_usd"] > 0
+
+
 def test_a_file_system_the_stack_does_not_allow_is_forbidden_before_anything_is_recorded(aws, monkeypatch):
     seed_data()
     monkeypatch.setenv("LUSTRAIN_ALLOWED_EXISTING_RESOURCES", "none")

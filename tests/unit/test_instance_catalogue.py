@@ -20,7 +20,7 @@ from lustrain_core.errors import SpecInvalid
 from lustrain_core.instance_types import INSTANCE_TYPES, CatalogueError, parse, parse_row
 from lustrain_core.planner import plan
 from lustrain_core.prices import PriceTable
-from lustrain_core.spec import validate_spec
+from lustrain_core.spec import Budget, validate_spec
 
 from lustrain.cli import main
 
@@ -150,12 +150,19 @@ def test_plan_json_shows_each_types_efa_interfaces_and_ips(
     assert any("not checked against AWS's documentation" in w for w in out["warnings"])
 
 
-def test_a_type_without_a_confirmed_price_is_refused_until_one_is_given() -> None:
+def test_a_type_without_a_confirmed_price_is_planned_with_its_cost_unknown_and_refused_only_under_a_budget() -> None:
     assert INSTANCE_TYPES["ml.p6-b200.48xlarge"].hourly_usd is None
+    unknown = plan(spec_for("ml.p6-b200.48xlarge"))
+    # the network, file system, memory and EFA figures are all there; the instances' cost is unknown, not $0
+    assert unknown.network.ips_for_instances > 0 and unknown.filesystem.storage_gib and unknown.instance
+    assert (unknown.cost.compute_usd, unknown.cost.total_usd, unknown.cost.hourly_usd) == (None, None, None)
+    assert unknown.cost.filesystem_usd > 0 and "cost is unknown" in unknown.cost.assumptions[0]
+    assert any("no confirmed on-demand price" in w and "--prices" in w for w in unknown.warnings)
+    budgeted = spec_for("ml.p6-b200.48xlarge").model_copy(update={"budget": Budget(max_usd=1000)})
     with pytest.raises(SpecInvalid) as refused:
-        plan(spec_for("ml.p6-b200.48xlarge"))
+        plan(budgeted)
     error = refused.value.errors[0]
-    assert error.path == "compute.instance_type" and "--prices" in error.message
+    assert error.path == "compute.instance_type" and "budget.max_usd" in error.message and "--prices" in error.message
 
     p = plan(spec_for("ml.p6-b200.48xlarge", 2), prices=priced("ml.p6-b200.48xlarge"))
     assert p.cost.compute_usd == 2 * 100.0 * 2

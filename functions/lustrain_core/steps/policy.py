@@ -244,7 +244,19 @@ class Policy:
 
     def check_plan(self, plan: dict[str, Any]) -> None:
         """The rules that need the plan (its cost estimate); run before the job is recorded."""
-        total = float(plan["cost"]["total_usd"])
+        estimate = plan["cost"]["total_usd"]
+        if estimate is None:  # an instance type with no confirmed price (planner.unpriced)
+            if self.max_budget_usd is not None:
+                instance_type = plan.get("quota", {}).get("instance_type")
+                raise SpecForbidden(
+                    f"compute.instance_type {instance_type} has no confirmed on-demand price, so the run cannot be "
+                    f"held to this stack's limit of ${self.max_budget_usd:,.2f} per run ({MAX_BUDGET}): add its price "
+                    "to the catalogue (data/instance_types.json)",
+                    rule=MAX_BUDGET,
+                    field="compute.instance_type",
+                )
+            return
+        total = float(estimate)
         if self.max_budget_usd is not None and total > self.max_budget_usd:
             raise SpecForbidden(
                 f"the run is estimated at ${total:,.2f}, above this stack's limit of ${self.max_budget_usd:,.2f} "
