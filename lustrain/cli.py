@@ -206,18 +206,21 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not found:
         print(f"no runs in stack {args.stack}")
         return EXIT_OK
-    header = ("RUN", "NAME", "STATE", "ATTEMPT", "INSTANCES", "ELAPSED", "COST SO FAR")
+    # newest first; a run that never launched anything (a spec refused at registration) shows "-" for its attempt
+    # and instances
+    header = ("RUN", "NAME", "STATE", "STARTED (UTC)", "ATTEMPT", "INSTANCES", "ELAPSED", "COST SO FAR")
     rows = [
         (
             r.job_id,
             r.name,
             r.state + (f" ({r.error})" if r.error else ""),
-            str(r.attempt),
-            f"{r.instances} x {r.instance_type}",
+            r.created_at.replace("T", " ")[:16],
+            str(r.attempt) if r.attempt else "-",
+            f"{r.instances} x {r.instance_type}" if r.instances else "-",
             _ago(r.elapsed_s),
             f"${r.cost_so_far_usd:,.2f}" + (f" of ${r.budget_usd:,.2f}" if r.budget_usd is not None else ""),
         )
-        for r in found
+        for r in sorted(found, key=lambda r: r.created_at, reverse=True)
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
@@ -361,17 +364,25 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     stack = _stack(args)
     since: int | None = None
+    hosts: set[str] = set()
     while True:
         # read whether it still runs before the lines: the lines a run writes as it ends are then still printed
-        running = args.follow and not find_run(stack, args.run).finished
+        record = find_run(stack, args.run)
+        running = args.follow and not record.finished
         lines = logs(stack, args.run, since_ms=since)
         for line in lines:
+            hosts.add(line.host)
             if args.json:
                 print(json.dumps(line.to_dict()), flush=True)
             else:
                 print(f"[{line.host}] {line.message}", flush=True)
         since = lines[-1].timestamp_ms if lines else since
         if not running:
+            if hosts and 0 < len(hosts) < record.instance_count:
+                # say so rather than let a missing host pass for a silent one
+                print(f"lustrain: the log holds {len(hosts)} of the run's {record.instance_count} hosts "
+                      f"({', '.join(sorted(hosts))}): a host that wrote nothing has no stream; on the twin every "
+                      "instance's processes write to algo-1's", file=sys.stderr)
             return EXIT_OK
         time.sleep(2)
 
@@ -665,7 +676,7 @@ def _preload_rows(preload: dict[str, Any] | None) -> list[tuple[str, str]]:
     else:
         cold = (
             f"{preload['cold_first_epoch_seconds'] / 3600:,.2f} h reading {preload['data_gib']:,.0f} GiB from S3 at "
-            f"<= {preload['import_mb_s']:,.0f} MB/s while the fleet bills: ${preload['cold_first_epoch_usd']:,.2f}"
+            f"<= {preload['import_mb_s']:,.0f} MB/s while the fleet bills: {_usd(preload['cold_first_epoch_usd'])}"
         )
     if preload["warmup_seconds"] is None:
         warm = f"1 x {preload['warmup_instance_type']}, time unknown (data size unknown)"
@@ -700,15 +711,18 @@ def goodput_line(g: dict[str, Any]) -> str:
     )
 
 
+def _usd(figure: float | None) -> str:
+    return "unknown (no price for the instance type)" if figure is None else f"${figure:,.2f}"
+
+
 def render_plan(name: str, p: Plan) -> str:
     n, f, c = p.network, p.filesystem, p.cost
     rows: list[tuple[str, str]] = [
         ("network", ""),
         (
             "  IPs needed",
-            f"{n.ips_needed} ({n.ips_for_instances} instances + {n.ips_for_filesystem} Lustre "
-            f"+ {n.ips_headroom} headroom; {n.ips_per_instance} per instance, "
-            f"{n.efa_interfaces} EFA interfaces each)",
+            f"{n.ips_needed} ({n.ips_for_instances} for the instances, {n.ips_per_instance} each with "
+            f"{n.efa_interfaces} EFA interfaces; {n.ips_for_filesystem} for Lustre; {n.ips_headroom} headroom)",
         ),
     ]
     if n.reuse_subnet_id:
@@ -758,8 +772,11 @@ def render_plan(name: str, p: Plan) -> str:
         ),
         (
             "cost",
-            f"${c.total_usd:,.2f} at most (compute ${c.compute_usd:,.2f}, file system ${c.filesystem_usd:,.2f}, "
-            f"control plane ${c.control_plane_usd:.4f}; prices of {c.prices_as_of})",
+            f"${c.total_usd:,.2f} at most (compute ${c.compute_usd or 0:,.2f}, file system ${c.filesystem_usd:,.2f}, "
+            f"control plane ${c.control_plane_usd:.4f}; prices of {c.prices_as_of})"
+            if c.total_usd is not None
+            else f"unknown: {p.quota['instance_type']} has no confirmed price (file system ${c.filesystem_usd:,.2f}, "
+            f"control plane ${c.control_plane_usd:.4f}; prices of {c.prices_as_of}; --prices gives one)",
         ),
         ("recommend", p.recommendation["why"]),
     ]

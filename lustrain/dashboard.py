@@ -100,7 +100,8 @@ class Dashboard:
 
     def _look(self) -> dict[str, Any]:
         shown = []
-        for summary in operate.runs(self.stack):
+        # newest first, as the CLI lists them
+        for summary in sorted(operate.runs(self.stack), key=lambda r: r.created_at, reverse=True):
             followed = self._followed.get(summary.job_id)
             if followed is None:
                 ended = summary.state in operate.FINISHED
@@ -341,9 +342,9 @@ pre { background: #f6f6f6; padding: .6em; max-height: 30em; overflow: auto; whit
 <body>
 <h1>lustrain runs of stack {{stack}} <span id="read"></span></h1>
 <div id="error" class="banner" hidden></div>
-<table><thead><tr><th>run</th><th>name</th><th>state</th><th>in state</th><th>attempt</th><th>queue</th>
+<table><thead><tr><th>run</th><th>name</th><th>state</th><th>started (UTC)</th><th>in state</th><th>attempt</th><th>queue</th>
 <th>training job</th><th>progress</th><th>elapsed</th><th>cost so far</th></tr></thead>
-<tbody id="runs"><tr><td colspan="10">reading the stack...</td></tr></tbody></table>
+<tbody id="runs"><tr><td colspan="11">reading the stack...</td></tr></tbody></table>
 <section id="run" hidden>
 <h2 id="run-title"></h2><p><a href="/" id="all">all runs</a></p>
 <div id="run-error" class="banner" hidden></div>
@@ -363,6 +364,7 @@ function ago(s) {
   if (s < 7200) return Math.floor(s / 60) + " min";
   return (s / 3600).toFixed(1) + " h";
 }
+function started(iso) { return (iso || "").replace("T", " ").slice(0, 16); }
 function usd(x) { return "$" + Number(x).toLocaleString("en-US", {minimumFractionDigits: 2, maximumFractionDigits: 2}); }
 function banner(el, text) { el.textContent = text || ""; el.hidden = !text; }
 
@@ -398,7 +400,8 @@ function render(snapshot) {
     const cost = usd(run.cost_so_far_usd) + (run.budget_usd === null ? "" : " of " + usd(run.budget_usd));
     const cells = [
       ["run", run.job_id], ["name", run.name], ["state", run.state + (run.error ? " (" + run.error + ")" : "")],
-      ["in-state", run.in_state || ""], ["attempt", String(run.attempt)], ["queue", queueText(run)],
+      ["started", started(run.created_at)], ["in-state", run.in_state || ""],
+      ["attempt", run.attempt ? String(run.attempt) : "-"], ["queue", queueText(run)],
       ["training", job ? job.status + (job.secondary_status ? " (" + job.secondary_status + ")" : "") : ""],
       ["progress", null], ["elapsed", ago(run.elapsed_s)], ["cost", cost],
     ];
@@ -412,7 +415,7 @@ function render(snapshot) {
   });
   if (!rows.length) {
     const tr = document.createElement("tr");
-    const td = tr.insertCell(); td.colSpan = 10; td.textContent = "no runs in this stack yet";
+    const td = tr.insertCell(); td.colSpan = 11; td.textContent = "no runs in this stack yet";
     rows.push(tr);
   }
   byId("runs").replaceChildren(...rows);

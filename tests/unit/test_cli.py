@@ -38,6 +38,9 @@ def test_plan_prints_a_readable_table(capsys):
     assert main(["plan", "examples/p4d-2x-scratch.yaml"]) == 0
     out = capsys.readouterr().out
     assert "IPs needed" in out and "SCRATCH_2" in out and "$" in out
+    # IPs are counted as IPs: the instances' share names what each instance takes, never "N instances"
+    assert re.search(r"IPs needed +\d+ \(12 for the instances, 6 each with 4 EFA interfaces; \d+ for Lustre; "
+                     r"\d+ headroom\)", out), out
     # the trainer's memory plan of its preset (300m on 2 x p4d): a whole replica fits a GPU
     assert re.search(r"memory +\d[\d,]+ parameters, ddp .*fits yes", out)
     assert re.search(r"checkpoint +[\d.]+ GB .* SIGTERM to saved [\d.]+ s at worst", out)

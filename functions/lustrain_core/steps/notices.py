@@ -456,14 +456,28 @@ def training_job_console(settings: Settings, training_job: str) -> str:
     return f"https://{host}/sagemaker/home?region={region}#/jobs/{urllib.parse.quote(training_job, safe='')}"
 
 
+def figure(value: Any) -> str:
+    """A metric as the trainer logs it: a whole number (a step, tokens seen) without ".0", others to 6 digits."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def started(execution: str, spec_source: str | None, settings: Settings) -> Notice:
-    """The execution began: register_job has not recorded the run yet, so it is named by its execution."""
+    """The execution began: register_job has not recorded the run yet, so it is named by its spec's file (the
+    key's last part, where a dropped file started it) and its execution."""
     lines: list[Line] = [("Spec: ", Quoted(spec_source))] if spec_source else []
     lines.append(("Nothing is billed before the run's instances are admitted out of the capacity queue.",))
+    spec_file = spec_source.rsplit("/", 1)[-1] if spec_source else ""
+    title: Line = (
+        ("lustrain run started: ", Quoted(spec_file), ", execution ", Quoted(execution))
+        if spec_file
+        else ("lustrain run started: execution ", Quoted(execution))
+    )
     return Notice(
         kind="started",
         job_id=execution,
-        title=("lustrain run started: execution ", Quoted(execution)),
+        title=title,
         lines=lines,
         cost_so_far_usd=0.0,
         model_s3_uri=None,
@@ -593,7 +607,7 @@ def ended(facts: dict[str, Any], cost: float | None, settings: Settings) -> Noti
     if facts.get("error"):
         lines.append(("Error: ", Quoted(f"{facts['error']}: {facts.get('cause')}")))
     if facts.get("metrics"):
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(facts["metrics"].items()))
+        shown = ", ".join(f"{k}={figure(v)}" for k, v in sorted(facts["metrics"].items()))
         lines.append(("Final metrics: ", Quoted(shown)))
     if facts.get("remaining"):
         lines.append(

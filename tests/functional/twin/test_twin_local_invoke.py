@@ -274,6 +274,11 @@ def test_a_run_a_function_invoked_alone_registered_is_shown_as_such_and_cancel_e
         return {r["job_id"]: r for r in json.loads(capsys.readouterr().out)}[job_id]
 
     assert listed()["state"] == "ORPHANED"
+    # the table lists the newest run first, with when it started
+    assert main(["runs", "--stack", "lustrain-twin"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:5] == ["RUN", "NAME", "STATE", "STARTED", "(UTC)"]
+    assert table[1].split()[:3] == [job_id, "gpt-small", "ORPHANED"], table[:3]
     assert main(["cancel", job_id, "--stack", "lustrain-twin"]) == 0
     said = capsys.readouterr().out
     assert f"run {job_id} had no execution" in said and "its record now ends FAILED, RunCancelled" in said
@@ -330,3 +335,7 @@ def test_a_run_on_local_up_posts_its_notices_to_the_chat_and_logs_to_mlflow(
     })["runs"]  # fmt: skip
     assert [run["info"]["status"] for run in found] == ["FINISHED"]
     assert shown["mlflow"] and shown["mlflow"]["tracking_uri"] == mlflow_server.url
+    # its log: the twin runs both instances' processes in one container, which logs as algo-1, and `logs` says so
+    assert main(["logs", "team-features"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("[algo-1] ") and "the log holds 1 of the run's 2 hosts (algo-1)" in err
