@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shlex
 import socket
 import subprocess
 import sys
@@ -289,53 +290,104 @@ def test_a_run_a_function_invoked_alone_registered_is_shown_as_such_and_cancel_e
     assert "already ended FAILED" in capsys.readouterr().out
 
 
-def test_a_run_on_local_up_posts_its_notices_to_the_chat_and_logs_to_mlflow(
+#: the README's commands this module does not run, and why: each needs AWS, is the suite itself, or is a whole
+#: rehearsal of its own that another test runs (a new command in the README fails the test until it is run or named)
+SKIPPED = {
+    "git clone <this repository> lustrain && cd lustrain": "the clean clone CI itself makes",
+    "make run": "lustrain rehearse examples/tiny.yaml: tests/e2e/test_rehearsal.py rehearses a run the same way",
+    "lustrain rehearse examples/tiny.yaml --inject start_training:hardware-failure":
+        "a whole rehearsal: tests/e2e/test_recovery.py injects hardware failures and resumes",
+    "lustrain rehearse examples/llama-tiny.yaml --tokenizer bpe:4096":
+        "a whole rehearsal: tests/e2e/test_examples.py rehearses each example",
+    "make build": "needs AWS SAM and python3.12 (deploy)",
+    ".venv-sam/bin/sam deploy --guided": "needs AWS (deploy)",
+    "lustrain submit examples/p4d-2x-scratch.yaml --stack lustrain": "needs a deployed stack (AWS)",
+    "lustrain watch gpt-small --stack lustrain": "needs a deployed stack (AWS)",
+    "make test": "the suite itself",
+    "make unit | functional | e2e": "the suite itself",
+}
+
+
+def readme_commands() -> list[str]:
+    """Each command of the README's indented blocks, its comment cut, continued lines joined."""
+    found: list[str] = []
+    pending = ""
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if (not line.startswith("    ") or line.startswith("     " * 2)) and not pending:
+            continue
+        text = pending + line.strip()
+        if text.endswith("\\"):
+            pending = text[:-1] + " "
+            continue
+        pending = ""
+        command = text.split("  #", 1)[0].strip()
+        if command and not command.startswith(("|", "<", "#")):
+            found.append(command)
+    return found
+
+
+def test_the_readme_runs_as_written_on_local_up_with_chat_notices_and_mlflow(
     on_served: dict[str, Any],
     chat: Any,
     mlflow_server: Any,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """docs/operating.md's "Team features on the twin", as written: `local up --webhook URL --mlflow URI --param`,
-    then `lustrain submit examples/tiny.yaml` and `watch`; the notices reach the chat, the run is in MLflow."""
+    """The README's every local command, as written, against the `local up` of this module (served on a free port
+    rather than 5000, with docs/operating.md's "Team features on the twin": a chat receiver and an MLflow server
+    this module starts, and a --param): a run of examples/tiny.yaml submitted, watched, reported and reviewed;
+    its notices reach the chat, and it is an MLflow run. The commands it skips are listed, each with why."""
     printed = on_served["printed"]
     assert f"chat notices: posted to {chat.url}" in printed and f"each run logged to {mlflow_server.url}" in printed
     assert "parameter MaxBudgetUsdPerRun = 5000" in printed
-    for name, value in {"AWS_ENDPOINT_URL": on_served["url"], "AWS_ACCESS_KEY_ID": "twin",
-                        "AWS_SECRET_ACCESS_KEY": "twin", "AWS_DEFAULT_REGION": "us-east-1",
-                        "LUSTRAIN_STACK": "lustrain-twin"}.items():
-        monkeypatch.setenv(name, value)
+    commands = readme_commands()
+    assert {c for c in commands if c in SKIPPED} == set(SKIPPED), set(SKIPPED) - set(commands)
+    # the clone's directory, as the README's second terminal is in (reports/ lands here, not in the clone)
+    for name in ("examples", "events", "trainer"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    said: dict[str, tuple[int, str, str]] = {}
+    for command in commands:
+        if command in SKIPPED or command == "source .venv/bin/activate":
+            continue
+        if command.startswith("lustrain local up"):
+            continue  # this module's fixture serves it
+        if command.startswith("export "):
+            for assignment in shlex.split(command)[1:]:
+                name, _, value = assignment.partition("=")
+                monkeypatch.setenv(name, on_served["url"] if name == "AWS_ENDPOINT_URL" else value)
+            continue
+        assert command.startswith("lustrain "), f"a README command this test does not know: {command}"
+        code = main(shlex.split(command)[1:])
+        out, err = capsys.readouterr()
+        said[command] = (code, out, err)
+    codes = {command: code for command, (code, _, _) in said.items()}
+    # the run was cancelled after it SUCCEEDED (the README's "a run still going"): cancel says so, exit 1
+    assert codes.pop("lustrain cancel tiny --wait") == 1
+    assert "already ended SUCCEEDED: nothing to cancel" in said["lustrain cancel tiny --wait"][1]
+    assert all(code == 0 for command, code in codes.items() if command != "lustrain leftovers"), codes
+    assert {c.split()[1] for c in said} >= {"validate", "plan", "submit", "watch", "runs", "status", "logs", "report",
+                                            "tensorboard", "cancel", "leftovers", "local"}
+    status = said["lustrain status tiny"][1]
+    job_id = status.split()[1]
+    assert f"run {job_id} (tiny): SUCCEEDED" in status
+    assert (tmp_path / "reports" / job_id / "report.html").exists()
+    assert list((tmp_path / "reports" / job_id).glob("*/events.out.tfevents.*"))
+    assert job_id not in said["lustrain leftovers"][1]  # nothing of the run is left
+    assert "the log holds 1 of the run's 2 hosts (algo-1)" in said["lustrain logs tiny"][2]
     # the --param reached the stack's functions as a deploy's parameter would
     functions = boto3.client("lambda").list_functions()["Functions"]
     register = next(f for f in functions if "registerjobfunction" in f["FunctionName"].lower())
     assert register["Environment"]["Variables"]["LUSTRAIN_MAX_BUDGET_USD"] == "5000"
-    spec = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
-    spec["name"] = "team-features"
-    spec["code"]["source"] = str(ROOT / "trainer")  # relative to the spec's file, which is elsewhere here
-    path = on_served["cache"] / "team-features.yaml"
-    path.write_text(yaml.safe_dump(spec))
-
-    assert main(["submit", str(path), "--stack", "lustrain-twin"]) == 0
-    assert main(["watch", "team-features", "--interval", "0.5"]) == 0, capsys.readouterr().out[-3000:]
-    capsys.readouterr()
-    assert main(["status", "team-features", "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    job_id = shown["run"]["job_id"]
-
     # the chat heard the run's moments, each naming the run, the last its success
-    texts = [json.dumps(post) for post in chat.posts]
-    mine = [text for text in texts if job_id in text]
-    assert len(mine) >= 2, texts[-5:]
-    assert "succeeded" in mine[-1].lower(), mine[-1]
-    # MLflow holds the run, named by its job id, finished
+    mine = [json.dumps(post) for post in chat.posts if job_id in json.dumps(post)]
+    assert len(mine) >= 2 and "succeeded" in mine[-1].lower(), mine[-2:]
+    # MLflow holds the run, named by its job id, finished; status links to it
     experiment = mlflow_server.call("GET", "mlflow/experiments/get-by-name?experiment_name=lustrain-twin")
     found = mlflow_server.call("POST", "mlflow/runs/search", {
         "experiment_ids": [experiment["experiment"]["experiment_id"]],
         "filter": f"attributes.run_name = '{job_id}'",
     })["runs"]  # fmt: skip
     assert [run["info"]["status"] for run in found] == ["FINISHED"]
-    assert shown["mlflow"] and shown["mlflow"]["tracking_uri"] == mlflow_server.url
-    # its log: the twin runs both instances' processes in one container, which logs as algo-1, and `logs` says so
-    assert main(["logs", "team-features"]) == 0
-    out, err = capsys.readouterr()
-    assert out.startswith("[algo-1] ") and "the log holds 1 of the run's 2 hosts (algo-1)" in err
+    assert mlflow_server.url in status
