@@ -27,6 +27,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # uv first, by pip at pyproject.toml's pin: it installs the project, and fills the tools' virtualenvs (below) meanwhile.
 UV_PIN := $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
 $(BIN)/uv:
+	@echo "lustrain install [1/3]: a virtualenv in $(VENV), and $(UV_PIN) into it by pip"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile $(UV_PIN)
 
@@ -35,15 +36,22 @@ $(BIN)/uv:
 # section) or PIP_FIND_LINKS names (where a machine keeps wheels PyPI lacks, such as torch's CPU build) are passed
 # on: the same wheels pip would take. Like pip with --no-compile, uv compiles no bytecode.
 FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(foreach key,global install,$(shell $(PYTHON) -m pip config get $(key).find-links 2>/dev/null)))
+# What `make run` and `make test` say as they install (docs/figures.md has the times, quiet and busy): uv prints
+# what it resolved, downloaded and installed (with progress bars on a terminal).
 $(STAMP): pyproject.toml $(BIN)/uv
-	$(UV) pip install --quiet --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS)) -e '.[dev]'
+	@echo "lustrain install [2/3]: the project and its dependencies into $(VENV) (torch's CPU wheel, moto, the twin's"
+	@echo "  tools, the tests' tools: about 1.8 GB installed; see docs/figures.md for how long it takes)"
+	$(UV) pip install --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS)) -e '.[dev]'
+	@echo "lustrain install [3/3]: importing torch, moto and the twin once (compiles what every run imports)"
 	$(BIN)/python -c "import lustrain, lustrain_core, lustrain_trainer, torch, moto, lustrain.twin.rehearse, torch.distributed.checkpoint"
 	touch $(STAMP)
+	@echo "lustrain install: done ($(VENV))"
 
 install: $(STAMP)
 
 ## The main job: a whole run rehearsed on the local twin.
 run: install
+	@echo "lustrain: rehearsing $(SPEC) on the local twin (see docs/figures.md for how long it takes)"
 	$(BIN)/lustrain rehearse $(SPEC)
 
 lint: install
