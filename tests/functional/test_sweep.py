@@ -270,11 +270,32 @@ def test_a_sweep_out_of_time_reports_what_it_did_and_the_next_one_finishes(machi
     assert f"file system {fs_id} is still DELETING" in skipped["reason"]
     assert ("file_system", fs_id) in {(s["type"], s["id"]) for s in first["swept"]}
     assert count_of_job(job_id)["vpcs"] == 1
+    # a teardown cut short: `lustrain leftovers` lists what it left, by run, from the same registry
+    left = stack_leftovers()
+    assert {(x.kind, x.job_id) for x in left.leftovers} >= {("vpc", job_id), ("subnet", job_id)}
+    name = document["job"]["spec"]["name"]
+    assert all(x.run == name and x.run_status == "FAILED" and not x.kept for x in left.leftovers)
 
     second = sweep()
 
     assert count_of_job(job_id) == NOTHING and second["skipped"] == []
     assert {s["type"] for s in second["swept"]} >= {"vpc", "subnet", "security_group"}
+    assert stack_leftovers().leftovers == []
+
+
+def stack_leftovers() -> Any:
+    """What `lustrain leftovers` reports of the stack the tests' runs are tagged with."""
+    from lustrain_core import leftovers
+    from lustrain_core.config import Settings
+
+    settings = Settings.from_env()
+    return leftovers.report(
+        **{name: boto3.client(name, region_name=REGION) for name in ("ec2", "fsx", "sagemaker", "iam")},
+        ddb=boto3.client("dynamodb", region_name=REGION),
+        jobs_table=settings.jobs_table,
+        stack_name=settings.stack_name,
+        region=REGION,
+    )
 
 
 def test_a_job_that_cannot_be_judged_is_reported_and_the_others_are_still_swept(machine, aws):
