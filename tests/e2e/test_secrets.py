@@ -42,19 +42,27 @@ print("step=1 train_loss=1.0 tokens_per_s=1", flush=True)
 print("secrets seen " + json.dumps(seen, sort_keys=True), flush=True)
 
 # the job's own code, with its role, asks for a secret and a parameter of its team that the spec does not name,
-# and for another run's checkpoint: what each call answered goes in the model, which the archive keeps
+# and reads, writes, deletes and lists another run's checkpoints; and writes and lists in its own run's folder:
+# what each call answered goes in the model, which the archive keeps
 import boto3
 from botocore.exceptions import ClientError
 
+bucket, theirs = os.environ["OTHER_RUN_BUCKET"], os.environ["OTHER_RUN_KEY"]
+own = "default/" + os.environ["TRAINING_JOB_NAME"].rsplit("-", 1)[0] + "/"
 asked = {}
 for what, service, call, params in (
     ("unnamed secret", "secretsmanager", "get_secret_value", {"SecretId": os.environ["NOT_NAMED_SM"]}),
     ("unnamed parameter", "ssm", "get_parameter", {"Name": os.environ["NOT_NAMED_SSM"], "WithDecryption": True}),
-    ("other run", "s3", "get_object", {"Bucket": os.environ["OTHER_RUN_BUCKET"], "Key": os.environ["OTHER_RUN_KEY"]}),
+    ("other run", "s3", "get_object", {"Bucket": bucket, "Key": theirs}),
+    ("other run write", "s3", "put_object", {"Bucket": bucket, "Key": theirs, "Body": b"planted"}),
+    ("other run delete", "s3", "delete_object", {"Bucket": bucket, "Key": theirs}),
+    ("other run list", "s3", "list_objects_v2", {"Bucket": bucket, "Prefix": theirs.rsplit("/", 2)[0] + "/"}),
+    ("own write", "s3", "put_object", {"Bucket": bucket, "Key": own + "written-by-its-code.txt", "Body": b"mine"}),
+    ("own list", "s3", "list_objects_v2", {"Bucket": bucket, "Prefix": own}),
 ):
     try:
         getattr(boto3.client(service), call)(**params)
-        asked[what] = "read"
+        asked[what] = "done"
     except ClientError as refused:
         asked[what] = refused.response["Error"]["Code"]
 (model / "asked.json").write_text(json.dumps(asked, sort_keys=True))
@@ -158,6 +166,8 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
 
     def inspect(stack: Any, result: Any) -> None:
         traces.update(everything_as_text(stack, result, queue["url"]))
+        other = operator_session().client("s3").get_object(Bucket=OTHER_RUN[0], Key=OTHER_RUN[1])
+        traces["other run's checkpoint"] = other["Body"].read().decode()
 
     run = rehearse(path, inspect=inspect)
 
@@ -169,7 +179,11 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
     # and its own code, with its role, was refused the team's other secret and parameter, and another run's checkpoint
     asked = {"other run": "AccessDenied", "unnamed parameter": "AccessDeniedException"}
     asked["unnamed secret"] = "AccessDeniedException"
+    # nor could it write, delete or list another run's checkpoints; in its own run's folder it may
+    asked.update({"other run write": "AccessDenied", "other run delete": "AccessDenied",
+                  "other run list": "AccessDenied", "own write": "done", "own list": "done"})  # fmt: skip
     assert json.dumps(asked, sort_keys=True) in traces["archive"], traces["archive"]
+    assert traces["other run's checkpoint"] == "another run's weights"
     # and no trace of the run holds either value (the traces are read: the spec's ARNs are in them)
     assert secret_arn in traces["history"] and parameter_arn in traces["tables"]
     for where, text in traces.items():

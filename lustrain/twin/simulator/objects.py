@@ -7,15 +7,17 @@ HTTP stand-in on 127.0.0.1, named to the job's SDK by AWS_ENDPOINT_URL_S3 (botoc
 as it does for any endpoint that is an IP address). What AWS would do, it does: every call is authorized as the
 job's role, through the policy of the VPC endpoint its traffic takes (storage.JobStorage), and refused with S3's
 own AccessDenied (403); a key that is not there is NoSuchKey (404). A job whose network has no path to S3 gets an
-address where nothing listens: the SDK's connection fails, as it times out on AWS. It serves GetObject and
-HeadObject; anything else is refused as not implemented.
+address where nothing listens: the SDK's connection fails, as it times out on AWS. It serves GetObject, HeadObject,
+PutObject (a single PUT of the whole body), DeleteObject and ListObjectsV2 (one page of up to 1,000 keys); anything
+else is refused as not implemented.
 """
 
 from __future__ import annotations
 
+import hashlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 from xml.sax.saxutils import escape
 
 from botocore.exceptions import ClientError
@@ -26,6 +28,26 @@ from lustrain.twin.simulator.storage import JobStorage, MissingBucket
 #: the SDK's service-specific endpoint variable for S3
 ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_S3"
 
+
+
+#: ListObjectsV2's page: S3 returns at most 1,000 keys (MaxKeys' default and its most)
+MAX_KEYS = 1000
+
+
+def _listing(bucket: str, prefix: str, found: list[tuple[str, int]]) -> bytes:
+    """ListObjectsV2's answer, as S3 writes it: its first page (IsTruncated where more follow; the twin gives no
+    continuation token, so a job sees only the first 1,000 keys of a larger listing)."""
+    keys = found[:MAX_KEYS]
+    contents = "".join(
+        f"<Contents><Key>{escape(key)}</Key><Size>{size}</Size><StorageClass>STANDARD</StorageClass></Contents>"
+        for key, size in keys
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(keys)}</KeyCount>"
+        f"<MaxKeys>{MAX_KEYS}</MaxKeys><IsTruncated>{str(len(found) > MAX_KEYS).lower()}</IsTruncated>{contents}"
+        "</ListBucketResult>"
+    ).encode()
 
 
 def _error(code: str, message: str) -> bytes:
@@ -43,13 +65,26 @@ class ObjectEndpoint:
         self.reachable = reachable
         self._server: ThreadingHTTPServer | None = None
 
-    def answer(self, path: str) -> tuple[int, bytes]:
-        """GetObject of a path-style request (/bucket/key): (HTTP status, the body or S3's error document)."""
-        parts = unquote(urlsplit(path).path).lstrip("/").split("/", 1)
-        if len(parts) < 2 or not parts[1]:
-            return 501, _error("NotImplemented", "the twin serves a job GetObject and HeadObject only")
-        bucket, key = parts
+    def answer(self, path: str, method: str = "GET", body: bytes = b"") -> tuple[int, bytes]:
+        """A path-style request (/bucket/key, or /bucket?list-type=2&prefix=...): (HTTP status, the body or S3's
+        error document)."""
+        url = urlsplit(path)
+        parts = unquote(url.path).lstrip("/").split("/", 1)
+        query = parse_qs(url.query)
         try:
+            if method == "GET" and len(parts) == 1 and query.get("list-type") == ["2"]:
+                prefix = query.get("prefix", [""])[0]
+                return 200, _listing(parts[0], prefix, self.storage.keys(parts[0], prefix))
+            if len(parts) < 2 or not parts[1]:
+                return 501, _error("NotImplemented", "the twin serves a job GetObject, HeadObject, PutObject, "
+                                   "DeleteObject and ListObjectsV2 only")  # fmt: skip
+            bucket, key = parts
+            if method == "PUT":
+                self.storage.put(bucket, key, body)
+                return 200, b""
+            if method == "DELETE":
+                self.storage.delete(bucket, key)
+                return 204, b""
             data = self.storage.get(bucket, key)
         except ClientError as refused:
             error = refused.response.get("Error", {})
@@ -65,10 +100,15 @@ class ObjectEndpoint:
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
-            def _reply(self, with_body: bool) -> None:
-                status, body = stand_in.answer(self.path)
+            def _reply(self, with_body: bool, method: str = "GET") -> None:
+                sent = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "PUT" else b""
+                status, body = stand_in.answer(self.path, method, sent)
                 self.send_response(status)
-                self.send_header("Content-Type", "application/octet-stream" if status == 200 else "application/xml")
+                listing = body.startswith(b"<?xml") and status == 200
+                kind = "application/octet-stream" if status < 300 and not listing else "application/xml"
+                self.send_header("Content-Type", kind)
+                if method == "PUT" and status == 200:
+                    self.send_header("ETag", f'"{hashlib.md5(sent, usedforsecurity=False).hexdigest()}"')
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if with_body:
@@ -79,6 +119,12 @@ class ObjectEndpoint:
 
             def do_HEAD(self) -> None:
                 self._reply(False)
+
+            def do_PUT(self) -> None:
+                self._reply(True, "PUT")
+
+            def do_DELETE(self) -> None:
+                self._reply(True, "DELETE")
 
             def log_message(self, format: str, *args: Any) -> None:
                 return

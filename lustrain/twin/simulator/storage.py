@@ -100,6 +100,20 @@ class JobStorage:
         self._bucket(bucket)
         self._backend.put_object(bucket, key, data)
 
+    def delete(self, bucket: str, key: str) -> None:
+        """DeleteObject: S3 answers it alike whether the key was there or not. ClientError when refused."""
+        self.authorize("s3", "DeleteObject", {"Bucket": bucket, "Key": key})
+        self._bucket(bucket)
+        self._backend.delete_object(bucket, key)
+
+    def keys(self, bucket: str, prefix: str) -> list[tuple[str, int]]:
+        """ListObjectsV2 of a prefix (its s3:prefix as the role's condition sees it): each key and its size."""
+        self.authorize("s3", "ListObjectsV2", {"Bucket": bucket, "Prefix": prefix})
+        found, _folders, _truncated, _marker = self._backend.list_objects(
+            self._bucket(bucket), prefix, None, None, None
+        )
+        return [(item.name, int(item.size)) for item in found]
+
 
 def write_below(root: Path, relative: str, data: bytes) -> None:
     """Write `relative` under `root`, refusing keys that would climb out of it ('..')."""
