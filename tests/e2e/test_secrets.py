@@ -65,6 +65,21 @@ for what, service, call, params in (
         asked[what] = "done"
     except ClientError as refused:
         asked[what] = refused.response["Error"]["Code"]
+# and writes into another run's log stream: the run's private subnet has no route to CloudWatch Logs (no NAT, no
+# logs endpoint; SageMaker's agent writes the job's own streams from outside it), so the call never gets there
+from botocore.config import Config
+from botocore.exceptions import EndpointConnectionError
+
+try:
+    boto3.client("logs", config=Config(retries={"max_attempts": 1}, connect_timeout=5)).put_log_events(
+        logGroupName="/aws/sagemaker/TrainingJobs", logStreamName="other-0000abcd-1/algo-1-1700000000",
+        logEvents=[{"timestamp": 1700000000000, "message": "step=999999 train_loss=0.0"}],
+    )
+    asked["other run log"] = "done"
+except EndpointConnectionError:
+    asked["other run log"] = "no route"
+except ClientError as refused:
+    asked["other run log"] = refused.response["Error"]["Code"]
 (model / "asked.json").write_text(json.dumps(asked, sort_keys=True))
 """
 #: a run of the same team, whose checkpoint the job's own code asks for
@@ -181,7 +196,8 @@ def test_the_trainer_sees_its_secrets_and_their_values_are_nowhere_else(tmp_path
     asked["unnamed secret"] = "AccessDeniedException"
     # nor could it write, delete or list another run's checkpoints; in its own run's folder it may
     asked.update({"other run write": "AccessDenied", "other run delete": "AccessDenied",
-                  "other run list": "AccessDenied", "own write": "done", "own list": "done"})  # fmt: skip
+                  "other run list": "AccessDenied", "own write": "done", "own list": "done",
+                  "other run log": "no route"})  # fmt: skip
     assert json.dumps(asked, sort_keys=True) in traces["archive"], traces["archive"]
     assert traces["other run's checkpoint"] == "another run's weights"
     # and no trace of the run holds either value (the traces are read: the spec's ARNs are in them)

@@ -37,7 +37,7 @@ import psutil
 from botocore.exceptions import ClientError
 
 from lustrain.twin import faults, training_plans
-from lustrain.twin.simulator import container, events, launcher, mounts, network
+from lustrain.twin.simulator import container, endpoint, events, launcher, mounts, network
 from lustrain.twin.simulator.container import TENSORBOARD_DEFAULT_PATH, Layout, in_layout
 from lustrain.twin.simulator.job import JobFailure, JobView, SimulatedJob, max_runtime_s, now
 from lustrain.twin.simulator.launcher import JobProcess
@@ -574,6 +574,13 @@ class _JobRun:
         job = self.job
         hps = container.decoded_hyperparameters(job.request.get("HyperParameters") or {})
         env = container.training_env(job, layout, channels, hps, self.parts.environment())
+        # the job's network reaches S3 (its gateway endpoint) and code.secrets' services (their interface endpoints)
+        # and nothing else: no NAT, no other endpoint. Every other service's calls go where nothing listens, and
+        # fail at once as they time out on AWS (the twin's own address, which the twin's process may carry, is
+        # never the job's way in)
+        for name in [name for name in env if name.startswith("AWS_ENDPOINT_URL")]:
+            del env[name]
+        env["AWS_ENDPOINT_URL"] = endpoint.unused_address()
         env.update(self._secrets_endpoints())
         env.update(self._object_endpoint())
         # the image's torch, not this machine's: its torchrun's grace after a forwarded SIGTERM
