@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shlex
 import socket
 import subprocess
@@ -294,11 +295,8 @@ def test_a_run_a_function_invoked_alone_registered_is_shown_as_such_and_cancel_e
 #: rehearsal of its own that another test runs (a new command in the README fails the test until it is run or named)
 SKIPPED = {
     "git clone <this repository> lustrain && cd lustrain": "the clean clone CI itself makes",
-    "make run": "lustrain rehearse examples/tiny.yaml: tests/e2e/test_rehearsal.py rehearses a run the same way",
-    "lustrain rehearse examples/tiny.yaml --inject start_training:hardware-failure":
-        "a whole rehearsal: tests/e2e/test_recovery.py injects hardware failures and resumes",
-    "lustrain rehearse examples/llama-tiny.yaml --tokenizer bpe:4096":
-        "a whole rehearsal: tests/e2e/test_examples.py rehearses each example",
+    "make run": "make install (the suite's own) and `lustrain rehearse examples/tiny.yaml`, which runs here with an "
+    "injected failure",
     "make build": "needs AWS SAM and python3.12 (deploy)",
     ".venv-sam/bin/sam deploy --guided": "needs AWS (deploy)",
     "lustrain submit examples/p4d-2x-scratch.yaml --stack lustrain": "needs a deployed stack (AWS)",
@@ -363,6 +361,12 @@ def test_the_readme_runs_as_written_on_local_up_with_chat_notices_and_mlflow(
         out, err = capsys.readouterr()
         said[command] = (code, out, err)
     codes = {command: code for command, (code, _, _) in said.items()}
+    # the rehearsals: a second attempt resumes after the injected failure; the Llama on BPE tokens succeeds
+    recovered = said["lustrain rehearse examples/tiny.yaml --inject start_training:hardware-failure"][1]
+    assert "outcome: SUCCEEDED" in recovered, recovered[-2000:]
+    assert re.search(r"attempt 1: tiny-\w+-1 Failed \(infrastructure\)", recovered)
+    assert re.search(r"attempt 2: tiny-\w+-2 Completed, steps [1-9]\d*-", recovered)  # resumed, not from 0
+    assert "outcome: SUCCEEDED" in said["lustrain rehearse examples/llama-tiny.yaml --tokenizer bpe:4096"][1]
     # the run was cancelled after it SUCCEEDED (the README's "a run still going"): cancel says so, exit 1
     assert codes.pop("lustrain cancel tiny --wait") == 1
     assert "already ended SUCCEEDED: nothing to cancel" in said["lustrain cancel tiny --wait"][1]
