@@ -9,6 +9,7 @@ same under mock_aws and in server mode.
 
 from __future__ import annotations
 
+import builtins
 import io
 import tarfile
 from collections.abc import Callable
@@ -106,7 +107,7 @@ class JobStorage:
         self._bucket(bucket)
         self._backend.delete_object(bucket, key)
 
-    def keys(self, bucket: str, prefix: str) -> list[tuple[str, int]]:
+    def keys(self, bucket: str, prefix: str) -> builtins.list[tuple[str, int]]:
         """ListObjectsV2 of a prefix (its s3:prefix as the role's condition sees it): each key and its size."""
         self.authorize("s3", "ListObjectsV2", {"Bucket": bucket, "Prefix": prefix})
         found, _folders, _truncated, _marker = self._backend.list_objects(
