@@ -80,4 +80,5 @@ def install() -> None:
         logs.install()
         if importlib.util.find_spec(f"{__name__}.sagemaker") is not None:
             importlib.import_module(f"{__name__}.sagemaker").install()
+            importlib.import_module(f"{__name__}.processing").install()
         _installed = True

@@ -7,7 +7,7 @@ emits no event. `install()` replaces CreateProcessingJob and DescribeProcessingJ
   VolumeSizeInGB 1..16384, MaxRuntimeInSeconds 1..777600, at most 10 inputs and 10 outputs, 100 environment
   variables of at most 256 characters, the name's pattern); the name is unique in the account and region, finished
   jobs included; the execution role as SageMaker checks it (SageMaker may assume it; with a VpcConfig the role may
-  create the instances' network interfaces: patches/sagemaker._check_role, shared with training jobs). moto's
+  create the instances' network interfaces: patches/job_roles.check_role, shared with training jobs). moto's
   record is kept (ListProcessingJobs reads it, its status kept current); the job runs in a thread of its own.
 - DescribeProcessingJob: the request as stored and the job's progress; "Requested resource not found." (AWS's
   ValidationException) for a name never created.
@@ -29,7 +29,7 @@ from moto.sagemaker.responses import SageMakerResponse
 
 from lustrain.twin import faults, simulator
 from lustrain.twin.iam import enforce
-from lustrain.twin.patches import sagemaker
+from lustrain.twin.patches import job_roles, sagemaker
 from lustrain.twin.simulator.processing import ProcessingJob, ProcessingRun
 
 _PATCHED = "_lustrain_twin_processing"
@@ -86,7 +86,7 @@ def _create_processing_job(original: Any, self: SageMakerResponse) -> ActionResu
         "RoleArn": request.get("RoleArn", ""),
         "VpcConfig": (request.get("NetworkConfig") or {}).get("VpcConfig"),
     }
-    credentials = sagemaker._check_role(backend, checked, arn, enforce.principal_of(self.get_access_key()))
+    credentials = job_roles.check_role(backend, checked, arn, enforce.principal_of(self.get_access_key()))
     result = original(self)
     job = ProcessingJob(request=request, arn=arn, account=backend.account_id, region=backend.region_name)
     job.credentials = credentials
@@ -97,8 +97,8 @@ def _create_processing_job(original: Any, self: SageMakerResponse) -> ActionResu
     settings = simulator.settings()
     ProcessingRun(
         job,
-        # _authorize_job reads the job's arn, request and region, which a processing job has as a training job does
-        authorize=lambda service, operation, params: sagemaker._authorize_job(
+        # authorize_job reads the job's arn, request and region, which a processing job has as a training job does
+        authorize=lambda service, operation, params: job_roles.authorize_job(
             job,  # type: ignore[arg-type]
             service,
             operation,

@@ -49,32 +49,14 @@ from moto.sagemaker.responses import SageMakerResponse
 
 from lustrain.twin import faults, simulator, training_plans
 from lustrain.twin.iam import enforce
-from lustrain.twin.iam.actions import Need
-from lustrain.twin.iam.policy import Policy, Principal
-from lustrain.twin.simulator import ROLE_SESSION, Collaborators, SimulatedJob
+from lustrain.twin.patches import job_roles
+from lustrain.twin.simulator import Collaborators, SimulatedJob
 from lustrain.twin.simulator.mounts import LustreFiles
 
 _PATCHED = "_lustrain_twin_sagemaker"
 _STATE = "_lustrain_twin_training"
-
-
-
 #: AWS's answer to DescribeTrainingJob and StopTrainingJob on a job that does not exist.
 NOT_FOUND = "Requested resource not found."
-SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
-#: What SageMaker's VPC mode needs of the execution role, checked at CreateTrainingJob ("Give SageMaker Access to
-#: Resources in your Amazon VPC": CreateTrainingJob API, Execution Role Permissions).
-VPC_ACTIONS = (
-    "CreateNetworkInterface",
-    "CreateNetworkInterfacePermission",
-    "DeleteNetworkInterface",
-    "DeleteNetworkInterfacePermission",
-    "DescribeNetworkInterfaces",
-    "DescribeVpcs",
-    "DescribeDhcpOptions",
-    "DescribeSubnets",
-    "DescribeSecurityGroups",
-)
 
 #: Jobs in these statuses hold their instances against the quota.
 _HOLDING = frozenset({"InProgress", "Stopping"})
@@ -312,66 +294,6 @@ def _check_unique(backend: SageMakerModelBackend, name: str) -> None:
         )
 
 
-#: the session of its execution role each job's own calls are made as (by job ARN): its chained session tags
-_SESSIONS: dict[str, Principal] = {}
-
-
-def chained_tags(request: dict[str, Any], caller: Principal | None) -> dict[str, str]:
-    """The session tags SageMaker passes on to the execution role: the creating session's, when the request
-    enables session tag chaining."""
-    chaining = (request.get("SessionChainingConfig") or {}).get("EnableSessionTagChaining")
-    if str(chaining).lower() != "true" or caller is None:
-        return {}
-    return caller.tags
-
-
-def _check_role(
-    backend: SageMakerModelBackend, request: dict[str, Any], job_arn: str, caller: Principal | None = None
-) -> dict[str, str]:
-    """The execution role as SageMaker checks it; returns the credentials of the job's session of it."""
-    role_arn = str(request.get("RoleArn", ""))
-    tags = chained_tags(request, caller)
-    try:
-        principal, credentials = enforce.assume(
-            role_arn,
-            ROLE_SESSION,
-            service=SAGEMAKER_SERVICE,
-            source_account=backend.account_id,
-            source_arn=job_arn,
-            session_tags=tags,
-        )
-    except (enforce.NotAssumable, ValueError):
-        raise ValidationError(
-            f"Could not assume role {role_arn}. Please ensure that the role exists and allows principal "
-            f"'{SAGEMAKER_SERVICE}' to assume the role"
-            + (" and to tag the session (sts:TagSession) for session tag chaining." if tags else ".")
-        ) from None
-    _SESSIONS[job_arn] = principal
-    if request.get("VpcConfig"):
-        for action in VPC_ACTIONS:
-            _request, decision = enforce.decide(
-                principal,
-                Need(f"ec2:{action}", "*"),
-                region=backend.region_name,
-                service="ec2",
-                operation=action,
-            )
-            if not decision.allowed:
-                raise ValidationError(
-                    f"The provided execution role does not have permissions to call {action} on EC2"
-                )
-    return credentials
-
-
-def _authorize_job(
-    job: SimulatedJob, service: str, operation: str, params: dict[str, Any], gates: list[dict[str, Any]]
-) -> None:
-    """A call of the job's own, as its execution role, through the policies on its network path."""
-    principal = _SESSIONS.get(job.arn) or Principal.role_session(str(job.request["RoleArn"]), ROLE_SESSION)
-    policies = [Policy.parse(f"vpc-endpoint-policy-{i}", gate) for i, gate in enumerate(gates)]
-    enforce.authorize_call(principal, service, operation, params, job.region, gates=policies)
-
-
 def _describe_file_system(account: str, region: str, fs_id: str) -> dict[str, Any] | None:
     from moto.fsx.models import fsx_backends
 
@@ -393,7 +315,7 @@ def collaborators() -> Collaborators:
         describe_file_system=_describe_file_system,
         linked_paths=fsx.linked_paths,
         environment=lambda_invoke.environment_copy,
-        authorize=_authorize_job,
+        authorize=job_roles.authorize_job,
         lustre_files=LustreFiles(
             read=fsx.stored_files, store=fsx.store_files, auto_exported=fsx.auto_exported_paths
         ),
@@ -415,7 +337,7 @@ def _create_training_job(original: Any, self: SageMakerResponse) -> ActionResult
     with state.lock:  # two concurrent creates must not both fit in the last free instances
         _check_unique(backend, name)
         arn = FakeTrainingJob.arn_formatter(name, backend.account_id, backend.region_name)
-        credentials = _check_role(backend, request, arn, enforce.principal_of(self.get_access_key()))
+        credentials = job_roles.check_role(backend, request, arn, enforce.principal_of(self.get_access_key()))
         if faults.consume("start_training", QUOTA_TAKEN_ONCE):
             _refuse_as_taken(backend, request)
         if (request.get("ResourceConfig") or {}).get("TrainingPlanArn"):
@@ -597,6 +519,3 @@ def install() -> None:
     SageMakerResponse.describe_training_plan = describe_training_plan  # type: ignore[attr-defined]
     simulator.connect(collaborators())
     setattr(SageMakerResponse, _PATCHED, True)
-    from lustrain.twin.patches import processing
-
-    processing.install()
