@@ -109,6 +109,9 @@ class Kind:
     single: bool = False
     #: what it bills an hour while it exists
     hourly_usd: Hourly = free
+    #: a job: the call that stops it (by ids_param) and the field of its ARN, whose tags say whose it is
+    stop: str = ""
+    arn_key: str = ""
 
 
 VPC = Kind("vpc", "ec2", "network", "describe_vpcs", "VpcIds", "Vpcs", "VpcId", tag_filter=True)
@@ -135,13 +138,15 @@ DATA_REPOSITORY_ASSOCIATION = Kind(
 )  # fmt: skip
 TRAINING_JOB = Kind(
     "training_job", "sagemaker", "compute", "describe_training_job", "TrainingJobName", "", "TrainingJobName",
-    state_key="TrainingJobStatus", single=True, hourly_usd=training_job_hourly_usd,
+    state_key="TrainingJobStatus", single=True, hourly_usd=training_job_hourly_usd, stop="stop_training_job",
+    arn_key="TrainingJobArn",
 )  # fmt: skip
 
 #: data preparation's stages (lustrain_core.prepare_plan, steps/prepare.py)
 PROCESSING_JOB = Kind(
     "processing_job", "sagemaker", "compute", "describe_processing_job", "ProcessingJobName", "",
     "ProcessingJobName", state_key="ProcessingJobStatus", single=True, hourly_usd=processing_job_hourly_usd,
+    stop="stop_processing_job", arn_key="ProcessingJobArn",
 )  # fmt: skip
 
 #: the instances a training job's warm pool keeps after the job ended (compute.keep_alive_minutes,

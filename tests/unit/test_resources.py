@@ -35,6 +35,9 @@ def test_each_kind_is_described_as_its_service_model_says(kind):
         assert not enum or (kind.gone | kind.alive) <= enum
     if kind.tag_filter:
         assert "Filters" in operation.input_shape.members
+    if kind.stop:  # a job: stopped by name, whose ARN (for its tags) its description gives
+        assert kind.ids_param in model.operation_model(camel(kind.stop)).input_shape.members
+        assert kind.arn_key in item.members
 
 
 def test_the_network_is_deleted_in_dependency_order_over_exactly_the_registrys_network_kinds():
@@ -52,3 +55,7 @@ def test_a_warm_pool_exists_only_while_it_holds_instances():
     assert not registry.present(pool, {"WarmPoolStatus": {"Status": "Terminated"}})
     assert not registry.present(pool, {"WarmPoolStatus": {"Status": "Reused"}})
     assert not registry.present(pool, {"TrainingJobStatus": "Completed"})  # a job that kept no pool
+
+
+def test_the_jobs_a_run_starts_are_the_kinds_that_say_how_they_are_stopped():
+    assert {k.name for k in registry.KINDS if k.stop} == {"training_job", "processing_job"}

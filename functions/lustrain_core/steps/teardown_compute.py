@@ -13,21 +13,18 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lustrain_core import resources as registry
 from lustrain_core import stop_request
 from lustrain_core.aws_errors import error_code, training_job_missing
-from lustrain_core.steps.teardown_base import PROCESSING_JOB, TRAINING_JOB, TRAINING_RUNNING, Scope
+from lustrain_core.resources import Kind
+from lustrain_core.steps.teardown_base import TRAINING_RUNNING, Scope
 
 
 class TrainingJobs(Scope):
-    def _training_job(self, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.sagemaker.describe_training_job(TrainingJobName=name))
-        except ClientError as exc:
-            if training_job_missing(exc):
-                return None
-            raise
+    def _job(self, kind: Kind, name: str) -> dict[str, Any] | None:
+        return registry.describe(self.sagemaker, kind, name)
 
-    def _training_job_tags(self, arn: str) -> list[dict[str, str]]:
+    def _job_tags(self, arn: str) -> list[dict[str, str]]:
         tags: list[dict[str, str]] = []
         params: dict[str, Any] = {"ResourceArn": arn}
         while True:
@@ -39,35 +36,46 @@ class TrainingJobs(Scope):
 
     def stop_training_job(self, name: str) -> str | None:
         """Stop one of the run's training jobs and wait until it has; None when it no longer runs, else why."""
-        entry = {"type": TRAINING_JOB, "id": name}
-        job = self._training_job(name)
+        return self.stop_job(registry.TRAINING_JOB, name)
+
+    def stop_processing_job(self, name: str) -> str | None:
+        """Stop one of the run's processing jobs and wait until it has; None when it no longer runs, else why."""
+        return self.stop_job(registry.PROCESSING_JOB, name)
+
+    def stop_job(self, kind: Kind, name: str) -> str | None:
+        """Stop one of the run's jobs of `kind` (its registry entry's stop call) and wait until it has; a training
+        job is asked through the run's stop request first. None when it no longer runs, else why."""
+        entry = {"type": kind.name, "id": name}
+        status = str(kind.state_key)
+        gone = {status: "Stopped"}
+        job = self._job(kind, name)
         if job is None:
             self.report.already_gone.append(entry)
             return None
-        if not self.ours(self._training_job_tags(job["TrainingJobArn"])):
+        if not self.ours(self._job_tags(job[kind.arn_key])):
             self.report.kept.append({**entry, "reason": "not tagged as this job's: never stopped"})
             return None
         asked = False
-        if job["TrainingJobStatus"] == "InProgress":
+        if kind is registry.TRAINING_JOB and job[status] == "InProgress":
             asked = stop_request.STOP_REQUEST_VARIABLE in (job.get("Environment") or {}) and (
                 job.get("SecondaryStatus") == "Training"
             )
             job, waiting = self._ask_to_stop(name, job)
             if waiting:
                 return f"training job {name} was asked to stop and is saving (up to {waiting:.0f} s more)"
-        if job["TrainingJobStatus"] == "InProgress":
+        if job[status] == "InProgress":
             try:
-                self.sagemaker.stop_training_job(TrainingJobName=name)
+                getattr(self.sagemaker, kind.stop)(**{kind.ids_param: name})
                 asked = True
             except ClientError as exc:
                 # it ended (or began stopping) between the two calls: what it is now is read below
                 if error_code(exc) != "ValidationException" and not training_job_missing(exc):
                     raise
-            job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
-        while job["TrainingJobStatus"] in TRAINING_RUNNING:
+            job = self._job(kind, name) or gone
+        while job[status] in TRAINING_RUNNING:
             if not self.clock.wait():
-                return f"training job {name} is still {job['TrainingJobStatus']}"
-            job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
+                return f"{kind.name.replace('_', ' ')} {name} is still {job[status]}"
+            job = self._job(kind, name) or gone
         (self.report.stopped if asked else self.report.already_gone).append(entry)
         return None
 
@@ -90,39 +98,5 @@ class TrainingJobs(Scope):
         while job["TrainingJobStatus"] == "InProgress" and self.wall_clock() < until:
             if not self.clock.wait():
                 return job, until - self.wall_clock()
-            job = self._training_job(name) or {"TrainingJobStatus": "Stopped"}
+            job = self._job(registry.TRAINING_JOB, name) or {"TrainingJobStatus": "Stopped"}
         return job, 0.0
-
-    def _processing_job(self, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.sagemaker.describe_processing_job(ProcessingJobName=name))
-        except ClientError as exc:
-            if training_job_missing(exc):
-                return None
-            raise
-
-    def stop_processing_job(self, name: str) -> str | None:
-        """Stop one of the run's processing jobs and wait until it has; None when it no longer runs, else why."""
-        entry = {"type": PROCESSING_JOB, "id": name}
-        job = self._processing_job(name)
-        if job is None:
-            self.report.already_gone.append(entry)
-            return None
-        if not self.ours(self._training_job_tags(job["ProcessingJobArn"])):
-            self.report.kept.append({**entry, "reason": "not tagged as this job's: never stopped"})
-            return None
-        asked = False
-        if job["ProcessingJobStatus"] == "InProgress":
-            try:
-                self.sagemaker.stop_processing_job(ProcessingJobName=name)
-                asked = True
-            except ClientError as exc:
-                if error_code(exc) != "ValidationException" and not training_job_missing(exc):
-                    raise
-            job = self._processing_job(name) or {"ProcessingJobStatus": "Stopped"}
-        while job["ProcessingJobStatus"] in TRAINING_RUNNING:
-            if not self.clock.wait():
-                return f"processing job {name} is still {job['ProcessingJobStatus']}"
-            job = self._processing_job(name) or {"ProcessingJobStatus": "Stopped"}
-        (self.report.stopped if asked else self.report.already_gone).append(entry)
-        return None
