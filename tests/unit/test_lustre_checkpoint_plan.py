@@ -29,7 +29,7 @@ def giant(to_filesystem: bool, **hyperparameters):
         compute={"instance_type": "ml.p4d.24xlarge", "instance_count": 50},
         code={
             "source": "trainer/",
-            "hyperparameters": {"preset": "70b", "activation_checkpointing": "true", **hyperparameters},
+            "hyperparameters": {"preset": "gpt-64b", "activation_checkpointing": "true", **hyperparameters},
         },
         data={"s3_uri": "s3://bkt/data/", "size_gib": 100, "ingest_mb_s_per_gpu": 10},
         checkpoints={"to_filesystem": to_filesystem},

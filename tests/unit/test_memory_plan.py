@@ -47,11 +47,11 @@ def test_the_vocabulary_the_plan_counts_is_the_tokenizers() -> None:
 
 def test_a_70b_model_on_too_few_p4d_is_refused_naming_the_count_that_fits() -> None:
     with pytest.raises(SpecInvalid) as info:
-        plan(spec_with({"preset": "70b"}, 2))
+        plan(spec_with({"preset": "gpt-64b"}, 2))
     (error,) = [e for e in info.value.errors if e.path == "compute.instance_count"]
     assert "use at least 6 instances (the smallest count it fits)" in error.message
     assert "code.hyperparameters" in error.message and "GiB per GPU on 2 x ml.p4d.24xlarge" in error.message
-    fits = plan(spec_with({"preset": "70b"}, 6))
+    fits = plan(spec_with({"preset": "gpt-64b"}, 6))
     assert fits.memory is not None and fits.memory["fits"] == "yes"
 
 
@@ -72,7 +72,7 @@ def test_hyperparameters_as_sagemaker_passes_them_are_read_and_overrides_count()
 
 def test_a_shard_group_that_does_not_divide_the_fleet_is_refused_at_its_field() -> None:
     with pytest.raises(SpecInvalid) as info:
-        plan(spec_with({"preset": "70b", "shard_group": "24"}, 8))
+        plan(spec_with({"preset": "gpt-64b", "shard_group": "24"}, 8))
     (error,) = info.value.errors
     assert error.path == "code.hyperparameters.shard_group"
     assert "shard group 24 does not divide the world size 64" in error.message
@@ -80,4 +80,17 @@ def test_a_shard_group_that_does_not_divide_the_fleet_is_refused_at_its_field() 
 
 def test_no_preset_or_an_unknown_instance_type_plans_no_memory() -> None:
     assert plan(spec_with({"n_layer": "4"}, 1)).memory is None
-    assert plan(spec_with({"preset": "70b"}, 1, "ml.g5.48xlarge")).memory is None
+    assert plan(spec_with({"preset": "gpt-64b"}, 1, "ml.g5.48xlarge")).memory is None
+
+
+def test_a_renamed_preset_is_refused_before_anything_is_created_with_its_name_now() -> None:
+    with pytest.raises(SpecInvalid) as refused:
+        plan(spec_with({"preset": "70b"}, 50))
+    (error,) = [e for e in refused.value.errors if e.path == "code.hyperparameters.preset"]
+    assert "is now 'gpt-64b'" in error.message and "'llama2-70b'" in error.message
+
+
+def test_llama2_70b_fits_50_p4d_with_its_published_parameter_count() -> None:
+    fleet = plan(spec_with({"preset": "llama2-70b"}, 50))
+    assert fleet.memory is not None and int(fleet.memory["parameters"]) == 68_976_648_192
+    assert fleet.memory["fits"] == "yes"

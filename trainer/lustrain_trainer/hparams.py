@@ -19,7 +19,7 @@ from typing import Any
 
 from .model import ARCHS, GPTConfig, LlamaConfig, ModelConfig
 from .plan import Shape, llama_ffn_hidden
-from .presets import PRESET_SOURCES, PRESETS
+from .presets import PRESET_SOURCES, PRESETS, RENAMED
 
 __all__ = ["PRESETS", "PRESET_SOURCES", "HyperparameterError", "Hyperparameters"]
 from .tokenizer import VOCAB_SIZE
@@ -285,6 +285,11 @@ def parse(argv: list[str], env: Mapping[str, str]) -> tuple[Hyperparameters, dic
         return given.get(name, from_env.get(name))
 
     preset_name = str(pick("preset") or Hyperparameters.preset)
+    if preset_name in RENAMED:
+        raise HyperparameterError(
+            f"hyperparameter preset: {preset_name!r} is now {RENAMED[preset_name]!r} (the same GPT block, named for "
+            "its parameter count; Llama 2 70B's own shape is 'llama2-70b')"
+        )
     if preset_name not in PRESETS:
         raise HyperparameterError(f"hyperparameter preset: {preset_name!r} is not allowed (use {' | '.join(PRESETS)})")
     preset = PRESETS[preset_name]

@@ -28,13 +28,14 @@ PRESETS: dict[str, dict[str, Any]] = {
              "activation_checkpointing": True},
     "6.4b": {"n_layer": 32, "n_head": 32, "n_embd": 4096, "seq_len": 2048, "batch_size": 1, "lr": 1.2e-4,
              "activation_checkpointing": True},
-    # Named for the published model whose depth, width and heads they take (PRESET_SOURCES); with this block
-    # (a 4x GELU MLP, full multi-head attention) and a 257-token vocabulary they hold somewhat fewer parameters
-    # (13b: 12.6 billion, 70b: 64.4 billion). lr and seq_len are Llama 2's (Touvron et al., 2023, table 1).
+    # The depth, width and heads of a published model (PRESET_SOURCES) in this block (a 4x GELU MLP, full
+    # multi-head attention) with a 257-token vocabulary: 13b holds 12.6 billion parameters, gpt-64b 64.5 billion
+    # (Llama 2 70B's depth and width; Llama 2 70B's own shape is llama2-70b). lr and seq_len are Llama 2's
+    # (Touvron et al., 2023, table 1).
     "13b": {"n_layer": 40, "n_head": 40, "n_embd": 5120, "seq_len": 4096, "batch_size": 1, "lr": 3e-4,
             "activation_checkpointing": True},
-    "70b": {"n_layer": 80, "n_head": 64, "n_embd": 8192, "seq_len": 4096, "batch_size": 1, "lr": 1.5e-4,
-            "activation_checkpointing": True},
+    "gpt-64b": {"n_layer": 80, "n_head": 64, "n_embd": 8192, "seq_len": 4096, "batch_size": 1, "lr": 1.5e-4,
+                "activation_checkpointing": True},
     # The Llama block (arch llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention) in published
     # shapes: each takes its model's layers, width, heads, key/value heads, FFN width, rope theta, tied or untied
     # embeddings and context (PRESET_SOURCES), and holds its published parameter count (a test holds it) with
@@ -65,12 +66,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama2-13b": {"arch": "llama", "n_layer": 40, "n_head": 40, "n_kv_head": 40, "n_embd": 5120,
                    "ffn_hidden": 13824, "seq_len": 4096, "rope_theta": 10000.0, "tie_embeddings": False,
                    "vocab_size": 32000, "batch_size": 1, "lr": 3e-4, "activation_checkpointing": True},
+    "llama2-70b": {"arch": "llama", "n_layer": 80, "n_head": 64, "n_kv_head": 8, "n_embd": 8192,
+                   "ffn_hidden": 28672, "seq_len": 4096, "rope_theta": 10000.0, "tie_embeddings": False,
+                   "vocab_size": 32000, "batch_size": 1, "lr": 1.5e-4, "activation_checkpointing": True},
 }
+#: presets that were renamed, and their names now: a run that names the old one is refused with the new one named
+RENAMED = {"70b": "gpt-64b"}
 #: the presets that take a published model's shape, and which: the GPT block's take its depth, width and heads;
 #: the Llama block's its whole shape (the Hugging Face config.json of each model, meta-llama/<name>, and the papers)
 PRESET_SOURCES = {
     "13b": "Llama 2 13B (Touvron et al., 2023): 40 layers, d_model 5120, 40 heads",
-    "70b": "Llama 2 70B (Touvron et al., 2023): 80 layers, d_model 8192, 64 heads",
+    "gpt-64b": "Llama 2 70B (Touvron et al., 2023): 80 layers, d_model 8192, 64 heads",
     "llama3.2-1b": "Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json): 1.24B parameters",
     "llama3.2-3b": "Llama 3.2 3B (meta-llama/Llama-3.2-3B config.json): 3.21B parameters",
     "llama3.1-8b": "Llama 3.1 8B (Llama 3 Herd of Models, Dubey et al., 2024, table 3; meta-llama/Llama-3.1-8B "
@@ -79,6 +85,8 @@ PRESET_SOURCES = {
                     "70.6B parameters",
     "llama2-7b": "Llama 2 7B (Touvron et al., 2023; meta-llama/Llama-2-7b-hf config.json): 6.74B parameters",
     "llama2-13b": "Llama 2 13B (Touvron et al., 2023; meta-llama/Llama-2-13b-hf config.json): 13.0B parameters",
+    "llama2-70b": "Llama 2 70B (Touvron et al., 2023, grouped-query attention with 8 key/value heads; "
+                  "meta-llama/Llama-2-70b-hf config.json): 69.0B parameters",
 }
 
 #: the byte tokenizer's vocabulary (tokenizer.VOCAB_SIZE; a test holds them equal): the plan's embedding rows for a

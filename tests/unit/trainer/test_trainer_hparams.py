@@ -118,19 +118,25 @@ def test_each_preset_has_the_parameter_count_in_its_name_or_its_sources_shape(na
         model = GPT(hp.model_config())
     count = sum(p.numel() for p in model.parameters())
     assert count == hp.model_config().parameter_count() == hp.plan_shape().parameters
-    scale = 1e9 if name.endswith("b") else 1e6
+    named = re.search(r"([\d.]+)([bm])$", name)
+    assert named, name
+    size = float(named[1]) * (1e9 if named[2] == "b" else 1e6)
     if name in PRESET_SOURCES:  # a published model's depth, width and heads, in this trainer's block
         layers, width, heads = (int(n) for n in re.findall(r"\d+", PRESET_SOURCES[name].split(":")[1]))
         assert (hp.n_layer, hp.n_embd, hp.n_head) == (layers, width, heads)
-        assert 0.85 < count / scale / float(name[:-1]) <= 1.0, count
-    else:
-        assert abs(count / scale - float(name[:-1])) / float(name[:-1]) < 0.05, count
+    assert abs(count - size) / size < 0.05, count  # named for its own count (gpt-64b: 64.5 billion)
+
+
+def test_a_renamed_preset_is_refused_with_its_name_now() -> None:
+    with pytest.raises(HyperparameterError, match=r"'70b' is now 'gpt-64b'.*'llama2-70b'"):
+        parse(["--preset", "70b"], {})
 
 
 #: the parameter count each Llama model's publisher gives (the safetensors index's total size over 2 bytes, the model
 #: card's rounded figure in PRESET_SOURCES)
 PUBLISHED_PARAMETERS = {"llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824, "llama3.1-8b": 8_030_261_248,
-                        "llama3.1-70b": 70_553_706_496, "llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320}
+                        "llama3.1-70b": 70_553_706_496, "llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320,
+                        "llama2-70b": 68_976_648_192}
 
 
 def test_each_llama_preset_holds_its_published_models_parameters_by_the_plan_alone() -> None:

@@ -17,8 +17,8 @@ def plan_of(preset: str, world: int, **kw: object) -> plan.Plan:
 
 
 def test_a_70b_model_does_not_fit_one_p4d_and_fits_50_with_replicas_of_whole_hosts() -> None:
-    assert not plan_of("70b", 8).fits
-    fleet = plan_of("70b", 400)
+    assert not plan_of("gpt-64b", 8).fits
+    fleet = plan_of("gpt-64b", 400)
     assert fleet.fits and fleet.fsdp and fleet.shard % 8 == 0 and fleet.replicas * fleet.shard == 400
     # its state alone is 16 bytes a parameter: 1 TB over the shard group
     state = fleet.parameter_bytes + fleet.gradient_bytes + fleet.optimizer_bytes
@@ -65,11 +65,11 @@ def test_a_dry_run_refuses_a_world_of_no_ranks_and_an_instance_type_it_does_not_
         capsys: pytest.CaptureFixture[str]) -> None:
     from lustrain_trainer.trainer import main
 
-    assert main(["--preset", "70b", "--dry_run", "--world_size", "0"]) == 2
+    assert main(["--preset", "gpt-64b", "--dry_run", "--world_size", "0"]) == 2
     assert "--world_size 0 is not allowed (use a number of ranks, 1 or more)" in capsys.readouterr().err
-    assert main(["--preset", "70b", "--dry_run", "--instance_type", "ml.g5.48xlarge"]) == 2
+    assert main(["--preset", "gpt-64b", "--dry_run", "--instance_type", "ml.g5.48xlarge"]) == 2
     assert "'ml.g5.48xlarge' is not one the plan knows (use ml.p4d.24xlarge" in capsys.readouterr().err
-    assert main(["--preset", "70b", "--dry_run", "--world_size", "16", "--shard_group", "3"]) == 2
+    assert main(["--preset", "gpt-64b", "--dry_run", "--world_size", "16", "--shard_group", "3"]) == 2
     assert "hyperparameter shard_group: shard group 3 does not divide the world size 16" in capsys.readouterr().err
 
 

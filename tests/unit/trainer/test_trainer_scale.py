@@ -114,11 +114,11 @@ def test_a_dry_run_plans_a_70b_model_without_building_it(
     def plan_of(*args: str, torchrun: int = 0) -> dict[str, str]:
         if torchrun:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "LUSTRAIN_"))}
-            done = run(sourcedir, env, "--preset", "70b", "--dry_run", *args, torchrun=torchrun)
+            done = run(sourcedir, env, "--preset", "gpt-64b", "--dry_run", *args, torchrun=torchrun)
             assert done.returncode == 0, done.stderr
             out = done.stdout
         else:
-            assert train_in_process(monkeypatch, {}, "--preset", "70b", "--dry_run", *args) == 0
+            assert train_in_process(monkeypatch, {}, "--preset", "gpt-64b", "--dry_run", *args) == 0
             out = capsys.readouterr().out
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
