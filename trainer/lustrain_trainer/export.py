@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .model import CONFIG_FILE, MODEL_FILE, GPTConfig, LlamaConfig, ModelConfig, config_from_dict
+from .model import CONFIG_FILE, LLAMA3_SCALING_KEYS, MODEL_FILE, GPTConfig, LlamaConfig, ModelConfig, config_from_dict
 
 #: Hugging Face's names for the weights files and the index of a sharded set (transformers' constants)
 SAFETENSORS_FILE = "model.safetensors"
@@ -99,10 +99,13 @@ def hf_config(config: ModelConfig, tokenizer: dict[str, Any], dtype: str) -> dic
             "max_position_embeddings": config.seq_len,
             "rms_norm_eps": config.norm_eps,
             "hidden_act": "silu",
-            # transformers 5 reads rope_parameters, earlier versions rope_theta; no scaling (trained at seq_len)
+            # transformers 5 reads rope_parameters, earlier versions rope_theta and rope_scaling: Llama 3's scaling
+            # where the model has it, else none
             "rope_theta": config.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-            "rope_scaling": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta}
+            if config.rope_scaling is None
+            else {**config.rope_scaling, "rope_theta": config.rope_theta},
+            "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
             "tie_word_embeddings": config.tie_embeddings,
             "attention_bias": False,
             "mlp_bias": False,
@@ -396,6 +399,12 @@ def config_of_hf(hf: dict[str, Any]) -> ModelConfig:
     kind = hf.get("model_type")
     if kind == "llama":
         rope = hf.get("rope_parameters") or {}
+        scaled = rope if rope.get("rope_type") == "llama3" else hf.get("rope_scaling") or {}
+        scaling = (
+            {key: scaled[key] for key in LLAMA3_SCALING_KEYS}
+            if scaled.get("rope_type", scaled.get("type")) == "llama3"
+            else None
+        )
         return LlamaConfig(
             n_layer=hf["num_hidden_layers"],
             n_head=hf["num_attention_heads"],
@@ -407,6 +416,7 @@ def config_of_hf(hf: dict[str, Any]) -> ModelConfig:
             rope_theta=float(rope.get("rope_theta") or hf.get("rope_theta") or 10000.0),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_scaling=scaling,
         )
     if kind == "gpt2":
         return GPTConfig(

@@ -46,6 +46,12 @@ class Hyperparameters:
     n_kv_head: int = 0
     ffn_hidden: int = 0
     rope_theta: float = 10000.0
+    # Llama 3.1's and 3.2's rotary scaling (model.llama3_frequencies): 0 for none, else its factor (8 and 32) with
+    # the three figures beside it, as their config.json's rope_scaling gives them
+    rope_scaling_factor: float = 0.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 8192
     tie_embeddings: bool = True
     batch_size: int = 8
     grad_accum: int = 1
@@ -78,9 +84,18 @@ class Hyperparameters:
             return LlamaConfig(n_layer=self.n_layer, n_head=self.n_head, n_kv_head=self.n_kv_head or self.n_head,
                                n_embd=self.n_embd, ffn_hidden=self.ffn_hidden or llama_ffn_hidden(self.n_embd),
                                seq_len=self.seq_len, vocab_size=vocab_size, rope_theta=self.rope_theta,
-                               tie_embeddings=self.tie_embeddings, dropout=self.dropout)
+                               tie_embeddings=self.tie_embeddings, dropout=self.dropout,
+                               rope_scaling=self.rope_scaling())
         return GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, seq_len=self.seq_len,
                          vocab_size=vocab_size, dropout=self.dropout)
+
+    def rope_scaling(self) -> dict[str, Any] | None:
+        """The model's rope_scaling (Llama 3's, as its config.json writes it), None where rope_scaling_factor is 0."""
+        if not self.rope_scaling_factor:
+            return None
+        return {"rope_type": "llama3", "factor": self.rope_scaling_factor,
+                "low_freq_factor": self.rope_low_freq_factor, "high_freq_factor": self.rope_high_freq_factor,
+                "original_max_position_embeddings": self.rope_original_context}
 
     def plan_shape(self, vocab_size: int | None = None) -> Shape:
         """The memory plan's shape; without `vocab_size`, the preset's planning vocabulary (its published
@@ -96,7 +111,8 @@ class Hyperparameters:
 
 #: the hyperparameters that decide the model's shape (a checkpoint continues only under the same ones)
 SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "seq_len", "dropout", "n_kv_head", "ffn_hidden", "rope_theta",
-              "tie_embeddings")
+              "tie_embeddings", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+              "rope_original_context")
 
 
 def shape_of(hp: Hyperparameters) -> dict[str, Any]:
@@ -190,7 +206,8 @@ def _check(hp: Hyperparameters) -> None:
     if hp.arch == "gpt":
         # the GPT block has full multi-head attention, a 4x MLP and a tied head: a Llama-only value is a mistake
         for name, ok in (("n_kv_head", hp.n_kv_head in (0, hp.n_head)),
-                         ("ffn_hidden", hp.ffn_hidden in (0, 4 * hp.n_embd)), ("tie_embeddings", hp.tie_embeddings)):
+                         ("ffn_hidden", hp.ffn_hidden in (0, 4 * hp.n_embd)), ("tie_embeddings", hp.tie_embeddings),
+                         ("rope_scaling_factor", not hp.rope_scaling_factor)):
             if not ok:
                 raise HyperparameterError(
                     f"hyperparameter {name}: {getattr(hp, name)} is for arch llama; arch gpt has n_kv_head = n_head, "
@@ -198,6 +215,16 @@ def _check(hp: Hyperparameters) -> None:
         return
     if hp.rope_theta <= 0:
         raise HyperparameterError(f"hyperparameter rope_theta: {hp.rope_theta} is not allowed (use a number above 0)")
+    if hp.rope_scaling_factor and hp.rope_scaling_factor < 1:
+        raise HyperparameterError(f"hyperparameter rope_scaling_factor: {hp.rope_scaling_factor} is not allowed (use "
+                                  "0 for none, or Llama 3's factor: 1 or more, such as 8)")
+    if hp.rope_scaling_factor and not 0 < hp.rope_low_freq_factor < hp.rope_high_freq_factor:
+        raise HyperparameterError(
+            f"hyperparameter rope_low_freq_factor: {hp.rope_low_freq_factor} is not allowed (use a number above 0 "
+            f"and below rope_high_freq_factor {hp.rope_high_freq_factor})")
+    if hp.rope_scaling_factor and hp.rope_original_context < 1:
+        raise HyperparameterError(f"hyperparameter rope_original_context: {hp.rope_original_context} is not allowed "
+                                  "(use the context the model was first trained at, such as 8192)")
     if hp.n_kv_head and hp.n_head % hp.n_kv_head:
         raise HyperparameterError(
             f"hyperparameter n_kv_head: {hp.n_kv_head} does not divide n_head {hp.n_head} (each key/value head "
@@ -214,7 +241,11 @@ HELP = {
             "positions, SwiGLU, grouped-query attention)",
     "n_kv_head": "key/value heads, arch llama (0: n_head, full multi-head attention)",
     "ffn_hidden": "the SwiGLU MLP's width, arch llama (0: 2/3 of 4 x n_embd, a multiple of 256)",
-    "rope_theta": "rotary positions' base, arch llama", "tie_embeddings": "the head shares the token embedding "
+    "rope_theta": "rotary positions' base, arch llama",
+    "rope_scaling_factor": "Llama 3.1's rotary scaling factor, arch llama (0: none; Llama 3.1 8, Llama 3.2 32)",
+    "rope_low_freq_factor": "Llama 3's rope scaling: its low_freq_factor (1)",
+    "rope_high_freq_factor": "Llama 3's rope scaling: its high_freq_factor (4)",
+    "rope_original_context": "Llama 3's rope scaling: its original_max_position_embeddings (8192)", "tie_embeddings": "the head shares the token embedding "
     "(true | false; arch gpt always does)",
     "n_layer": "transformer blocks", "n_head": "attention heads", "n_embd": "model width",
     "seq_len": "tokens per sequence (the context)", "dropout": "dropout probability",

@@ -81,6 +81,9 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     arch: str = "llama"
+    #: Llama 3.1's and 3.2's rotary scaling, as their config.json gives it ({"rope_type": "llama3", "factor",
+    #: "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}); None: the frequencies as they are
+    rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -89,6 +92,14 @@ class LlamaConfig:
             raise ValueError(f"n_head {self.n_head} must be a multiple of n_kv_head {self.n_kv_head}")
         if (self.n_embd // self.n_head) % 2:
             raise ValueError(f"the head width n_embd / n_head = {self.n_embd // self.n_head} must be even (rotary)")
+        if self.rope_scaling is not None:
+            scaling = self.rope_scaling
+            if scaling.get("rope_type") != "llama3" or set(scaling) != set(LLAMA3_SCALING_KEYS):
+                raise ValueError(f"rope_scaling {scaling} is not llama3's: {{rope_type: llama3, "
+                                 f"{', '.join(LLAMA3_SCALING_KEYS[1:])}}}")
+            if not 0 < scaling["low_freq_factor"] < scaling["high_freq_factor"] or scaling["factor"] < 1:
+                raise ValueError(f"rope_scaling {scaling}: needs factor >= 1 and 0 < low_freq_factor < "
+                                 "high_freq_factor")
 
     @property
     def head_dim(self) -> int:
@@ -250,12 +261,34 @@ class GPT(CausalLM):
         return self.drop(self.wte(idx) + self.wpe(pos)), ()
 
 
+#: the fields of Llama 3's rotary scaling, as its config.json names them
+LLAMA3_SCALING_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                       "original_max_position_embeddings")
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1's rotary frequencies for long contexts (Dubey et al., 2024; the `llama3` rope type of its
+    config.json): a frequency whose wavelength fits the original context many times (high frequency) stays; one
+    whose wavelength exceeds it (low frequency) is divided by `factor`; between the two, a blend that moves
+    linearly from one to the other with the number of wavelengths the original context holds."""
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    context = float(scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq
+    blend = ((context / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+    scaled = (1 - blend) * inv_freq / factor + blend * inv_freq
+    return torch.where(wavelength < context / high, inv_freq, torch.where(wavelength > context / low,
+                                                                          inv_freq / factor, scaled))
+
+
 def rotary(config: LlamaConfig, t: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (t, head_dim) of rotary positions 0..t-1, in fp32, in the rotate-half layout: frequency i
-    turns the pair (i, i + head_dim/2). Computed each forward (a few kFLOPs): nothing to keep in a buffer that
-    `meta` construction and to_empty would leave uninitialised."""
+    turns the pair (i, i + head_dim/2), its frequency scaled as Llama 3.1's where the config says so. Computed
+    each forward (a few kFLOPs): nothing to keep in a buffer that `meta` construction and to_empty would leave
+    uninitialised."""
     half = config.head_dim // 2
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
+    if config.rope_scaling is not None:
+        inv_freq = llama3_frequencies(inv_freq, config.rope_scaling)
     angles = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()

@@ -42,23 +42,28 @@ PRESETS: dict[str, dict[str, Any]] = {
     # its vocabulary. That vocabulary is only the plan's: a model's embedding rows are its data's tokenizer's
     # (a tokenizer.json of that vocabulary gives the published model's shape exactly). lr is the paper's where it
     # gives one (Llama 2: 3e-4 for 7B and 13B; Llama 3: 3e-4 for 8B, 1.5e-4 for 70B), 3e-4 for Llama 3.2's.
-    # Llama 3.1's rope scaling (for 128K-token contexts) is not modelled: these train at the 8,192 tokens of
-    # Llama 3's pre-training.
+    # Llama 3.1's and 3.2's rotary scaling (for 128K-token contexts: factor 8 for 3.1, 32 for 3.2, low and high
+    # frequency factors 1 and 4 over an original context of 8,192) is their config.json's, so that their
+    # published weights give their published logits; these presets train at Llama 3's 8,192 tokens.
     "llama-tiny": {"arch": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 64, "ffn_hidden": 176,
                    "seq_len": 64, "rope_theta": 10000.0, "tie_embeddings": True, "batch_size": 16, "lr": 3e-3,
                    "max_steps": 600, "warmup_steps": 20, "log_interval": 10, "eval_interval": 100,
                    "checkpoint_interval": 100, "eval_batches": 8, "cpu_threads": 1},
     "llama3.2-1b": {"arch": "llama", "n_layer": 16, "n_head": 32, "n_kv_head": 8, "n_embd": 2048,
-                    "ffn_hidden": 8192, "seq_len": 8192, "rope_theta": 500000.0, "tie_embeddings": True,
+                    "ffn_hidden": 8192, "seq_len": 8192, "rope_theta": 500000.0, "rope_scaling_factor": 32.0,
+                    "tie_embeddings": True,
                     "vocab_size": 128256, "batch_size": 1, "lr": 3e-4, "activation_checkpointing": True},
     "llama3.2-3b": {"arch": "llama", "n_layer": 28, "n_head": 24, "n_kv_head": 8, "n_embd": 3072,
-                    "ffn_hidden": 8192, "seq_len": 8192, "rope_theta": 500000.0, "tie_embeddings": True,
+                    "ffn_hidden": 8192, "seq_len": 8192, "rope_theta": 500000.0, "rope_scaling_factor": 32.0,
+                    "tie_embeddings": True,
                     "vocab_size": 128256, "batch_size": 1, "lr": 3e-4, "activation_checkpointing": True},
     "llama3.1-8b": {"arch": "llama", "n_layer": 32, "n_head": 32, "n_kv_head": 8, "n_embd": 4096,
-                    "ffn_hidden": 14336, "seq_len": 8192, "rope_theta": 500000.0, "tie_embeddings": False,
+                    "ffn_hidden": 14336, "seq_len": 8192, "rope_theta": 500000.0, "rope_scaling_factor": 8.0,
+                    "tie_embeddings": False,
                     "vocab_size": 128256, "batch_size": 1, "lr": 3e-4, "activation_checkpointing": True},
     "llama3.1-70b": {"arch": "llama", "n_layer": 80, "n_head": 64, "n_kv_head": 8, "n_embd": 8192,
-                     "ffn_hidden": 28672, "seq_len": 8192, "rope_theta": 500000.0, "tie_embeddings": False,
+                     "ffn_hidden": 28672, "seq_len": 8192, "rope_theta": 500000.0, "rope_scaling_factor": 8.0,
+                     "tie_embeddings": False,
                      "vocab_size": 128256, "batch_size": 1, "lr": 1.5e-4, "activation_checkpointing": True},
     "llama2-7b": {"arch": "llama", "n_layer": 32, "n_head": 32, "n_kv_head": 32, "n_embd": 4096,
                   "ffn_hidden": 11008, "seq_len": 4096, "rope_theta": 10000.0, "tie_embeddings": False,

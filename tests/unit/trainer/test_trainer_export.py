@@ -28,6 +28,15 @@ LLAMA = LlamaConfig(
     tie_embeddings=False,
 )
 GPT = GPTConfig(n_layer=2, n_head=2, n_embd=32, seq_len=16)
+#: Llama 3.1's rotary scaling, over an original context that puts the small model's 4 frequencies (wavelengths 6.3,
+#: 63, 628 and 6,283 positions at theta 10,000) on all three sides: two kept (under 1024 / 4), one blended, one
+#: divided by the factor (over 1024): transformers' own `llama3` rope type must agree
+LLAMA3 = LlamaConfig(**{
+    **LLAMA.to_dict(),
+    "rope_theta": 10000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 1024},
+})  # fmt: skip
 
 
 def model_dir(root: Path, config: GPTConfig | LlamaConfig, seed: int = 0) -> tuple[Path, torch.nn.Module]:
@@ -49,7 +58,9 @@ def model_dir(root: Path, config: GPTConfig | LlamaConfig, seed: int = 0) -> tup
 
 
 @pytest.mark.parametrize(
-    ("config", "loader"), [(LLAMA, "LlamaForCausalLM"), (GPT, "GPT2LMHeadModel")], ids=["llama", "gpt"]
+    ("config", "loader"),
+    [(LLAMA, "LlamaForCausalLM"), (LLAMA3, "LlamaForCausalLM"), (GPT, "GPT2LMHeadModel")],
+    ids=["llama", "llama3-rope-scaling", "gpt"],
 )
 def test_transformers_loads_the_export_with_our_logits(
     config: GPTConfig | LlamaConfig, loader: str, tmp_path: Path
@@ -61,12 +72,19 @@ def test_transformers_loads_the_export_with_our_logits(
     assert export.SAFETENSORS_INDEX in files and sum(f.endswith(".safetensors") for f in files) > 2
 
     theirs = getattr(transformers, loader).from_pretrained(out).eval()
-    assert type(theirs.config).__name__ == ("LlamaConfig" if config is LLAMA else "GPT2Config")
+    assert type(theirs.config).__name__ == ("GPT2Config" if config is GPT else "LlamaConfig")
     idx = torch.randint(0, config.vocab_size, (2, config.seq_len), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(theirs(idx).logits, ours(idx), rtol=1e-5, atol=1e-5)
-    if config is LLAMA:
+    if config is not GPT:
         assert theirs.config.num_key_value_heads == 2 and not theirs.config.tie_word_embeddings
+    if config is LLAMA3:  # the scaling is transformers' own, not ignored: without it the logits differ
+        assert theirs.config.rope_parameters["rope_type"] == "llama3"
+        plain = build(LlamaConfig(**{**LLAMA3.to_dict(), "rope_scaling": None})).eval()
+        plain.load_state_dict(ours.state_dict())
+        with torch.no_grad():
+            assert not torch.allclose(plain(idx), ours(idx), atol=1e-4)
+        assert export.config_of_hf(json.loads((out / "config.json").read_text())) == LLAMA3
 
     # generate reads the export as it reads the model directory
     again = generate.load_model(out)
