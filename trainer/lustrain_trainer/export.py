@@ -38,7 +38,15 @@ from typing import Any
 
 import torch
 
-from .model import CONFIG_FILE, LLAMA3_SCALING_KEYS, MODEL_FILE, GPTConfig, LlamaConfig, ModelConfig, config_from_dict
+from .model import (
+    CONFIG_FILE,
+    LLAMA3_SCALING_KEYS,
+    MODEL_FILE,
+    GPTConfig,
+    LlamaConfig,
+    ModelConfig,
+    config_from_dict,
+)
 
 #: Hugging Face's names for the weights files and the index of a sharded set (transformers' constants)
 SAFETENSORS_FILE = "model.safetensors"
