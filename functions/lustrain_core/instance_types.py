@@ -38,6 +38,7 @@ _FIELDS = {
     "local_nvme_gb",
     "usable_output_gib",
     "infra_check",
+    "efa_device_rdma",
     "checkpoint_write_gbps",
     "stage_gbps",
     "quota_names",
@@ -79,6 +80,9 @@ class InstanceType:
     quota_names: QuotaNames
     #: EFA interfaces SageMaker's instance has (network cards with EFA); 0: no EFA
     efa_interfaces: int = 0
+    #: GPUDirect RDMA over EFA is turned on (FI_EFA_USE_DEVICE_RDMA=1) on this type: SageMaker's training toolkit
+    #: does it for exactly its SM_EFA_RDMA_INSTANCES (p4d, p4de); elsewhere libfabric decides what the device can do
+    efa_device_rdma: bool = False
     #: raw local NVMe in GB (AWS's figure); 0: EBS only
     local_nvme_gb: float = 0.0
     #: SageMaker's infrastructure health check (InfraCheckConfig) is turned on for multi-instance jobs of this type:
@@ -187,6 +191,7 @@ def parse_row(name: str, row: dict[str, Any]) -> InstanceType:
         hourly_usd=price,
         quota_names=QuotaNames(quotas["training"], quotas["spot"], warm),
         efa_interfaces=efa,
+        efa_device_rdma=_device_rdma(name, row, efa),
         local_nvme_gb=nvme,
         infra_check=bool(row.get("infra_check", False)),
         gpu=row.get("gpu"),
@@ -201,6 +206,15 @@ def parse_row(name: str, row: dict[str, Any]) -> InstanceType:
         unconfirmed=tuple(row.get("unconfirmed") or ()),
         note=str(row.get("note") or ""),
     )
+
+
+def _device_rdma(name: str, row: dict[str, Any], efa: int) -> bool:
+    value = row.get("efa_device_rdma", False)
+    if not isinstance(value, bool):
+        raise CatalogueError(f"{name}: efa_device_rdma is {value!r}; allowed: true or false")
+    if value and not efa:
+        raise CatalogueError(f"{name}: efa_device_rdma is true for a type without EFA (efa_interfaces 0)")
+    return value
 
 
 def parse(document: dict[str, Any]) -> dict[str, InstanceType]:

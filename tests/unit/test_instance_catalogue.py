@@ -201,6 +201,8 @@ def test_a_price_alone_for_a_type_outside_the_catalogue_is_refused() -> None:
         ({"colour": "red"}, "unknown keys ['colour']"),
         ({"quota_names": {"training": "ml.p5.48xlarge for training job usage", "spot": "x"}}, "quota_names"),
         ({"gpu": None}, "gpu names the GPU"),
+        ({"efa_device_rdma": "yes"}, "efa_device_rdma is 'yes'; allowed: true or false"),
+        ({"efa_interfaces": 0, "ips_per_instance": 2}, "efa_device_rdma is true for a type without EFA"),
     ],
 )
 def test_a_row_that_breaks_a_rule_is_refused_naming_the_type_and_field(change: dict, message: str) -> None:

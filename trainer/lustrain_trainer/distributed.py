@@ -128,16 +128,15 @@ def all_gather_lists(items: list[Any], info: Dist) -> list[Any]:
     return [item for part in gathered for item in part]
 
 
-#: NCCL and EFA settings for p4d that SageMaker's launcher does not set (and only where it set nothing: a spec's
-#: environment wins). SageMaker's training toolkit (sagemaker-training-toolkit, torch_distributed.py) already sets
-#: FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, RDMAV_FORK_SAFE=1, NCCL_SOCKET_IFNAME and NCCL_PROTO=simple on p4d,
-#: and its PyTorch container MASTER_ADDR/PORT and NCCL_DEBUG=WARN. What it lacks, from AWS's EFA cheat sheet
-#: (aws-samples/awsome-distributed-training, 1.architectures/efa-cheatsheet.md) and torch's own notes:
+#: NCCL and EFA settings that SageMaker's launcher does not set (and only where nothing set them: a spec's
+#: environment wins). SageMaker's training toolkit (aws/sagemaker-training-toolkit, torch_distributed.py) sets, for
+#: torchrun, FI_PROVIDER=efa on the types of its SM_EFA_NCCL_INSTANCES, FI_EFA_USE_DEVICE_RDMA=1 on those of its
+#: SM_EFA_RDMA_INSTANCES (p4d, p4de), and NCCL_SOCKET_IFNAME to the instance's interface; nothing else (no
+#: NCCL_PROTO, no RDMAV_FORK_SAFE). What it lacks, from AWS's EFA cheat sheet (aws-samples/awsome-distributed-training,
+#: 1.architectures/efa-cheatsheet.md) and torch's own notes:
 EFA_DEFAULTS: dict[str, str] = {
     # Where training runs outside that toolkit (its own torchrun, a rehearsal on EC2): EFA, not TCP sockets.
     "FI_PROVIDER": "efa",
-    # GPUDirect RDMA on p4d's EFA (harmless where libfabric already enables it).
-    "FI_EFA_USE_DEVICE_RDMA": "1",
     # NCCL's bootstrap over the instance's network interfaces, never loopback or docker's bridge.
     "NCCL_SOCKET_IFNAME": "^lo,docker",
     # A collective that fails (a lost EFA link) ends the process, so the run's policy can retry it as
@@ -146,6 +145,9 @@ EFA_DEFAULTS: dict[str, str] = {
     # FSDP's all-gathers on their own streams free memory as soon as they are used (torchtitan sets the same).
     "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
 }
+#: GPUDirect RDMA over EFA: only on the types whose catalogue row says so (efa_device_rdma: the toolkit's own
+#: list), as libfabric refuses it where the device cannot do it
+DEVICE_RDMA = {"FI_EFA_USE_DEVICE_RDMA": "1"}
 
 
 def apply_network_defaults(env: MutableMapping[str, str]) -> dict[str, str]:
@@ -155,6 +157,7 @@ def apply_network_defaults(env: MutableMapping[str, str]) -> dict[str, str]:
     instance_type = env.get("SM_CURRENT_INSTANCE_TYPE", "")
     if not plan.efa_interfaces(instance_type) or not torch.cuda.is_available():
         return {}
-    added = {key: value for key, value in EFA_DEFAULTS.items() if key not in env}
+    wanted = {**EFA_DEFAULTS, **(DEVICE_RDMA if plan.efa_device_rdma(instance_type) else {})}
+    added = {key: value for key, value in wanted.items() if key not in env}
     env.update(added)
     return added

@@ -106,6 +106,11 @@ def efa_interfaces(instance_type: str) -> int:
     return int(CATALOGUE.get(instance_type, {}).get("efa_interfaces") or 0)
 
 
+def efa_device_rdma(instance_type: str) -> bool:
+    """Whether GPUDirect RDMA over EFA is turned on for an instance type (its catalogue row's efa_device_rdma)."""
+    return bool(CATALOGUE.get(instance_type, {}).get("efa_device_rdma"))
+
+
 def llama_ffn_hidden(n_embd: int) -> int:
     """The Llama block's default SwiGLU width: two thirds of 4 x width, rounded up to a multiple of 256 (Meta's
     reference code; Llama 2 7B's 11008 from width 4096)."""

@@ -53,3 +53,18 @@ def test_efa_defaults_go_to_the_types_whose_row_has_efa(
     added = distributed.apply_network_defaults({"SM_CURRENT_INSTANCE_TYPE": instance_type})
     assert bool(added) is efa
     assert plan.efa_interfaces(instance_type) == CATALOGUE[instance_type]["efa_interfaces"]
+    # GPUDirect RDMA over EFA only where the row says so: the p6 and p5en rows do not (SageMaker's toolkit turns
+    # it on for p4d and p4de alone)
+    assert "FI_EFA_USE_DEVICE_RDMA" not in added
+
+
+@pytest.mark.parametrize("instance_type", ["ml.p4d.24xlarge", "ml.p4de.24xlarge"])
+def test_device_rdma_is_turned_on_where_sagemakers_toolkit_turns_it_on(
+    monkeypatch: pytest.MonkeyPatch, instance_type: str
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert distributed.apply_network_defaults({"SM_CURRENT_INSTANCE_TYPE": instance_type})[
+        "FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert CATALOGUE[instance_type]["efa_device_rdma"] is True
+    assert sorted(t for t, row in CATALOGUE.items() if row.get("efa_device_rdma")) == [
+        "ml.p4d.24xlarge", "ml.p4de.24xlarge"]
