@@ -14,7 +14,7 @@ from lustrain_core.launch import compile_offline
 from lustrain_core.spec import validate_spec
 from lustrain_core.steps import preload
 
-from lustrain.cli import render_plan
+from lustrain.plan_text import render_plan
 
 
 def spec_with(**sections):
