@@ -8,7 +8,7 @@ lustrain_trainer/stopping.py):
 - steps_lost_at_cancel: the last step the run logged less the step its stop's checkpoint holds (goal 0);
 - stop_exit_code: the trainers' exit (0: saved and returned, so the job ends Completed);
 - resume_read_ratio: the run stopped by its request, resumed on the same 2 ranks: the bytes the busiest rank read
-  to load its checkpoint (Linux's rchar) over its own shards' bytes (goal <= 1.1: each rank reads its own share,
+  to load its checkpoint (the stored bytes of each item its load plan reads, counted by the trainer's DCP reader) over its own shards' bytes (goal <= 1.1: each rank reads its own share,
   where SageMaker's checkpoint sync copies every kept checkpoint to every host);
 - steps_lost_at_kill: the same run killed without a request, as a StopTrainingJob alone ends it in SageMaker's
   PyTorch image (SIGKILL at the end of the grace): the steps since its last committed checkpoint, with

@@ -63,6 +63,21 @@ class Loaded:
     sharded: bool = False
 
 
+def counting_reader(path: Path) -> Any:
+    """torch.distributed.checkpoint's FileSystemReader of the checkpoint at `path`, which counts the bytes of its
+    files this rank reads (`bytes_read`: the stored length of each item of its load plan): what a restart reads."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class CountingReader(FileSystemReader):
+        bytes_read = 0
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            self.bytes_read += sum(int(self.storage_data[item.storage_index].length) for item in plan.items)
+            return super().read_data(plan, planner)
+
+    return CountingReader(str(path))
+
+
 def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"step-{step:09d}.pt"
 

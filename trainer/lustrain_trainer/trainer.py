@@ -329,15 +329,15 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = self._sharded_state()
-        before = _bytes_read()
-        dcp.load(state, checkpoint_id=str(path))
-        read = _bytes_read() - before if before >= 0 else -1
+        reader = checkpoint.counting_reader(path)
+        dcp.load(state, storage_reader=reader)
+        read = reader.bytes_read
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
         # what a restart reads: each rank only the parts of the shards it holds (DCP reads by offset), so on the
-        # same mesh about its own file; the busiest rank's bytes over its own shards' (Linux's rchar, where known)
+        # same mesh its own file; the busiest rank's bytes of the checkpoint's files over its own shards'
         own = sum(p.stat().st_size for p in path.glob(f"__{self.info.rank}_*.distcp"))
-        ratio = read / own if read >= 0 and own else -1.0
+        ratio = read / own if own else -1.0
         worst = distributed.all_reduce(torch.tensor([ratio, float(read)], device=self.info.device), self.info,
                                        op="max").tolist() if self.info.active else [ratio, float(read)]
         if worst[0] >= 0:
@@ -551,17 +551,6 @@ class Trainer:
         if status == "completed":
             self.write_model(step, metrics)
         return Outcome(status, step, resumed_from, metrics, tokens_seen)
-
-
-def _bytes_read() -> int:
-    """The bytes this process has read so far (Linux's /proc/self/io rchar), or -1 where the system keeps none."""
-    try:
-        for line in Path("/proc/self/io").read_text().splitlines():
-            if line.startswith("rchar:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
 
 
 def _as_float(norm: torch.Tensor) -> float:

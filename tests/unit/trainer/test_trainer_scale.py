@@ -88,11 +88,16 @@ def test_a_run_resumed_on_another_world_size_reads_what_an_uninterrupted_run_rea
     assert summaries[1]["resumed_from_step"] == 6 and summaries[1]["step"] == 9
 
 
+#: wide enough (1.6M parameters) that a checkpoint is its shards, not the few small items every rank reads whole
+#: (the step counters, the run's position in its data): the resume's read ratio then says what it says at scale
+WIDER = ["--n_layer", "2", "--n_embd", "256", "--n_head", "4"]
+
+
 def test_sigterm_under_torchrun_ends_in_a_committed_sharded_checkpoint(
         data: Path, sourcedir: Path, tmp_path: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
-         *MICRO, "--max_steps", "100000", "--checkpoint_interval", "4"],
+         *MICRO, *WIDER, "--max_steps", "100000", "--checkpoint_interval", "4", "--fsdp", "true"],
         cwd=sourcedir, env=sagemaker_env(tmp_path, data), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     list(lines_until(process, r"lustrain: checkpoint saved step-000000004-"))
     process.send_signal(signal.SIGTERM)  # SageMaker stopping the job: torchrun forwards it to every worker
@@ -107,6 +112,17 @@ def test_sigterm_under_torchrun_ends_in_a_committed_sharded_checkpoint(
     assert manifest["world_size"] == 2 and manifest["layout"] == "sharded"
     assert sorted(p.name for p in (tmp_path / "checkpoints" / saved[0]).glob("*.distcp")) == [
         "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own part
+
+    # resumed on the same 2 ranks, each reads its own part of the sharded (FSDP) checkpoint, not the whole: the
+    # busiest rank's bytes of the checkpoint's files over its own shards' (goal <= 1.1; bench/goodput.py measures the
+    # same figure; a replicated model's ranks each read the whole state)
+    step = int(saved[1])
+    done = run(sourcedir, sagemaker_env(tmp_path, data), *MICRO, *WIDER, "--checkpoint_interval", "4", "--fsdp",
+               "true", "--max_steps", str(step + 1), torchrun=2)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    ratio = re.search(r"resume_read_ratio ([\d.]+) of a rank's own shards", said)
+    assert ratio and 0.9 <= float(ratio[1]) <= 1.1, said[-3000:]
 
 
 def test_a_dry_run_plans_a_70b_model_without_building_it(
