@@ -698,8 +698,25 @@ def planned_files(store: Store, listing: Iterable[tuple[str, int]], max_bytes: i
         text, _, length = (is_text(data), b"", len(data)) if data is not None else scan(store, rel, 0)
         if text:
             take = min(length, max_bytes - used)
-            yield [rel, length, take]
-            used += take
+            if take < length:  # the cut: at the last whole character, never inside one
+                take = whole_characters(data if data is not None else around(store, rel, take), take)
+            if take:
+                yield [rel, length, take]
+                used += take
+
+
+def whole_characters(data: bytes, take: int) -> int:
+    """`take` backed off to the start of the UTF-8 character it falls in (a byte 10xxxxxx continues one): the
+    first `take` bytes of `data` (which holds at least take + 1 of them) then decode whole."""
+    while take > 0 and data[take] & 0xC0 == 0x80:
+        take -= 1
+    return take
+
+
+def around(store: Store, rel: str, take: int) -> bytes:
+    """A file's first take + 1 bytes, read in chunks (only the cut file's, once: at most --max-bytes of it)."""
+    with store.open(rel) as stream:
+        return b"".join(chunks_of(stream, take + 1))
 
 
 def splits_of(takes: Iterable[tuple[Any, int]], val_fraction: float) -> Iterator[tuple[str, tuple[Any, int]]]:

@@ -124,3 +124,26 @@ def test_a_shard_cut_short_is_reported_by_name(tmp_path: Path) -> None:
     reader = ShardReader(read_index(tmp_path), "train")  # the index is read without touching a shard
     with pytest.raises(DataError, match=r"train-00000-000.bin: expected \d+ bytes .* found 1000 bytes"):
         reader.read(0, 0, 10)  # the rank that opens it is told
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe:300"])
+def test_max_bytes_cuts_at_a_whole_character_never_inside_one(tmp_path: Path, tokenizer: str) -> None:
+    """--max-bytes that falls inside a multi-byte UTF-8 character backs off to the character's start: every
+    tokenizer reads whole characters (a BPE or file tokenizer crashed on the broken one; bytes wrote it)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("naïve café résumé " * 40)  # 2-byte characters
+    (src / "b.txt").write_text("日本語のテキスト、" * 40)  # 3-byte characters
+    size_a = len((src / "a.txt").read_bytes())
+    cut = size_a + 4 + 1  # one byte into b.txt's second 3-byte character
+    out = tmp_path / "out"
+    assert prep.main([str(src), str(out), "--max-bytes", str(cut), "--val-fraction", "0",
+                      "--tokenizer", tokenizer]) == 0
+    index = json.loads((out / "index.json").read_text())
+    assert index["source"]["max_bytes"] == cut
+    if tokenizer == "bytes":
+        tokens = np.concatenate([np.fromfile(p, dtype="<u2") for p in sorted(out.glob("train-*.bin"))])
+        assert int((tokens == EOS).sum()) == 2  # two documents, each ended once
+        text = bytes(tokens[tokens != EOS].astype(np.uint8))
+        # everything decodes, and b.txt's part is its first whole character only (3 bytes, not 5)
+        assert text.decode("utf-8").endswith("日") and len(text) == size_a + 3
