@@ -684,7 +684,8 @@ def load_tokenizer(out: Store, info: dict[str, Any]) -> tok.ByteTokenizer | tok.
 # -- 1. plan ---------------------------------------------------------------------------------------------------------
 
 
-def planned_files(store: Store, listing: Iterable[tuple[str, int]], max_bytes: int | None) -> Iterator[list[Any]]:
+def planned_files(store: Store, listing: Iterable[tuple[str, int]], max_bytes: int | None,
+                  left_out: NotText | None = None) -> Iterator[list[Any]]:
     """[path, size, bytes to take] of each file to tokenize, in order, as the listing goes by. With --max-bytes the
     text files are read in order until that much text is found (the last one cut there: what is read is bounded by
     max_bytes); without, every non-empty file is taken whole and a worker skips the binary ones as it reads them."""
@@ -696,6 +697,8 @@ def planned_files(store: Store, listing: Iterable[tuple[str, int]], max_bytes: i
         if used >= max_bytes:
             break
         text, _, length = (is_text(data), b"", len(data)) if data is not None else scan(store, rel, 0)
+        if not text and left_out is not None:
+            left_out.add(rel)
         if text:
             take = min(length, max_bytes - used)
             if take < length:  # the cut: at the last whole character, never inside one
@@ -703,6 +706,32 @@ def planned_files(store: Store, listing: Iterable[tuple[str, int]], max_bytes: i
             if take:
                 yield [rel, length, take]
                 used += take
+
+
+#: how many of the files left out for not being UTF-8 text a report names
+NOT_TEXT_EXAMPLES = 5
+
+
+class NotText:
+    """The matched files left out because they are not UTF-8 text (binary, or another encoding): counted, and the
+    first few named, in listing order (the same for any number of workers)."""
+
+    def __init__(self, count: int = 0, examples: list[str] | None = None) -> None:
+        self.count, self.examples = count, list(examples or [])
+
+    def add(self, rel: str) -> None:
+        self.count += 1
+        if len(self.examples) < NOT_TEXT_EXAMPLES:
+            self.examples.append(rel)
+
+    def extend(self, other: dict[str, Any] | None) -> None:
+        for rel in (other or {}).get("examples", []):
+            if len(self.examples) < NOT_TEXT_EXAMPLES:
+                self.examples.append(rel)
+        self.count += int((other or {}).get("count", 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "examples": self.examples}
 
 
 def whole_characters(data: bytes, take: int) -> int:
@@ -794,8 +823,9 @@ def plan(src: Store, out: Store, pattern: str = "**/*", max_bytes: int | None = 
                 yield item
 
         listing = counted()
+        left_out = NotText()
         with spill.open("w", encoding="utf-8") as lines:
-            for entry in planned_files(src, listing, max_bytes):
+            for entry in planned_files(src, listing, max_bytes, left_out):
                 lines.write(json.dumps(entry, separators=(",", ":")) + "\n")
                 if sample is not None:
                     sample.add(files, entry)
@@ -833,7 +863,8 @@ def plan(src: Store, out: Store, pattern: str = "**/*", max_bytes: int | None = 
         document: dict[str, Any] = {
             "format": PLAN_FORMAT, "version": PLAN_VERSION, "dtype": dtype, "tokenizer": encoder.info,
             "source": {"root": src.label, "location": location_of(src), "glob": pattern, "max_bytes": max_bytes,
-                       "files_matched": matched, "files": files, "bytes": text_bytes},
+                       "files_matched": matched, "files": files, "bytes": text_bytes,
+                       **({"not_text": left_out.to_dict()} if left_out.count else {})},
             "options": {"val_fraction": val_fraction, "shard_tokens": shard_tokens, "part_bytes": part_bytes},
             "parts": parts,
         }
@@ -933,16 +964,20 @@ def make_part(src: Store, out: Store, part: dict[str, Any], document: dict[str, 
     writer = ShardWriter(out, part["split"], number, document["options"]["shard_tokens"], document["dtype"])
     batch: list[bytes] = []
     size = 0
+    left_out = NotText()
     for (rel, listed, take), (_, data) in zip(files, read_many(src, ((f[0], f[1]) for f in files)), strict=True):
         if data is None:
             for text, tokens in encoded(encoder, batch):
                 writer.add_document(text, tokens)
             batch, size = [], 0
-            stream_document(src, rel, listed, take, encoder, writer)
+            if not stream_document(src, rel, listed, take, encoder, writer):
+                left_out.add(rel)
             continue
         if len(data) != listed:
             raise changed(src, rel, len(data), listed)
-        if is_text(data) and take:
+        if not is_text(data):
+            left_out.add(rel)
+        elif take:
             batch.append(data[:take])
             size += take
             if len(batch) >= BATCH_DOCUMENTS or size >= BATCH_BYTES:
@@ -951,7 +986,8 @@ def make_part(src: Store, out: Store, part: dict[str, Any], document: dict[str, 
                 batch, size = [], 0
     for text, tokens in encoded(encoder, batch):
         writer.add_document(text, tokens)
-    record = {"part": number, "split": part["split"], "plan": plan_sha, **writer.finish()}
+    record = {"part": number, "split": part["split"], "plan": plan_sha, **writer.finish(),
+              **({"not_text": left_out.to_dict()} if left_out.count else {})}
     out.write(part_file(number), (json.dumps(record, indent=1) + "\n").encode())
     return record
 
@@ -967,7 +1003,7 @@ def encoded(encoder: tok.ByteTokenizer | tok.HFTokenizer, batch: list[bytes]) ->
 
 
 def stream_document(src: Store, rel: str, listed: int, take: int, encoder: tok.ByteTokenizer | tok.HFTokenizer,
-                    writer: ShardWriter) -> None:
+                    writer: ShardWriter) -> bool:
     """A large file as one document, the same tokens as if it were read whole: on this machine's disk (an S3
     object spooled to the staging directory), checked to be text whole (a NUL or bad UTF-8 anywhere makes it
     binary, as is_text), then its first `take` bytes read and encoded READ_CHUNK at a time (the tokenizer's
@@ -978,11 +1014,12 @@ def stream_document(src: Store, rel: str, listed: int, take: int, encoder: tok.B
         if length != listed:
             raise changed(src, rel, length, listed)
         if not (text and take):
-            return
+            return text
         with path.open("rb") as stream:
             for tokens in encoder.encode_stream(chunks_of(stream, take)):
                 writer.add_tokens(tokens)
         writer.end_document(take)
+        return True
 
 
 def worker_from_resource_config(path: Path = RESOURCE_CONFIG) -> tuple[int, int]:
@@ -1027,8 +1064,11 @@ def merge(out: Store) -> dict[str, Any]:
         raise PrepareError(f"{len(missing)} of {len(numbers)} parts are not whole in {out.label}: {names} "
                            "(run the work stage again: a worker redoes only the parts not whole)")
     splits: dict[str, dict[str, Any]] = {}
+    left_out = NotText()
+    left_out.extend(document["source"].get("not_text"))
     for number in numbers:
         record = whole[number]
+        left_out.extend(record.get("not_text"))
         entry = splits.setdefault(record["split"], {"tokens": 0, "documents": 0, "bytes": 0, "shards": []})
         for key in ("tokens", "documents", "bytes"):
             entry[key] += record[key]
@@ -1041,7 +1081,8 @@ def merge(out: Store) -> dict[str, Any]:
     index: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "dtype": document["dtype"], "tokenizer": document["tokenizer"],
         "source": {"root": source["root"], "glob": source["glob"], "max_bytes": source["max_bytes"],
-                   "bytes": sum(s["bytes"] for s in splits.values()), "files_matched": source["files_matched"]},
+                   "bytes": sum(s["bytes"] for s in splits.values()), "files_matched": source["files_matched"],
+                   **({"not_text": left_out.to_dict()} if left_out.count else {})},
         "splits": splits,
     }
     if "tokenizer_source" in document:
@@ -1178,6 +1219,10 @@ def report(index: dict[str, Any], where: str) -> None:
     if info["eos"] is None:
         print(f"note: the tokenizer has no end-of-document token (none of {' '.join(tok.EOS_NAMES)}): documents "
               "follow one another with nothing between them", file=sys.stderr)
+    not_text = index["source"].get("not_text")
+    if not_text:
+        print(f"note: {not_text['count']} matched file(s) are not UTF-8 text (binary, or another encoding) and were "
+              f"left out, e.g. {', '.join(not_text['examples'])}", file=sys.stderr)
     print(f"prepared {index['source']['bytes']} bytes from {index['source']['root']} into {where} "
           f"({'; '.join(parts)}); tokenizer {info['kind']}, vocab_size {info['vocab_size']}, {index['dtype']} shards")
 

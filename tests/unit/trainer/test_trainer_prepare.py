@@ -147,3 +147,26 @@ def test_max_bytes_cuts_at_a_whole_character_never_inside_one(tmp_path: Path, to
         text = bytes(tokens[tokens != EOS].astype(np.uint8))
         # everything decodes, and b.txt's part is its first whole character only (3 bytes, not 5)
         assert text.decode("utf-8").endswith("日") and len(text) == size_a + 3
+
+
+@pytest.mark.parametrize("max_bytes", [None, "1MiB"])
+def test_files_that_are_not_utf8_text_are_counted_named_and_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], max_bytes: str | None
+) -> None:
+    """A file in another encoding (or binary) is left out, as before, but never in silence: the index and the
+    summary count them and name the first few, whether the plan (with --max-bytes) or a worker found them."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for n in range(3):
+        (src / f"ok-{n}.txt").write_text(f"plain text number {n}\n" * 20)
+    (src / "latin1-a.txt").write_bytes("café crème\n".encode("latin-1") * 20)
+    (src / "latin1-b.txt").write_bytes("naïve\n".encode("latin-1") * 20)
+    (src / "image.bin").write_bytes(bytes(range(256)) * 4)
+    out = tmp_path / "out"
+    args = [str(src), str(out), "--val-fraction", "0", *(["--max-bytes", max_bytes] if max_bytes else [])]
+    assert prep.main(args) == 0
+    index = json.loads((out / "index.json").read_text())
+    assert index["source"]["not_text"] == {"count": 3, "examples": ["image.bin", "latin1-a.txt", "latin1-b.txt"]}
+    assert index["splits"]["train"]["documents"] == 3
+    err = capsys.readouterr().err
+    assert "note: 3 matched file(s) are not UTF-8 text" in err and "latin1-a.txt" in err
