@@ -8,8 +8,9 @@ turn it, with the ids the steps before made and the stack's settings, into AWS r
 
 Adding a spec field that reaches CreateTrainingJob touches four files: spec.py (the field and its check), this
 module (a LaunchPlan field and the line of `decide` that sets it), aws_requests.py (where the request carries it,
-and the request path's spec field in SPEC_FIELDS when AWS limits it) and README.md (the field, the launch plan's
-row). tests/unit/test_module_layout.py holds the builders to that. A field whose value register_job must first
+and the request path's spec field in SPEC_FIELDS when AWS limits it) and docs/how-a-run-goes.md (the field's row of
+its launch-plan-fields table, which tests/unit/test_contract.py holds to LaunchPlan's fields; docs/spec.md tells users
+of the field, unheld). tests/unit/test_module_layout.py holds the builders to that. A field whose value register_job must first
 read in AWS (as compute.training_plan's) adds that read and its place in `Found` (steps/job.py fills it).
 """
 

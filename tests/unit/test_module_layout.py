@@ -1,6 +1,6 @@
 """Where each decision of a run lives: no import cycle among lustrain_core's modules, every CreateTrainingJob field
 decided in the launch plan (the builders read no spec), and a new spec field reaching CreateTrainingJob touching
-the four files launch_plan's docstring names."""
+the four files launch_plan's docstring names, the doc among them the one that lists the launch plan's fields."""
 
 from __future__ import annotations
 
@@ -165,10 +165,13 @@ def test_a_new_spec_field_reaching_create_training_job_touches_four_files() -> N
     compiler nor the run document's models hold anything per field."""
     from lustrain_core import aws_requests, launch_plan
 
-    named = re.search(r"touches four files: (.*?)\.\s", launch_plan.__doc__ or "", flags=re.DOTALL)
+    named = re.search(r"touches four files: (.*?)\. tests/", launch_plan.__doc__ or "", flags=re.DOTALL)
     assert named is not None
-    files = {*re.findall(r"\b(\w+\.(?:py|md))\b", named[1]), "launch_plan.py"}  # "this module"
-    assert files == {"spec.py", "launch_plan.py", "aws_requests.py", "README.md"}
+    # the four it names ("this module" among them), what each holds said in parentheses
+    files = {*re.findall(r"([\w/.-]+\.(?:py|md))\b", re.sub(r"\([^)]*\)", "", named[1])), "launch_plan.py"}
+    assert files == {"spec.py", "launch_plan.py", "aws_requests.py", "docs/how-a-run-goes.md"}
+    # and the doc named is where the launch plan's fields are listed (test_contract holds the list to LaunchPlan)
+    assert "<!-- launch-plan-fields -->" in (ROOT / "docs" / "how-a-run-goes.md").read_text()
     assert launch_plan.LaunchPlan.__module__ == launch_plan.decide.__module__ == "lustrain_core.launch_plan"
     assert aws_requests.SPEC_FIELDS and aws_requests.training_job.__module__ == "lustrain_core.aws_requests"
     for module in ("launch.py", "document.py"):
