@@ -364,6 +364,8 @@ def write_tokenizer(model_dir: Path, out: Path, tokenizer: dict[str, Any], seq_l
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": seq_len,
         "clean_up_tokenization_spaces": False,
+        # a special token's text is text, as the training data was encoded (lustrain_trainer.tokenizer)
+        "split_special_tokens": True,
         **({"eos_token": eos_text} if eos_text else {}),
     }
     (out / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")

@@ -157,14 +157,18 @@ class HFTokenizer:
     by the tokenizer's own template, such as Llama 3's <|begin_of_text|>) followed by EOS, when it has one."""
 
     def __init__(self, hf: Any, info: dict[str, Any], chunkable: bool = False) -> None:
+        # a special token's text in a document (a corpus about tokenizers holds "<|endoftext|>") is text: encoded
+        # as its characters, never as the token, which only the pipeline puts where a document ends
+        hf.encode_special_tokens = True
         self.hf, self.info = hf, info
         self.vocab_size: int = int(info["vocab_size"])
         self.eos: int | None = info["eos"]
         self.dtype = dtype_for(self.vocab_size)
-        #: whether a document may be encoded a piece at a time (encode_stream), and the added tokens' texts, which
-        #: the tokenizer takes out of a text before it pre-tokenizes the rest, segment by segment
+        #: whether a document may be encoded a piece at a time (encode_stream), and the added tokens' texts (the
+        #: special ones are text here), which the tokenizer takes out of a text before it pre-tokenizes the rest
         self.chunkable = chunkable
-        added = sorted((t.content for t in hf.get_added_tokens_decoder().values()), key=len, reverse=True)
+        added = sorted((t.content for t in hf.get_added_tokens_decoder().values() if not t.special), key=len,
+                       reverse=True)
         #: leftmost, longest first: as `tokenizers` finds them
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
 

@@ -99,6 +99,9 @@ def test_the_byte_tokenizer_is_exported_as_one_transformers_reads_to_the_same_id
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     text = "def f(x):\n\treturn 'é' + x"
     assert tokenizer(text)["input_ids"] == list(text.encode("utf-8"))
+    # a special token's text is text, as training read it: its bytes, never the end-of-document token
+    special = "the end token is <|endoftext|>"
+    assert tokenizer(special)["input_ids"] == list(special.encode("utf-8"))
     assert (
         tokenizer.eos_token_id == TOKENIZER_INFO["eos"] and tokenizer.decode(list(b"caf\xc3\xa9")) == "café"
     )

@@ -194,3 +194,26 @@ def test_the_model_takes_the_datas_tokenizer_and_refuses_another_ones_checkpoint
     error = capsys.readouterr().err
     assert f"is a model of tokenizer bpe (vocab_size 300, eos 0, sha256 {info['sha256'][:12]})" in error
     assert f"the data {byte} is tokenized with bytes (vocab_size 257, eos 256)" in error
+
+
+@pytest.mark.parametrize("tokenizer", ["bpe:300", "file"])
+def test_a_special_tokens_text_in_a_document_stays_text(tmp_path: Path, tokenizer: str) -> None:
+    """A corpus about tokenizers holds "<|endoftext|>" as text: it is encoded as its characters, so the shards hold
+    exactly one EOS per document (the one the pipeline appends) and each document decodes back to its text."""
+    src = tmp_path / "src"
+    src.mkdir()
+    texts = [f"document {n}: the GPT-2 end token is written <|endoftext|> and Llama 3's <|end_of_text|>\n" * 5
+             for n in range(3)]
+    for n, text in enumerate(texts):
+        (src / f"doc-{n}.txt").write_text(text)
+    args = ["--val-fraction", "0"]
+    if tokenizer == "file":
+        args += ["--tokenizer", str(large_vocabulary_tokenizer(tmp_path / "tokenizer.json"))]  # EOS <|end_of_text|>
+    else:
+        args += ["--tokenizer", tokenizer]
+    assert prep.main([str(src), str(tmp_path / "out"), *args]) == 0
+    docs, tokens = documents(tmp_path / "out")
+    eos = read_index(tmp_path / "out").tokenizer["eos"]
+    assert int((tokens == eos).sum()) == len(texts) == len(docs)
+    hf = tok.load(read_index(tmp_path / "out").tokenizer, tmp_path / "out")
+    assert sorted(hf.decode(d[:-1].tolist()) for d in docs) == sorted(texts)
