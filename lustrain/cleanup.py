@@ -64,9 +64,15 @@ class TeardownWait:
         }
 
 
-def wait_for_teardown(stack: Stack, job_id: str, timeout_s: float = 3600.0, poll_s: float = 2.0) -> TeardownWait:
+#: the longest wait between two looks at a teardown: each look after the record's end reads the whole stack's
+#: resources (lustrain_core.leftovers), and an FSx deletion on AWS takes minutes
+MAX_POLL_S = 15.0
+
+
+def wait_for_teardown(stack: Stack, job_id: str, timeout_s: float = 3600.0, poll_s: float = 1.0) -> TeardownWait:
     """Wait until the run's teardown has ended: its record finished and nothing of it left that it does not keep on
-    purpose (a teardown still deleting, or retrying TeardownIncomplete, leaves its pieces for a while)."""
+    purpose (a teardown still deleting, or retrying TeardownIncomplete, leaves its pieces for a while). The looks
+    start `poll_s` apart and grow by half each time, to at most MAX_POLL_S."""
     deadline = time.monotonic() + timeout_s
     while True:
         record = records.get(stack.client("dynamodb"), stack.jobs_table, job_id)
@@ -77,7 +83,8 @@ def wait_for_teardown(stack: Stack, job_id: str, timeout_s: float = 3600.0, poll
             return TeardownWait(record, left, ended=True)
         if time.monotonic() >= deadline:
             return TeardownWait(record, left or _leftovers(stack, job_id), ended=False)
-        time.sleep(poll_s)
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        poll_s = min(poll_s * 1.5, MAX_POLL_S)
 
 
 def teardown_text(waited: dict[str, Any], job_id: str, stack: str) -> str:

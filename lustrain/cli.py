@@ -313,6 +313,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from lustrain.cleanup import wait_for_teardown
     from lustrain.operate import cancel
 
+    if args.timeout <= 0:
+        raise UsageInvalid.one("--timeout", str(args.timeout), "is the longest wait in seconds: a number above 0")
     stack = _stack(args)
     done = cancel(stack, args.run)
     waited = wait_for_teardown(stack, done.job_id, timeout_s=args.timeout) if args.wait else None

@@ -32,6 +32,7 @@ from lustrain_core.aws_requests import TAG_KEEP
 from lustrain_core.launch_plan import TAG_CREATED_BY, TAG_JOB_ID, tag_dict
 from lustrain_core.prices import PriceTable
 from lustrain_core.resources import Kind
+from lustrain_core.steps import filesystem as fsx_step
 from lustrain_core.steps import records
 
 #: the kinds the sweeper tears down when it finds them (steps/sweep.py): a processing job and a warm pool end with
@@ -87,30 +88,24 @@ def stack_resources(
                     if registry.present(kind, fs):
                         yield from ours(kind, fs[kind.id_key], fs.get("Tags"), fs)
         elif kind is registry.DATA_REPOSITORY_ASSOCIATION:
-            params: dict[str, Any] = {}
-            while True:  # botocore has no paginator for this one
-                page = getattr(fsx, kind.describe)(**params)
-                for dra in page.get(kind.result_key, []):
-                    if registry.present(kind, dra):
-                        yield from ours(kind, dra[kind.id_key], dra.get("Tags"), dra)
-                if not page.get("NextToken"):
-                    break
-                params["NextToken"] = page["NextToken"]
+            for dra in fsx_step.associations(fsx):
+                if registry.present(kind, dra):
+                    yield from ours(kind, dra[kind.id_key], dra.get("Tags"), dra)
         elif kind is registry.TRAINING_JOB:
             # only a job still InProgress holds instances
             for summary in _listed(sagemaker, "list_training_jobs", "TrainingJobSummaries", StatusEquals="InProgress"):
-                tags = _sagemaker_tags(sagemaker, summary["TrainingJobArn"])
+                tags = registry.job_tags(sagemaker, summary["TrainingJobArn"])
                 yield from ours(kind, summary["TrainingJobName"], tags, summary)
         elif kind is registry.PROCESSING_JOB:
             listed = _listed(sagemaker, "list_processing_jobs", "ProcessingJobSummaries", StatusEquals="InProgress")
             for summary in listed:
-                tags = _sagemaker_tags(sagemaker, summary["ProcessingJobArn"])
+                tags = registry.job_tags(sagemaker, summary["ProcessingJobArn"])
                 yield from ours(kind, summary["ProcessingJobName"], tags, summary)
         elif kind is registry.WARM_POOL:
             for summary in _listed(
                 sagemaker, "list_training_jobs", "TrainingJobSummaries", WarmPoolStatusEquals="Available"
             ):
-                tags = _sagemaker_tags(sagemaker, summary["TrainingJobArn"])
+                tags = registry.job_tags(sagemaker, summary["TrainingJobArn"])
                 yield from ours(kind, summary["TrainingJobName"], tags, summary)
         elif kind is registry.IAM_ROLE:
             if iam is None or region is None:
@@ -128,13 +123,6 @@ def _pages(client: Any, operation: str, **params: Any) -> Iterator[dict[str, Any
 def _listed(client: Any, operation: str, key: str, **params: Any) -> Iterator[dict[str, Any]]:
     for page in _pages(client, operation, **params):
         yield from page.get(key, [])
-
-
-def _sagemaker_tags(sagemaker: Any, arn: str) -> list[dict[str, str]]:
-    tags: list[dict[str, str]] = []
-    for page in _pages(sagemaker, "list_tags", ResourceArn=arn):
-        tags += page.get("Tags", [])
-    return tags
 
 
 def roles_under(iam: Any, path: str) -> Iterator[tuple[str, list[dict[str, str]]]]:

@@ -205,6 +205,11 @@ def describe(client: Any, kind: Kind, resource_id: str) -> dict[str, Any] | None
     return item if item is not None and present(kind, item) else None
 
 
+def job_tags(sagemaker: Any, arn: str) -> list[dict[str, str]]:
+    """A SageMaker job's tags (ListTags, every page): neither ListTrainingJobs nor ListProcessingJobs gives them."""
+    return [tag for page in sagemaker.get_paginator("list_tags").paginate(ResourceArn=arn) for tag in page.get("Tags", [])]
+
+
 def tagged(client: Any, kind: Kind, tags: dict[str, str]) -> Iterator[dict[str, Any]]:
     """Every existing resource of an EC2 kind carrying all of `tags` (EC2 filters by tag; paginated)."""
     if not kind.tag_filter:

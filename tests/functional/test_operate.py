@@ -318,3 +318,16 @@ def test_a_runs_log_readers_read_its_own_jobs_streams_never_those_of_a_job_whose
     assert [line.message for line in operate.logs(stack, "gpt-aaaaaaaa")] == ["own line"]
     assert [line.message for line in operate.log_tail(stack, "gpt-aaaaaaaa")] == ["own line"]
     assert [message for _, message in attempt_lines(logs, own)] == ["own line"]
+
+
+def test_a_wait_for_a_teardown_that_has_not_ended_returns_at_its_timeout_saying_so(stack):
+    """`lustrain cancel --wait` of a run whose record still says RUNNING: at the timeout it returns not ended (the
+    CLI then exits 1 and names what is still there); a finished record with nothing left ends the wait at once."""
+    from lustrain.cleanup import wait_for_teardown
+
+    waited = wait_for_teardown(stack, "gpt-aaaaaaaa", timeout_s=0)
+    assert not waited.ended and waited.record.status == "RUNNING"
+    ddb = boto3.client("dynamodb", region_name=REGION)
+    records.set_fields(ddb, stack.jobs_table, "bert-cccccccc", status="FAILED", resources=[])
+    done = wait_for_teardown(stack, "bert-cccccccc", timeout_s=60)
+    assert done.ended and done.to_dict()["left"] == []

@@ -702,7 +702,8 @@ def planned_files(store: Store, listing: Iterable[tuple[str, int]], max_bytes: i
         if text:
             take = min(length, max_bytes - used)
             if take < length:  # the cut: at the last whole character, never inside one
-                take = whole_characters(data if data is not None else around(store, rel, take), take)
+                window, start = (data, 0) if data is not None else around(store, rel, take)
+                take = whole_characters(window, take, start)
             if take:
                 yield [rel, length, take]
                 used += take
@@ -734,18 +735,26 @@ class NotText:
         return {"count": self.count, "examples": self.examples}
 
 
-def whole_characters(data: bytes, take: int) -> int:
-    """`take` backed off to the start of the UTF-8 character it falls in (a byte 10xxxxxx continues one): the
-    first `take` bytes of `data` (which holds at least take + 1 of them) then decode whole."""
-    while take > 0 and data[take] & 0xC0 == 0x80:
+def whole_characters(data: bytes, take: int, start: int = 0) -> int:
+    """`take` backed off to the start of the UTF-8 character it falls in (a byte 10xxxxxx continues one; a
+    character has at most three): `data` holds the file's bytes from `start` through the one at `take`."""
+    while take > start and data[take - start] & 0xC0 == 0x80:
         take -= 1
     return take
 
 
-def around(store: Store, rel: str, take: int) -> bytes:
-    """A file's first take + 1 bytes, read in chunks (only the cut file's, once: at most --max-bytes of it)."""
+def around(store: Store, rel: str, take: int) -> tuple[bytes, int]:
+    """The cut file's bytes from take - 3 through take, and where they start: read a chunk at a time, only those few
+    kept (the cut file is read once, up to --max-bytes of it; its bytes are never held)."""
+    start = max(0, take - 3)
+    kept, at = b"", 0
     with store.open(rel) as stream:
-        return b"".join(chunks_of(stream, take + 1))
+        for chunk in chunks_of(stream, take + 1):
+            end = at + len(chunk)
+            if end > start:
+                kept += chunk[max(0, start - at) :]
+            at = end
+    return kept, start
 
 
 def splits_of(takes: Iterable[tuple[Any, int]], val_fraction: float) -> Iterator[tuple[str, tuple[Any, int]]]:

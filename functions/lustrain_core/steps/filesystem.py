@@ -110,9 +110,12 @@ def describe(fsx: Any, file_system_id: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def associations(fsx: Any, file_system_id: str) -> list[dict[str, Any]]:
+def associations(fsx: Any, file_system_id: str | None = None) -> list[dict[str, Any]]:
+    """The data repository associations of a file system, or of every one (botocore has no paginator for them)."""
     found: list[dict[str, Any]] = []
-    params: dict[str, Any] = {"Filters": [{"Name": "file-system-id", "Values": [file_system_id]}]}
+    params: dict[str, Any] = (
+        {"Filters": [{"Name": "file-system-id", "Values": [file_system_id]}]} if file_system_id else {}
+    )
     while True:
         page = fsx.describe_data_repository_associations(**params)
         found.extend(page.get("Associations", []))

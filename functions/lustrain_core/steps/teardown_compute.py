@@ -24,16 +24,6 @@ class TrainingJobs(Scope):
     def _job(self, kind: Kind, name: str) -> dict[str, Any] | None:
         return registry.describe(self.sagemaker, kind, name)
 
-    def _job_tags(self, arn: str) -> list[dict[str, str]]:
-        tags: list[dict[str, str]] = []
-        params: dict[str, Any] = {"ResourceArn": arn}
-        while True:
-            page = self.sagemaker.list_tags(**params)
-            tags.extend(page.get("Tags", []))
-            if not page.get("NextToken"):
-                return tags
-            params["NextToken"] = page["NextToken"]
-
     def stop_training_job(self, name: str) -> str | None:
         """Stop one of the run's training jobs and wait until it has; None when it no longer runs, else why."""
         return self.stop_job(registry.TRAINING_JOB, name)
@@ -52,7 +42,7 @@ class TrainingJobs(Scope):
         if job is None:
             self.report.already_gone.append(entry)
             return None
-        if not self.ours(self._job_tags(job[kind.arn_key])):
+        if not self.ours(registry.job_tags(self.sagemaker, job[kind.arn_key])):
             self.report.kept.append({**entry, "reason": "not tagged as this job's: never stopped"})
             return None
         asked = False

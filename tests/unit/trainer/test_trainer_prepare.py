@@ -126,10 +126,15 @@ def test_a_shard_cut_short_is_reported_by_name(tmp_path: Path) -> None:
         reader.read(0, 0, 10)  # the rank that opens it is told
 
 
-@pytest.mark.parametrize("tokenizer", ["bytes", "bpe:300"])
-def test_max_bytes_cuts_at_a_whole_character_never_inside_one(tmp_path: Path, tokenizer: str) -> None:
+@pytest.mark.parametrize(("tokenizer", "streamed"), [("bytes", False), ("bpe:300", False), ("bytes", True)])
+def test_max_bytes_cuts_at_a_whole_character_never_inside_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer: str, streamed: bool
+) -> None:
     """--max-bytes that falls inside a multi-byte UTF-8 character backs off to the character's start: every
-    tokenizer reads whole characters (a BPE or file tokenizer crashed on the broken one; bytes wrote it)."""
+    tokenizer reads whole characters (a BPE or file tokenizer crashed on the broken one; bytes wrote it). A file
+    too large to read whole (`streamed`) is cut the same way, from the few bytes around the cut."""
+    if streamed:
+        monkeypatch.setattr(prep, "WHOLE_FILE", 400)  # both files (880, 1080 bytes) read in chunks
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.txt").write_text("naïve café résumé " * 40)  # 2-byte characters
