@@ -29,6 +29,7 @@ from lustrain_core import images, instance_types, planner, secrets_launcher, tea
 from lustrain_core.config import Settings
 from lustrain_core.errors import FieldError, SpecInvalid
 from lustrain_core.spec import JobSpec
+from lustrain_core.trainer import presets as trainer_presets
 
 #: Tag keys on everything a run creates: teardown deletes only what carries this job's id.
 TAG_JOB_ID = "lustrain:job-id"
@@ -381,10 +382,19 @@ def check_resumable(spec: JobSpec, manifest: Any, where: str) -> None:
         )
     given = {key.replace("-", "_"): _hyperparameter(v) for key, v in spec.code.hyperparameters.items()}
     problems = []
-    preset_then = shape.get("preset")
+    # a preset renamed since (70b, now gpt-64b) is the same model under its name now
+    preset_then = trainer_presets.RENAMED.get(str(shape.get("preset")), shape.get("preset"))
     preset_now = given.get("preset", shape.get("default_preset"))
     if preset_now != preset_then:
         problems.append(f"preset {preset_then} (this spec's: {preset_now})")
+    # Llama 3's rope scaling is one entry of the model's config (rope_scaling), set by rope_scaling_factor: a model
+    # saved without it (before the llama3.1 and llama3.2 presets had it) continues only with the factor set to 0
+    scaling_then = float((config.get("rope_scaling") or {}).get("factor") or 0)
+    preset_values = trainer_presets.PRESETS.get(str(preset_now), {})
+    scaling_now = float(given.get("rope_scaling_factor", preset_values.get("rope_scaling_factor", 0)) or 0)
+    if config.get("arch") == "llama" and scaling_now != scaling_then:
+        problems.append(f"rope_scaling_factor {scaling_then:g} (this spec's: {scaling_now:g}: set "
+                        f"code.hyperparameters.rope_scaling_factor to {scaling_then:g} to continue it)")
     overrides = shape.get("overrides") or {}
     for key in sorted(set(overrides) | (set(given) & set(config))):
         if key not in config:

@@ -735,11 +735,7 @@ def _plan_memory(
     named = str({str(k).replace("-", "_"): v for k, v in dict(spec.code.hyperparameters).items()}.get("preset", ""))
     if named in trainer_presets.RENAMED:
         # the trainer refuses it at its start, with the instances billing: refused here, before anything exists
-        errors.append(FieldError(
-            "code.hyperparameters.preset", named,
-            f"is now {trainer_presets.RENAMED[named]!r} (the same GPT block, named for its parameter count; Llama 2 "
-            "70B's own shape is 'llama2-70b')",
-        ))
+        errors.append(FieldError("code.hyperparameters.preset", named, trainer_presets.renamed(named)))
         return None, None
     inputs = trainer_presets.plan_inputs(dict(spec.code.hyperparameters))
     if inputs is None or spec.compute.instance_type not in trainer_plan.INSTANCES:

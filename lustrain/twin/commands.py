@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from lustrain_core.errors import SpecInvalid, UsageInvalid
 
@@ -86,7 +87,7 @@ def register(sub: Any) -> None:
     up.add_argument(
         "--mlflow",
         metavar="URI",
-        help="log each run to the MLflow tracking server at this URI on 127.0.0.1 (MlflowTrackingUri)",
+        help="log each run to the MLflow tracking server at http://127.0.0.1:PORT (MlflowTrackingUri; no path)",
     )
     up.set_defaults(command=cmd_local_up)
     inv = lsub.add_parser("invoke", help="invoke one function of the stack with an event file")
@@ -200,6 +201,8 @@ def local_up_parameters(args: argparse.Namespace) -> dict[str, str]:
             raise UsageInvalid.one(
                 option, value, "the twin reaches nothing off this machine: an http://127.0.0.1:PORT/... URL"
             )
+        if option == "--mlflow" and urlsplit(value).path.strip("/"):
+            raise UsageInvalid.one(option, value, "is the tracking server's root, http://127.0.0.1:PORT, with no path")
     if args.mlflow is not None:
         given["MlflowTrackingUri"] = args.mlflow.rstrip("/")
     from lustrain.twin.cfn import load_template
@@ -210,16 +213,20 @@ def local_up_parameters(args: argparse.Namespace) -> dict[str, str]:
     try:  # as CloudFormation checks them, before the twin starts
         template_parameters(load_template(TEMPLATE), merged, twin_own(merged))
     except TemplateError as exc:
-        option = "--mlflow" if "'MlflowTrackingUri'" in str(exc) and args.mlflow is not None else "--param"
-        raise UsageInvalid.one(option, ", ".join(args.param) or str(args.mlflow), str(exc)) from None
+        failing = next((item for item in args.param if f"'{item.partition('=')[0].strip()}'" in str(exc)), None)
+        if failing is None and args.mlflow is not None:
+            raise UsageInvalid.one("--mlflow", args.mlflow, str(exc)) from None
+        raise UsageInvalid.one("--param", failing or ", ".join(args.param), str(exc)) from None
     return given
 
 
 def _on_this_machine(url: str) -> bool:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
-    return parts.scheme == "http" and parts.hostname == "127.0.0.1" and bool(parts.netloc)
+    try:
+        port = parts.port
+    except ValueError:  # a port out of range
+        return False
+    return parts.scheme == "http" and parts.hostname == "127.0.0.1" and port is not None
 
 
 def webhook_secret(url: str, endpoint: str) -> str:

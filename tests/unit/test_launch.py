@@ -85,6 +85,26 @@ def manifest(preset="tiny", **overrides):
             "shape": {"preset": preset, "default_preset": "tiny", "overrides": overrides}}
 
 
+def test_a_checkpoint_of_a_renamed_preset_continues_under_its_name_now():
+    """A checkpoint whose manifest says preset 70b (renamed gpt-64b) resumes with gpt-64b, and 70b is refused."""
+    check_resumable(spec_with(code={"hyperparameters": {"preset": "gpt-64b"}}), manifest("70b"), "m")
+    with pytest.raises(SpecInvalid, match=r"preset gpt-64b \(this spec's: 70b\)"):
+        check_resumable(spec_with(code={"hyperparameters": {"preset": "70b"}}), manifest("70b"), "m")
+
+
+def test_a_llama_checkpoint_saved_without_rope_scaling_continues_only_with_the_factor_0():
+    """Saved before the llama3.1 presets had Llama 3's rope scaling: refused before anything bills, naming the fix."""
+    old = manifest("llama3.1-8b")
+    old["model_config"]["arch"] = "llama"  # the preset's own block: no override
+    with pytest.raises(SpecInvalid, match=r"rope_scaling_factor 0 \(this spec's: 8: set code\.hyperparameters"):
+        check_resumable(spec_with(code={"hyperparameters": {"preset": "llama3.1-8b"}}), old, "m")
+    check_resumable(spec_with(code={"hyperparameters": {"preset": "llama3.1-8b", "rope_scaling_factor": "0"}}),
+                    old, "m")
+    new = manifest("llama3.1-8b")
+    new["model_config"].update(arch="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    check_resumable(spec_with(code={"hyperparameters": {"preset": "llama3.1-8b"}}), new, "m")
+
+
 def test_a_checkpoint_of_the_same_model_may_be_continued():
     check_resumable(spec_with(code={"hyperparameters": {"preset": "tiny", "max_steps": 300}}), manifest(), "m")
     check_resumable(spec_with(code={"hyperparameters": {"n_layer": "4"}}), manifest(n_layer=4), "m")

@@ -410,11 +410,8 @@ def config_of_hf(hf: dict[str, Any]) -> ModelConfig:
     if kind == "llama":
         rope = hf.get("rope_parameters") or {}
         scaled = rope if rope.get("rope_type") == "llama3" else hf.get("rope_scaling") or {}
-        scaling = (
-            {key: scaled[key] for key in LLAMA3_SCALING_KEYS}
-            if scaled.get("rope_type", scaled.get("type")) == "llama3"
-            else None
-        )
+        scaled = {"rope_type": scaled.get("rope_type", scaled.get("type")), **scaled}  # older configs say "type"
+        scaling = {key: scaled[key] for key in LLAMA3_SCALING_KEYS} if scaled["rope_type"] == "llama3" else None
         return LlamaConfig(
             n_layer=hf["num_hidden_layers"],
             n_head=hf["num_attention_heads"],

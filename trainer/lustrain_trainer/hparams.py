@@ -19,7 +19,7 @@ from typing import Any
 
 from .model import ARCHS, GPTConfig, LlamaConfig, ModelConfig
 from .plan import Shape, llama_ffn_hidden
-from .presets import PRESET_SOURCES, PRESETS, RENAMED
+from .presets import PRESET_SOURCES, PRESETS, RENAMED, renamed
 
 __all__ = ["PRESETS", "PRESET_SOURCES", "HyperparameterError", "Hyperparameters"]
 from .tokenizer import VOCAB_SIZE
@@ -211,7 +211,7 @@ def _check(hp: Hyperparameters) -> None:
             if not ok:
                 raise HyperparameterError(
                     f"hyperparameter {name}: {getattr(hp, name)} is for arch llama; arch gpt has n_kv_head = n_head, "
-                    "ffn_hidden = 4 x n_embd and tied embeddings (use --arch llama, or leave it unset)")
+                    "ffn_hidden = 4 x n_embd, tied embeddings and no rope scaling (use --arch llama, or leave it unset)")
         return
     if hp.rope_theta <= 0:
         raise HyperparameterError(f"hyperparameter rope_theta: {hp.rope_theta} is not allowed (use a number above 0)")
@@ -317,10 +317,7 @@ def parse(argv: list[str], env: Mapping[str, str]) -> tuple[Hyperparameters, dic
 
     preset_name = str(pick("preset") or Hyperparameters.preset)
     if preset_name in RENAMED:
-        raise HyperparameterError(
-            f"hyperparameter preset: {preset_name!r} is now {RENAMED[preset_name]!r} (the same GPT block, named for "
-            "its parameter count; Llama 2 70B's own shape is 'llama2-70b')"
-        )
+        raise HyperparameterError(f"hyperparameter preset: {renamed(preset_name)}")
     if preset_name not in PRESETS:
         raise HyperparameterError(f"hyperparameter preset: {preset_name!r} is not allowed (use {' | '.join(PRESETS)})")
     preset = PRESETS[preset_name]

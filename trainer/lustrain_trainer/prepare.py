@@ -94,8 +94,9 @@ WHOLE_FILE = 16 << 20
 READ_CHUNK = 8 << 20
 TOKENIZER_HELP = "bytes | bpe:VOCAB | PATH or s3:// URL of a tokenizer.json"
 PLAN_FORMAT = "lustrain-prepare-plan"
-#: 2: the plan names its parts, each part's files are in a list of its own (plan/files-PPPPP.json)
-PLAN_VERSION = 2
+#: 2: the plan names its parts, each part's files are in a list of its own (plan/files-PPPPP.json); 3: a special
+#: token's text is text and files not UTF-8 are counted (parts tokenized under 2 are never reused)
+PLAN_VERSION = 3
 #: the layout of what prepare writes (shards.py), for a cache of prepared data to key on: 2, shards by part
 LAYOUT = "layout2"
 STAGES = ("all", "plan", "work", "merge")
@@ -715,7 +716,7 @@ NOT_TEXT_EXAMPLES = 5
 
 class NotText:
     """The matched files left out because they are not UTF-8 text (binary, or another encoding): counted, and the
-    first few named, in listing order (the same for any number of workers)."""
+    first few named, in the order of the plan's parts (the same for any number of workers)."""
 
     def __init__(self, count: int = 0, examples: list[str] | None = None) -> None:
         self.count, self.examples = count, list(examples or [])

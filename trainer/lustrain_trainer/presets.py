@@ -77,6 +77,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 #: presets that were renamed, and their names now: a run that names the old one is refused with the new one named
 RENAMED = {"70b": "gpt-64b"}
+
+
+def renamed(name: str) -> str:
+    """Why a renamed preset is refused, naming the one to use (the trainer's and the planner's words alike)."""
+    return (f"{name!r} is now {RENAMED[name]!r} (the same GPT block, named for its parameter count; Llama 2 70B's own "
+            "shape is 'llama2-70b')")
 #: the presets that take a published model's shape, and which: the GPT block's take its depth, width and heads;
 #: the Llama block's its whole shape (the Hugging Face config.json of each model, meta-llama/<name>, and the papers)
 PRESET_SOURCES = {

@@ -9,7 +9,7 @@ itself. Only what scalars need:
   `Summary` of `Value`s, each a tag (1, string) and a simple_value (2, float));
 - the file's name holds "tfevents", which TensorBoard looks for: events.out.tfevents.<seconds>.<host>.<pid>.<n>.
 
-tests/unit/trainer/test_trainer_tfevents.py reads what this writes with TensorBoard's own reader.
+tests/unit/trainer/test_trainer_tensorboard.py reads what this writes with TensorBoard's own reader.
 """
 
 from __future__ import annotations

@@ -578,7 +578,7 @@ class _JobRun:
         # and nothing else: no NAT, no other endpoint. Every other service's calls go where nothing listens, and
         # fail at once as they time out on AWS (the twin's own address, which the twin's process may carry, is
         # never the job's way in)
-        for name in [name for name in env if name.startswith("AWS_ENDPOINT_URL")]:
+        for name in [name for name in env if name.startswith("AWS_ENDPOINT_URL") or name == "MOTO_PORT"]:
             del env[name]
         env["AWS_ENDPOINT_URL"] = endpoint.unused_address()
         env.update(self._secrets_endpoints())

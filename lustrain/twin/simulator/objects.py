@@ -32,6 +32,10 @@ ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_S3"
 
 #: ListObjectsV2's page: S3 returns at most 1,000 keys (MaxKeys' default and its most)
 MAX_KEYS = 1000
+#: the query parameters the stand-in serves: botocore's x-id on object calls; a listing's type, prefix and the
+#: encoding botocore asks for (keys are returned as they are, so it decodes none)
+SERVED_QUERY = frozenset({"x-id"})
+SERVED_LIST_QUERY = frozenset({"x-id", "list-type", "prefix", "encoding-type"})
 
 
 def _listing(bucket: str, prefix: str, found: list[tuple[str, int]]) -> bytes:
@@ -65,14 +69,23 @@ class ObjectEndpoint:
         self.reachable = reachable
         self._server: ThreadingHTTPServer | None = None
 
-    def answer(self, path: str, method: str = "GET", body: bytes = b"") -> tuple[int, bytes]:
+    def answer(self, path: str, method: str = "GET", body: bytes = b"", copy: bool = False) -> tuple[int, bytes]:
         """A path-style request (/bucket/key, or /bucket?list-type=2&prefix=...): (HTTP status, the body or S3's
-        error document)."""
+        error document). What the stand-in does not serve (a subresource such as ?tagging, ?acl or a multipart
+        upload's, a CopyObject's x-amz-copy-source, ListObjectsV2's other parameters) is refused as not
+        implemented, never taken for a plain call."""
         url = urlsplit(path)
         parts = unquote(url.path).lstrip("/").split("/", 1)
-        query = parse_qs(url.query)
+        query = parse_qs(url.query, keep_blank_values=True)
+        listing = method == "GET" and len(parts) == 1 and query.get("list-type") == ["2"]
+        served = SERVED_LIST_QUERY if listing else SERVED_QUERY
+        if method == "POST":  # a multipart upload's start and end, DeleteObjects, a POST upload
+            return 501, _error("NotImplemented", "the twin's S3 stand-in for a job serves no POST")
+        if copy or set(query) - served:
+            what = "x-amz-copy-source" if copy else ", ".join(sorted(set(query) - served))
+            return 501, _error("NotImplemented", f"the twin's S3 stand-in for a job does not serve {what}")
         try:
-            if method == "GET" and len(parts) == 1 and query.get("list-type") == ["2"]:
+            if listing:
                 prefix = query.get("prefix", [""])[0]
                 return 200, _listing(parts[0], prefix, self.storage.keys(parts[0], prefix))
             if len(parts) < 2 or not parts[1]:
@@ -102,7 +115,7 @@ class ObjectEndpoint:
         class Handler(BaseHTTPRequestHandler):
             def _reply(self, with_body: bool, method: str = "GET") -> None:
                 sent = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "PUT" else b""
-                status, body = stand_in.answer(self.path, method, sent)
+                status, body = stand_in.answer(self.path, method, sent, copy="x-amz-copy-source" in self.headers)
                 self.send_response(status)
                 listing = body.startswith(b"<?xml") and status == 200
                 kind = "application/octet-stream" if status < 300 and not listing else "application/xml"
@@ -125,6 +138,10 @@ class ObjectEndpoint:
 
             def do_DELETE(self) -> None:
                 self._reply(True, "DELETE")
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._reply(True, "POST")
 
             def log_message(self, format: str, *args: Any) -> None:
                 return

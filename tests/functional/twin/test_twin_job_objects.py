@@ -72,3 +72,20 @@ def test_another_runs_folder_is_refused_for_every_call_and_left_as_it_was(job_s3
     assert refused(job.delete_object, Bucket=BUCKET, Key=theirs) == "AccessDenied"
     assert refused(job.list_objects_v2, Bucket=BUCKET, Prefix="default/other-0000bbbb/") == "AccessDenied"
     assert operator.get_object(Bucket=BUCKET, Key=theirs)["Body"].read() == b"theirs"
+
+
+def test_what_the_stand_in_does_not_serve_is_refused_not_taken_for_a_plain_call(job_s3):
+    """A tagging PUT, a CopyObject, a multipart upload or a listing with a delimiter is not served: refused as not
+    implemented, never a plain PutObject of the request's body (or a plain listing)."""
+    job, operator = job_s3
+    mine = MINE + "notes/a.txt"
+    job.put_object(Bucket=BUCKET, Key=mine, Body=b"hello")
+    assert refused(job.put_object_tagging, Bucket=BUCKET, Key=mine,
+                   Tagging={"TagSet": [{"Key": "k", "Value": "v"}]}) == "NotImplemented"  # fmt: skip
+    assert refused(job.copy_object, Bucket=BUCKET, Key=MINE + "copy",
+                   CopySource={"Bucket": BUCKET, "Key": "default/other-0000bbbb/checkpoints/step-1.pt"}) == (
+        "NotImplemented")  # fmt: skip
+    assert refused(job.create_multipart_upload, Bucket=BUCKET, Key=MINE + "big") == "NotImplemented"
+    assert refused(job.list_objects_v2, Bucket=BUCKET, Prefix=MINE, Delimiter="/") == "NotImplemented"
+    assert operator.get_object(Bucket=BUCKET, Key=mine)["Body"].read() == b"hello"
+    assert operator.list_objects_v2(Bucket=BUCKET, Prefix=MINE + "copy")["KeyCount"] == 0

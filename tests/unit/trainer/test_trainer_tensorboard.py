@@ -27,7 +27,8 @@ def scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
 def test_rank_0_writes_loss_learning_rate_throughput_and_grad_norm_at_each_logged_step(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # as in SageMaker's PyTorch image: no tensorboard package, so torch.utils.tensorboard cannot be imported
+    # as in SageMaker's PyTorch image: no tensorboard package, so torch.utils.tensorboard cannot be imported (the
+    # trainer must not need it)
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     board = tmp_path / "tensorboard"
     env = sagemaker_env(tmp_path, data, **{TENSORBOARD_DIR_ENV: str(board)})
@@ -44,7 +45,7 @@ def test_rank_0_writes_loss_learning_rate_throughput_and_grad_norm_at_each_logge
     assert [round(v, 4) for _, v in by_tag["loss/train"]] == logged
     assert all(v > 0 for _, v in by_tag["grad_norm"]) and len(by_tag["grad_norm"]) == 3
     assert "throughput/mfu" not in by_tag  # MFU needs a GPU's peak; on CPU the log has none either
-    assert f"TensorBoard event files in {board}" in out and "TensorBoard off" not in out
+    assert f"TensorBoard event files in {board}" in out
 
 
 def test_only_the_writing_rank_opens_tensorboard_and_only_where_a_directory_is_named() -> None:
@@ -57,7 +58,7 @@ def test_only_the_writing_rank_opens_tensorboard_and_only_where_a_directory_is_n
 
 
 def test_the_records_checksum_is_crc32c():
-    """CRC-32C's check value (RFC 3720's), and a file of scalars, negative and large steps included, read back."""
+    """TFRecord's checksum is CRC-32C: its check value (RFC 3720's)."""
     assert crc32c(b"123456789") == 0xE3069283
 
 
