@@ -207,7 +207,14 @@ def describe(client: Any, kind: Kind, resource_id: str) -> dict[str, Any] | None
 
 def job_tags(sagemaker: Any, arn: str) -> list[dict[str, str]]:
     """A SageMaker job's tags (ListTags, every page): neither ListTrainingJobs nor ListProcessingJobs gives them."""
-    return [tag for page in sagemaker.get_paginator("list_tags").paginate(ResourceArn=arn) for tag in page.get("Tags", [])]
+    tags: list[dict[str, str]] = []
+    params: dict[str, Any] = {"ResourceArn": arn}
+    while True:
+        page = sagemaker.list_tags(**params)
+        tags.extend(page.get("Tags", []))
+        if not page.get("NextToken"):
+            return tags
+        params["NextToken"] = page["NextToken"]
 
 
 def tagged(client: Any, kind: Kind, tags: dict[str, str]) -> Iterator[dict[str, Any]]:
